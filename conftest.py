@@ -1,0 +1,90 @@
+"""Fixtures shared by tests/ and bench/: device, presets, dtypes, seeded generators, free ports and a
+fixture that runs a function on N spawned ranks.
+
+Markers (declared in pyproject.toml):
+- ``gpu`` / ``gpu(n)``: skipped with a reason unless at least n CUDA devices are present.
+- ``distributed``: forms a process group of spawned processes.
+- ``slow``: long-running.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Triton kernels run on the CPU only under the interpreter, and the flag is read when a kernel is
+# decorated, so it has to be set before any test module imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from cs336_systems.distributed.launch import find_free_port, spawn  # noqa: E402
+from cs336_systems.model import PRESETS, ModelConfig  # noqa: E402
+
+
+def cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    available = cuda_count()
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        needed = int(marker.args[0]) if marker.args else 1
+        if available < needed:
+            have = f"{available} present" if available else "none present (CPU-only machine)"
+            item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA GPU(s); {have}"))
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """cuda:0 when a GPU is present, else cpu."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def presets() -> dict[str, ModelConfig]:
+    return PRESETS
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> ModelConfig:
+    return PRESETS["tiny"]
+
+
+@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    return request.param
+
+
+@pytest.fixture
+def seed() -> int:
+    """Seeds torch's global generator too, so code that draws without a generator is repeatable."""
+    torch.manual_seed(0)
+    return 0
+
+
+@pytest.fixture
+def generator(seed: int) -> torch.Generator:
+    """A seeded CPU generator; draw on the CPU and move, so results match across devices."""
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def free_port() -> int:
+    return find_free_port()
+
+
+@pytest.fixture
+def run_distributed():
+    """``run_distributed(fn, world_size, *args, backend=None, timeout=120)`` runs ``fn(*args)`` on
+    ``world_size`` spawned ranks inside an initialized process group (gloo on CPU, nccl when every
+    rank has a GPU) and returns the list of per-rank return values. Each call takes its own free
+    port; a rank that raises fails the call with that rank's traceback, and the other ranks are
+    killed instead of waiting for it; a run that exceeds ``timeout`` seconds is killed and fails.
+    ``fn`` must be importable (a module-level function), as spawned processes re-import it.
+    """
+    return spawn
