@@ -19,8 +19,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cs336_systems.distributed.launch import find_free_port, spawn  # noqa: E402
-from cs336_systems.model import PRESETS, ModelConfig  # noqa: E402
+from cs336_systems.distributed.launch import find_free_port, spawn
+from cs336_systems.model import PRESETS, ModelConfig
 
 
 def cuda_count() -> int:
@@ -88,3 +88,19 @@ def run_distributed():
     ``fn`` must be importable (a module-level function), as spawned processes re-import it.
     """
     return spawn
+
+
+@pytest.fixture(scope="session")
+def matmul_tflops(device: torch.device):
+    """``matmul_tflops(dtype)`` -> the dense matmul rate (TFLOP/s) measured once per session on this
+    device and dtype: the denominator of every MFU the benches report."""
+    from cs336_systems.profiling.flops import measure_matmul_tflops
+
+    cache: dict[torch.dtype, float] = {}
+
+    def rate(dtype: torch.dtype) -> float:
+        if dtype not in cache:
+            cache[dtype] = measure_matmul_tflops(device, dtype)
+        return cache[dtype]
+
+    return rate

@@ -28,7 +28,9 @@ def get_ddp_individual_parameters(module: torch.nn.Module) -> torch.nn.Module:
     return DDPIndividualParameters(module)
 
 
-def ddp_individual_parameters_on_after_backward(ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def ddp_individual_parameters_on_after_backward(
+    ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
     ddp_model.finish_gradient_synchronization()
 
 
@@ -46,7 +48,9 @@ def ddp_bucketed_on_train_batch_start(ddp_model: torch.nn.Module, optimizer: tor
     ddp_model.on_train_batch_start()
 
 
-def get_sharded_optimizer(params: Any, optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any) -> torch.optim.Optimizer:
+def get_sharded_optimizer(
+    params: Any, optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any
+) -> torch.optim.Optimizer:
     from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
 
     return ShardedOptimizer(params, optimizer_cls, **kwargs)

@@ -19,6 +19,8 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "pytorch": ("cs336_systems.attention.reference", "scaled_dot_product_attention"),
     "pytorch_compiled": ("cs336_systems.attention.reference", "compiled_scaled_dot_product_attention"),
     "sdpa": ("cs336_systems.attention.reference", "torch_sdpa"),
+    "flash_triton": ("cs336_systems.attention.flash_triton", "flash_attention_triton"),
+    "flash_pytorch": ("cs336_systems.attention.flash_pytorch", "flash_attention_pytorch"),
 }
 
 
@@ -34,5 +36,7 @@ def get_attention_fn(name: str) -> AttentionFn:
     try:
         module, attribute = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown attention implementation {name!r}; choose one of {attention_names()}") from None
+        raise ValueError(
+            f"unknown attention implementation {name!r}; choose one of {attention_names()}"
+        ) from None
     return getattr(import_module(module), attribute)

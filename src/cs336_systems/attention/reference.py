@@ -21,7 +21,9 @@ def causal_mask(n_queries: int, n_keys: int, device: torch.device) -> torch.Tens
     return k_idx <= q_idx
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, ranges: bool) -> torch.Tensor:
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, ranges: bool
+) -> torch.Tensor:
     span = annotate if ranges else (lambda name: contextlib.nullcontext())
     with span("computing attention scores"):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])

@@ -108,6 +108,8 @@ def _wait_all(procs: list[mp.Process], out_dir: Path, deadline: float) -> None:
             raise TimeoutError(f"ranks {sorted(pending.values())} still running at the deadline; killed")
         for sentinel in multiprocessing.connection.wait(list(pending), timeout=remaining):
             rank = pending.pop(sentinel)
+            # The sentinel can fire a moment before the child is reaped (exitcode still None).
+            procs[rank].join(10)
             code = procs[rank].exitcode
             if code != 0:
                 err = out_dir / f"rank{rank}.err"

@@ -35,9 +35,7 @@ class AdamW(torch.optim.Optimizer):
                 continue
             for p in params:
                 if not self.state[p]:
-                    self.state[p].update(
-                        step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
-                    )
+                    self.state[p].update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             self._update(group, params)
         return loss
 

@@ -1,0 +1,120 @@
+"""D14-D17 DDP: time per training step and time communicating, for every DDP variant side by side
+with torch's ``DistributedDataParallel`` at the same bucket sizes.
+
+Setup (handout 2.2-2.3, "1 node x 2 GPUs, XL"): the xl preset, context 512, global batch 4 (2 per
+rank), fp32 parameters, torch.optim.AdamW, nccl; on a CPU-only machine the tiny preset on gloo
+(context 32, a few steps) so the bench runs in seconds. Variants: ``local`` (the same per-rank step
+with no communication: the floor), ``naive`` (D14, one all-reduce per gradient after backward),
+``flat`` (D15, one flattened all-reduce), ``individual`` (D16, async per-gradient all-reduce from
+hooks), ``bucketed`` (D17, bucket_mb 1/10/100/1000) and ``torch_ddp`` (bucket_cap_mb 1/10/100/1000).
+
+Numbers (``cs336_systems.distributed.train_step``): the step time is the host clock around one full
+step ending in a device synchronize, max over ranks per step; pytest-benchmark's rounds and
+``extra_info`` ``mean_ms`` / ``std_ms`` / ``median_ms`` are those steps (``warmup_steps`` untimed before).
+``comm_ms``: time after backward waiting for gradient communication (all of it for naive/flat, the
+exposed part for the overlapping wrappers; None for torch DDP, which waits inside backward), and
+``comm_share`` = comm_ms / step. ``overhead_ms`` = step - the ``local`` step. On GPUs one extra
+profiled step gives ``overlap_share`` (share of NCCL kernel time concurrent with compute kernels),
+``comm_kernel_ms`` and ``compute_kernel_ms``; rank 0's Chrome trace of each case lands in
+``CS336_TRACE_DIR`` (default docs/results/traces; open in https://ui.perfetto.dev).
+
+All cases of one (size, ctx, dtype, world_size) run in one spawn. Environment overrides: CS336_DDP_SIZE
+(comma list of presets), CS336_DDP_CTX, CS336_DDP_BATCH (global), CS336_DDP_WARMUP, CS336_DDP_STEPS,
+CS336_DDP_PROFILE_STEPS, CS336_DDP_WORLD_SIZES (default 2), CS336_DDP_DTYPES (fp32; bf16 = autocast).
+
+    pytest bench/bench_ddp.py --benchmark-json=ddp.json            # 2 GPUs: ~4 min
+    pytest bench/bench_ddp.py --only variant=bucketed,torch_ddp --only bucket_mb=100
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cs336_systems.distributed.bench_support import (
+    GroupedRuns,
+    cuda_count,
+    default_ctx,
+    default_sizes,
+    env_list,
+    gpu_skip_reason,
+    record_times,
+    selected_params,
+    spawn_train_cases,
+    train_extra_info,
+    train_setup,
+)
+from cs336_systems.distributed.train_step import Case
+from cs336_systems.profiling.timing import record_oom
+
+SPAWN_TIMEOUT_S = 1500.0
+BUCKETS_MB = (1, 10, 100, 1000)
+VARIANTS: list[tuple[str, int | None]] = [
+    ("local", None),
+    ("naive", None),
+    ("flat", None),
+    ("individual", None),
+    *(("bucketed", b) for b in BUCKETS_MB),
+    *(("torch_ddp", b) for b in BUCKETS_MB),
+]
+CTX = default_ctx()
+CASES = [
+    pytest.param(
+        size,
+        CTX,
+        dtype,
+        int(ws),
+        variant,
+        bucket,
+        id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}" + (f"-{bucket}MB" if bucket else ""),
+    )
+    for size in default_sizes()
+    for dtype in env_list("CS336_DDP_DTYPES", "fp32")
+    for ws in env_list("CS336_DDP_WORLD_SIZES", "2")
+    for variant, bucket in VARIANTS
+]
+
+
+def backend_for(world_size: int) -> str:
+    return "nccl" if cuda_count() >= world_size else "gloo"
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(request: pytest.FixtureRequest) -> GroupedRuns:
+    selected = [p for p in selected_params(request) if gpu_skip_reason(p["world_size"]) is None]
+
+    def cases_of(group: tuple) -> list[Case]:
+        return [
+            Case(p["variant"], p["bucket_mb"])
+            for p in selected
+            if (p["size"], p["ctx"], p["dtype"], p["world_size"]) == group
+        ]
+
+    def launch(group: tuple, cases: list[Case]) -> dict:
+        size, ctx, dtype, world_size = group
+        return spawn_train_cases(train_setup(size, ctx, dtype), world_size, cases, SPAWN_TIMEOUT_S)
+
+    return GroupedRuns(launch, cases_of)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 300)
+@pytest.mark.benchmark(group="D14-D17 DDP")
+@pytest.mark.parametrize("size,ctx,dtype,world_size,variant,bucket_mb", CASES)
+def test_ddp_step(
+    benchmark, ddp_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str, bucket_mb: int | None
+) -> None:
+    reason = gpu_skip_reason(world_size)
+    if reason:
+        pytest.skip(reason)
+    group = (size, ctx, dtype, world_size)
+    result = ddp_runs(group, Case(variant, bucket_mb))
+    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, backend_for(world_size))
+    info.update(variant=variant, bucket_mb=bucket_mb, optimizer="adamw")
+    if result["oom"]:
+        record_oom(benchmark, **info)
+        return
+    local = ddp_runs.get(group, Case("local"))
+    if local is not None and not local["oom"] and variant != "local":
+        info["overhead_ms"] = result["mean_ms"] - local["mean_ms"]
+    record_times(benchmark, result["times_ms"], **info)
+    assert result["mean_ms"] > 0

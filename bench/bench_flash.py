@@ -1,0 +1,271 @@
+"""D11 (flash_benchmarking) and D12 (the leaderboard case of handout 1.3.3), timed with
+``triton.testing.do_bench``.
+
+D12 leaderboard (group "D12 leaderboard", runs first): exactly the handout's test: ``q, k, v =
+torch.randn(3, 16, 16384, 64, bf16, requires_grad=True)`` (three views of one leaf, grads accumulate
+as in the handout), ``flash = torch.compile(FlashAttentionTriton.apply)``, one rep = ``o = flash(q, k,
+v, True); o.sum().backward()``. Side by side: SDPA flash and cuDNN backends on the (1, 16, 16384, 64)
+layout, plain PyTorch eager and ``torch.compile``'d (static shapes). do_bench warm-up / rep are 200 /
+2000 ms (the handout's 1000 / 10000 give the same median; set CS336_LEADERBOARD_WARMUP_MS=1000
+CS336_LEADERBOARD_REP_MS=10000 for the literal protocol).
+
+D11 sweep (group "D11 flash sweep"): batch 1, no head axis, causal; seq 128..65536 (powers of 2) x
+d in {16, 32, 64, 128} x dtype in {bf16, fp32} x pass_ in {fwd, bwd, fwd_bwd} x impl in {pytorch,
+pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
+- ``fwd`` is the training forward (inputs require grad, so autograd records and saves what backward
+  needs); ``bwd`` is ``out.backward(dO, retain_graph=True)`` on one retained forward; ``fwd_bwd`` is
+  both. do_bench resets q/k/v .grad between reps (``grad_to_none``) and flushes L2.
+- ``extra_info["do_bench_ms"]`` (do_bench median, device time from CUDA events) is the authoritative
+  number, with ``do_bench_p20_ms`` / ``do_bench_p80_ms`` / ``do_bench_min_ms`` / ``do_bench_reps``,
+  ``flops`` and ``tflops`` (forward 4·seq²·d·batch·heads, halved for causal; bwd 2.5x, fwd_bwd 3.5x).
+  do_bench warm-up / rep default to 10 / 50 ms (CS336_DO_BENCH_WARMUP_MS, CS336_DO_BENCH_REP_MS).
+- pytest-benchmark's own statistics come from 3-20 further host-timed, synchronized reps of the same
+  pass (about 100 ms of work; ``run_benchmark``), so ``--benchmark-compare`` and regression gates have
+  data; they include launch + synchronize overhead (~tens of us) that do_bench's events do not.
+- Rows that did not run say why: ``status`` "unsupported" (an SDPA backend this build/GPU/dtype does
+  not have, e.g. flash and cuDNN have no fp32: probed once per backend/dtype/d), "skipped" (plain
+  PyTorch above CS336_NAIVE_MAX_SEQ, default 65536 = no cap: at batch 1 naive attention at seq 65536
+  needs about 52 GiB in fp32 and fits an 80 GB card), or "oom" (``oom=True``).
+- ``pytorch_compiled`` compiles once per shape with ``dynamic=False``; cases are ordered so the three
+  passes of one shape and impl run back to back and share the compile.
+
+On a CPU-only machine: the D12 cases and all D11 cases but seq 128, d 16 are marked ``gpu`` and skip
+with a reason; that CPU variant runs plain PyTorch and the SDPA backends (both dtypes) and compiled
+PyTorch (fp32) with a host clock (``timer="host"``). flash_triton is GPU-only (the Triton interpreter
+is far too slow for timing).
+
+Selection, e.g. the writeup subset in one command (< 9 min on one H100)::
+
+    pytest bench/bench_flash.py --only d=64,128
+    pytest bench/bench_flash.py -k leaderboard
+    pytest bench/bench_flash.py --only impl=flash_triton,sdpa_flash --only dtype=bf16 --only pass_=fwd_bwd
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cs336_systems.profiling.attention_bench import (
+    IMPLS,
+    PASSES,
+    SDPA_BACKENDS,
+    PassStep,
+    as_dtype,
+    attention_flops,
+    device_time,
+    env_int,
+    environment_info,
+    impl_context,
+    is_unsupported_error,
+    load_flash_triton,
+    log_case,
+    make_qkv,
+    record_not_run,
+    release_memory,
+    resolve_impl,
+    rounds_for,
+    sdpa_unsupported_reason,
+    tflops,
+)
+from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
+
+D11_SEQS = tuple(2**i for i in range(7, 17))  # 128 .. 65536
+D11_DS = (16, 32, 64, 128)
+D11_DTYPES = ("bf16", "fp32")
+D11_BATCH = 1
+NAIVE_IMPLS = ("pytorch", "pytorch_compiled")
+CPU_SEQ, CPU_D = 128, 16
+
+LB_HEADS, LB_SEQ, LB_D = 16, 16384, 64
+LB_IMPLS = ("flash_triton", "sdpa_flash", "sdpa_cudnn", "pytorch", "pytorch_compiled")
+# SPEC.md: one H200, torch 2.11, triton 3.6, do_bench median of the same case. Context, not a result.
+LB_REFERENCE_MS_H200 = {"sdpa_flash": 7.05, "sdpa_cudnn": 4.40, "pytorch": 127.0, "pytorch_compiled": 39.3}
+
+
+# ---------------------------------------------------------------------------------- D12 leaderboard
+
+
+def _sdpa_heads_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    # (16, seq, d) viewed as (1, 16, seq, d): batch 1, 16 heads, the layout SDPA users have.
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=is_causal)[0]
+
+
+def _leaderboard_fn(impl: str) -> Any:
+    if impl == "flash_triton":
+        torch._dynamo.reset()
+        return torch.compile(load_flash_triton().apply)  # exactly the handout's call
+    if impl in SDPA_BACKENDS:
+        return _sdpa_heads_layout
+    return resolve_impl(impl, shape_key=("leaderboard", LB_HEADS, LB_SEQ, LB_D))
+
+
+@pytest.mark.gpu
+@pytest.mark.benchmark(group="D12 leaderboard")
+@pytest.mark.parametrize("impl", LB_IMPLS)
+def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
+    info: dict[str, Any] = dict(
+        deliverable="D12",
+        impl=impl,
+        heads=LB_HEADS,
+        seq=LB_SEQ,
+        d=LB_D,
+        dtype="bf16",
+        causal=True,
+        pass_="fwd_bwd",
+        flops=attention_flops(1, LB_SEQ, LB_D, heads=LB_HEADS, causal=True, pass_="fwd_bwd"),
+        reference_ms_h200=LB_REFERENCE_MS_H200.get(impl),
+        **environment_info(device),
+    )
+    free_device_memory()
+    torch.manual_seed(0)
+    qkv = torch.randn(3, LB_HEADS, LB_SEQ, LB_D, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = qkv
+    attn = _leaderboard_fn(impl)
+
+    def flash_forward_backward() -> None:
+        o = attn(q, k, v, True)
+        loss = o.sum()
+        loss.backward()
+
+    try:
+        with impl_context(impl):
+            timing = device_time(
+                flash_forward_backward,
+                device,
+                warmup_ms=env_int("CS336_LEADERBOARD_WARMUP_MS", 200),
+                rep_ms=env_int("CS336_LEADERBOARD_REP_MS", 2000),
+            )
+            info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
+            times = run_benchmark(
+                benchmark,
+                flash_forward_backward,
+                device,
+                warmup=0,
+                rounds=rounds_for(timing["do_bench_ms"], budget_ms=200, lo=5),
+                **info,
+            )
+        status = "ok" if times is not None else "oom"
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        record_oom(benchmark, **info)
+        status = "oom"
+    finally:
+        qkv = q = k = v = None
+        free_device_memory()
+    benchmark.extra_info["status"] = status
+    log_case(benchmark)
+
+
+# ------------------------------------------------------------------------------------------ D11 sweep
+
+
+def _sweep_cases() -> list:
+    # Order: one shape at a time, its impls, their passes innermost, so a per-shape compile is shared.
+    cases = []
+    for dtype in D11_DTYPES:
+        for d in D11_DS:
+            for seq in D11_SEQS:
+                for impl in IMPLS:
+                    cpu_ok = (seq, d) == (CPU_SEQ, CPU_D) and (
+                        impl == "pytorch"
+                        or impl in SDPA_BACKENDS
+                        or (impl, dtype) == ("pytorch_compiled", "fp32")
+                    )
+                    marks = () if cpu_ok else (pytest.mark.gpu,)
+                    for pass_ in PASSES:
+                        case_id = f"{impl}-{dtype}-d{d}-seq{seq}-{pass_}"
+                        cases.append(pytest.param(impl, dtype, d, seq, pass_, marks=marks, id=case_id))
+    return cases
+
+
+def _not_run(impl: str, dtype: str, d: int, seq: int, device: torch.device) -> tuple[str, str] | None:
+    """(status, reason) for a case that will not be timed, else None."""
+    cap = env_int("CS336_NAIVE_MAX_SEQ", max(D11_SEQS))
+    if impl in NAIVE_IMPLS and seq > cap:
+        gib = seq * seq * as_dtype(dtype).itemsize / 2**30
+        return "skipped", (
+            f"plain PyTorch capped at seq {cap} (CS336_NAIVE_MAX_SEQ): it materializes seq x seq scores "
+            f"({gib:.0f} GiB per copy at {dtype}) several times"
+        )
+    if impl in SDPA_BACKENDS:
+        reason = sdpa_unsupported_reason(impl, as_dtype(dtype), d, device.type)
+        if reason is not None:
+            return "unsupported", reason
+    return None
+
+
+@pytest.mark.benchmark(group="D11 flash sweep")
+@pytest.mark.parametrize(("impl", "dtype", "d", "seq", "pass_"), _sweep_cases())
+def test_flash_sweep(
+    benchmark, device: torch.device, impl: str, dtype: str, d: int, seq: int, pass_: str
+) -> None:
+    info: dict[str, Any] = dict(
+        deliverable="D11",
+        impl=impl,
+        dtype=dtype,
+        d=d,
+        seq=seq,
+        pass_=pass_,
+        batch=D11_BATCH,
+        heads=1,
+        causal=True,
+        flops=attention_flops(D11_BATCH, seq, d, causal=True, pass_=pass_),
+        **environment_info(device),
+    )
+    skip = _not_run(impl, dtype, d, seq, device)
+    if skip is not None:
+        record_not_run_and_log(benchmark, *skip, **info)
+        return
+    step: PassStep | None = None
+    status = "error"
+    try:
+        with impl_context(impl):
+            fn = resolve_impl(impl, shape_key=(dtype, d, seq))
+            q, k, v = make_qkv(D11_BATCH, seq, d, dtype, device)
+            step = PassStep(fn, q, k, v, pass_)
+            timing = device_time(
+                step,
+                device,
+                warmup_ms=env_int("CS336_DO_BENCH_WARMUP_MS", 10),
+                rep_ms=env_int("CS336_DO_BENCH_REP_MS", 50),
+                grad_to_none=step.grads,
+            )
+            info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
+            times = run_benchmark(
+                benchmark,
+                step,
+                device,
+                warmup=0,
+                rounds=rounds_for(timing["do_bench_ms"]),
+                setup=step.zero_grads,
+                **info,
+            )
+        status = "ok" if times is not None else "oom"
+    except Exception as exc:
+        if is_oom(exc):
+            record_oom(benchmark, **info)
+            status = "oom"
+        elif impl in SDPA_BACKENDS and is_unsupported_error(exc):
+            record_not_run_and_log(benchmark, "unsupported", str(exc).splitlines()[0], **info)
+            return
+        else:
+            raise
+    finally:
+        if step is not None:
+            step.close()
+        step = q = k = v = None
+        # Inputs and graphs are freed by refcount; big or failed cases also hand cached blocks back.
+        if status != "ok" or seq >= 8192:
+            release_memory(device, collect=status != "ok")
+    benchmark.extra_info["status"] = status
+    log_case(benchmark)
+
+
+def record_not_run_and_log(benchmark, status: str, reason: str, **info: Any) -> None:
+    record_not_run(benchmark, status, reason, **info)
+    log_case(benchmark)

@@ -1,0 +1,154 @@
+"""End-to-end model benchmarks: D2 (benchmarking_script), D4 (bf16 autocast), D5 (2.7B peak memory)
+and D7b (torch.compile'd whole model), all through ``cs336_systems.profiling.workload`` (the CLI's code).
+
+Groups (one per size so a table stays readable; the report pivots ``mode`` into columns):
+- ``D2/D4/D7b model <size>``: Table 1 size × ctx {128, 256, 512, 1024} × dtype {fp32, bf16 autocast}
+  × mode {fwd, fwd_bwd, train} × compile {eager, compiled} (× attention sdpa at ctx 512, bf16).
+  5 warm-up steps, 10 timed steps, each synchronized (handout D2).
+- ``D2 warm-up small ctx256``: 0 / 1 / 2 / 5 warm-up steps (with 0 the first timed step pays for
+  allocation, cuBLAS heuristics and, compiled, compilation: that is the point).
+- ``D5 memory 2.7B``: ctx {128, 256, 512} × {fwd, train} × {fp32, bf16}: peak memory (1 warm-up, 3 steps).
+
+extra_info per case: mean_ms / std_ms / median_ms, tokens_per_s, model_flops, tflops, mfu (against
+``matmul_tflops`` of the case's precision: bf16 rate for bf16 autocast, full-fp32 rate for fp32, TF32
+off as in torch's default), peak_memory_mib, memory_after_mib, params and the case parameters.
+Out-of-memory is a row with ``oom=True``.
+
+Markers: GPU cases are marked ``gpu`` (skipped on CPU-only machines). Cases outside the "must show"
+set (small and medium at ctx 256; xl ctx 512 bf16 train) are also ``slow``: ``-m "not slow"`` keeps
+the must-show set. On the CPU the ``tiny`` preset runs instead (ctx 32, 1 warm-up, 3 steps).
+
+Subsets that fit a 10-minute GPU command (``--only`` from bench/conftest.py)::
+
+    pytest bench/bench_model.py::test_model bench/bench_model.py::test_warmup \\
+        --only size=small,medium --only ctx=256                                  # ~5-6 min (12 compiles)
+    pytest bench/bench_model.py::test_model --only size=xl --only ctx=512 --only dtype=bf16 \\
+        --only mode=train                                                         # ~3 min (2 compiles)
+    pytest bench/bench_model.py::test_memory                                      # ~1.5 min
+    pytest bench/bench_model.py::test_model --only compile=eager --only ctx=512   # eager sweep, all sizes
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from cs336_systems.model import TABLE1_SIZES
+from cs336_systems.profiling.workload import Case, run_case
+
+CONTEXTS = (128, 256, 512, 1024)
+DTYPES = ("fp32", "bf16")
+MODES = ("fwd", "fwd_bwd", "train")
+COMPILES = ("eager", "compiled")
+MUST_SHOW = {("small", 256), ("medium", 256)}
+CPU_CTX = 32
+ON_GPU = torch.cuda.is_available()
+
+
+def _steps() -> tuple[int, int]:
+    """(warm-up, timed) steps: the handout's 5 / 10 on a GPU, a smoke 1 / 3 on the CPU."""
+    return (5, 10) if ON_GPU else (1, 3)
+
+
+def _must_show(size: str, ctx: int, dtype: str, mode: str) -> bool:
+    return (size, ctx) in MUST_SHOW or (size, ctx, dtype, mode) == ("xl", 512, "bf16", "train")
+
+
+def _case_id(size, ctx, dtype, mode, compile, attention) -> str:
+    return Case(size, ctx, mode, dtype, compile == "compiled", attention).id
+
+
+def _model_cases() -> list:
+    names = ("size", "ctx", "dtype", "mode", "compile", "attention")
+    cases = [
+        pytest.param(
+            "tiny",
+            CPU_CTX,
+            dtype,
+            mode,
+            "eager",
+            "pytorch",
+            id=_case_id("tiny", CPU_CTX, dtype, mode, "eager", "pytorch"),
+        )
+        for dtype, mode in itertools.product(DTYPES, MODES)
+    ]
+    grid = itertools.product(TABLE1_SIZES, CONTEXTS, DTYPES, MODES, COMPILES, ("pytorch", "sdpa"))
+    for values in grid:
+        size, ctx, dtype, mode, _, attention = values
+        # torch's fused attention next to the handout's eager one, where the reference figures are (bf16, ctx 512)
+        if attention == "sdpa" and (ctx != 512 or dtype != "bf16"):
+            continue
+        marks = [pytest.mark.gpu]
+        if not _must_show(size, ctx, dtype, mode):
+            marks.append(pytest.mark.slow)
+        cases.append(pytest.param(*values, marks=marks, id=_case_id(*values)))
+    assert len({c.id for c in cases}) == len(cases)
+    return [names, cases]
+
+
+@pytest.mark.parametrize(*_model_cases())
+def test_model(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compile, attention) -> None:
+    case = Case(size, ctx, mode, dtype, compile == "compiled", attention)
+    benchmark.group = f"D2/D4/D7b model {size}"
+    warmup, rounds = _steps()
+    info = run_case(
+        benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=matmul_tflops(case.torch_dtype)
+    )
+    assert info["oom"] or info["mean_ms"] > 0
+
+
+def _warmup_cases() -> list:
+    names = ("size", "ctx", "dtype", "mode", "compile", "warmup")
+    cases = [
+        pytest.param(
+            "tiny",
+            CPU_CTX,
+            "fp32",
+            "fwd_bwd",
+            "eager",
+            w,
+            id=f"tiny-ctx{CPU_CTX}-fp32-fwd_bwd-eager-warmup{w}",
+        )
+        for w in (0, 1, 2, 5)
+    ]
+    for mode, compile, w in itertools.product(("fwd", "fwd_bwd"), COMPILES, (0, 1, 2, 5)):
+        if compile == "compiled" and w not in (
+            0,
+            1,
+        ):  # compiled: 0 vs 1 shows the compilation; the rest = eager story
+            continue
+        case_id = f"small-ctx256-fp32-{mode}-{compile}-warmup{w}"
+        cases.append(pytest.param("small", 256, "fp32", mode, compile, w, marks=pytest.mark.gpu, id=case_id))
+    return [names, cases]
+
+
+@pytest.mark.parametrize(*_warmup_cases())
+def test_warmup(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compile, warmup) -> None:
+    """D2 (c): the same case with 0, 1, 2, 5 warm-up steps; std_ms and max vs mean show the cold start."""
+    case = Case(size, ctx, mode, dtype, compile == "compiled")
+    benchmark.group = f"D2 warm-up {size} ctx{ctx}"
+    rounds = _steps()[1]
+    info = run_case(
+        benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=matmul_tflops(case.torch_dtype)
+    )
+    assert info["oom"] or info["mean_ms"] > 0
+
+
+def _memory_cases() -> list:
+    names = ("size", "ctx", "dtype", "mode")
+    cases = [
+        pytest.param("2.7B", ctx, dtype, mode, marks=pytest.mark.gpu, id=f"2.7B-ctx{ctx}-{dtype}-{mode}")
+        for ctx, dtype, mode in itertools.product((128, 256, 512), DTYPES, ("fwd", "train"))
+    ]
+    return [names, cases]
+
+
+@pytest.mark.parametrize(*_memory_cases())
+def test_memory(benchmark, device, size, ctx, dtype, mode) -> None:
+    """D5 (b)(c): peak memory of the 2.7B model, forward (inference) and full training step."""
+    case = Case(size, ctx, mode, dtype)
+    benchmark.group = f"D5 memory {size}"
+    info = run_case(benchmark, case, device, warmup=1, rounds=3)
+    assert info["oom"] or info["peak_memory_mib"] > 0

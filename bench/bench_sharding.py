@@ -1,0 +1,104 @@
+"""D20 optimizer state sharding: memory at the handout's three points and time per training step,
+for AdamW unsharded, our ``ShardedOptimizer`` over AdamW, and torch's ``ZeroRedundancyOptimizer``.
+
+Setup as the DDP bench (``bench_ddp.py``): xl, context 512, global batch 4 (2 per rank), fp32, 2 GPUs
+on nccl (tiny on gloo on a CPU-only machine); gradients averaged by our ``DDPBucketed`` (100 MB
+buckets) in every case, so only the optimizer differs. Variants: ``unsharded`` (torch.optim.AdamW),
+``sharded`` (ShardedOptimizer(params, torch.optim.AdamW)), ``torch_zero``.
+
+extra_info (max over ranks): ``peak_after_init_mib``, ``peak_before_step_mib``, ``peak_after_step_mib``
+(torch.cuda.max_memory_allocated at those points of the first step, which creates the optimizer
+state) and ``mem_*_mib`` (allocated at the same points); the breakdown ``params_mib`` / ``grads_mib``
+(from the model), ``optim_state_mib`` (bytes of the state tensors this rank holds, measured),
+``optim_state_full_mib`` (2 fp32 moments per parameter: what unsharded AdamW holds) and
+``optim_state_share`` = optim_state_mib / optim_state_full_mib (goal <= 0.55 on 2 ranks).
+Step time as in the DDP bench (max over ranks per step; ``mean_ms`` etc.); ``step_ratio`` =
+mean / unsharded mean (goal <= 1.10). Memory figures are None on CPU.
+
+    pytest bench/bench_sharding.py --benchmark-json=sharding.json    # 2 GPUs: ~1.5 min
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cs336_systems.distributed.bench_support import (
+    GroupedRuns,
+    cuda_count,
+    default_ctx,
+    default_sizes,
+    env_list,
+    gpu_skip_reason,
+    record_times,
+    selected_params,
+    spawn_train_cases,
+    train_extra_info,
+    train_setup,
+)
+from cs336_systems.distributed.train_step import Case
+from cs336_systems.profiling.timing import record_oom
+
+SPAWN_TIMEOUT_S = 900.0
+BUCKET_MB = 100
+OPTIMIZER_OF = {"unsharded": "adamw", "sharded": "sharded", "torch_zero": "zero"}
+CTX = default_ctx()
+CASES = [
+    pytest.param(size, CTX, dtype, int(ws), variant, id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}")
+    for size in default_sizes()
+    for dtype in env_list("CS336_DDP_DTYPES", "fp32")
+    for ws in env_list("CS336_DDP_WORLD_SIZES", "2")
+    for variant in OPTIMIZER_OF
+]
+
+
+def case_of(variant: str) -> Case:
+    return Case("bucketed", BUCKET_MB, OPTIMIZER_OF[variant])
+
+
+@pytest.fixture(scope="module")
+def sharding_runs(request: pytest.FixtureRequest) -> GroupedRuns:
+    selected = [p for p in selected_params(request) if gpu_skip_reason(p["world_size"]) is None]
+
+    def cases_of(group: tuple) -> list[Case]:
+        return [
+            case_of(p["variant"])
+            for p in selected
+            if (p["size"], p["ctx"], p["dtype"], p["world_size"]) == group
+        ]
+
+    def launch(group: tuple, cases: list[Case]) -> dict:
+        size, ctx, dtype, world_size = group
+        # The optimizer step is what differs; no profiled step needed here.
+        setup = dataclasses.replace(train_setup(size, ctx, dtype), profile_steps=0)
+        return spawn_train_cases(setup, world_size, cases, SPAWN_TIMEOUT_S)
+
+    return GroupedRuns(launch, cases_of)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 300)
+@pytest.mark.benchmark(group="D20 sharding")
+@pytest.mark.parametrize("size,ctx,dtype,world_size,variant", CASES)
+def test_sharding_step(
+    benchmark, sharding_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str
+) -> None:
+    reason = gpu_skip_reason(world_size)
+    if reason:
+        pytest.skip(reason)
+    group = (size, ctx, dtype, world_size)
+    result = sharding_runs(group, case_of(variant))
+    backend = "nccl" if cuda_count() >= world_size else "gloo"
+    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, backend)
+    info.update(variant=variant, optimizer=OPTIMIZER_OF[variant], ddp="bucketed", bucket_mb=BUCKET_MB)
+    if result["oom"]:
+        record_oom(benchmark, **info)
+        return
+    full = 2 * result["params_mib"]  # AdamW: exp_avg and exp_avg_sq, fp32 like the parameters
+    info.update(optim_state_full_mib=full, optim_state_share=result["optim_state_mib"] / full)
+    baseline = sharding_runs.get(group, case_of("unsharded"))
+    if baseline is not None and not baseline["oom"]:
+        info["step_ratio"] = result["mean_ms"] / baseline["mean_ms"]
+    record_times(benchmark, result["times_ms"], **info)
+    assert result["optim_state_mib"] > 0

@@ -1,0 +1,45 @@
+"""D13 all-reduce timing for one backend and world size (the bench's method, outside pytest).
+
+torchrun --nproc-per-node 4 scripts/allreduce_bench.py                 # nccl, 1MB..1GB
+python scripts/allreduce_bench.py --nproc 4 --backend gloo --sizes 1MB,10MB
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cs336_systems.distributed.allreduce import SIZES, allreduce_sweep
+from cs336_systems.distributed.launch import spawn
+from cs336_systems.distributed.process_group import init_distributed, shutdown
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl if GPUs suffice")
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma list of {list(SIZES)}")
+    p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under torchrun")
+    args = p.parse_args()
+    sizes = [SIZES[s] for s in args.sizes.split(",")]
+    if "RANK" in os.environ:
+        info = init_distributed(args.backend)
+        try:
+            results = allreduce_sweep(sizes)
+        finally:
+            shutdown()
+        rank = info.rank
+    else:
+        results, rank = spawn(allreduce_sweep, args.nproc, sizes, backend=args.backend, timeout=1800)[0], 0
+    if rank == 0:
+        print(
+            f"{'backend':8} {'ranks':>5} {'bytes':>11} {'mean ms':>9} {'max ms':>9} {'algbw GB/s':>10} {'busbw GB/s':>10}"
+        )
+        for nbytes, r in results.items():
+            print(
+                f"{r['backend']:8} {r['world_size']:>5} {nbytes:>11} {r['mean_ms']:>9.3f} {r['max_ms']:>9.3f} "
+                f"{r['algbw_gbps']:>10.2f} {r['busbw_gbps']:>10.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

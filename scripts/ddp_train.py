@@ -1,0 +1,85 @@
+"""Train the LM data-parallel with one DDP variant and print its step time and communication time.
+
+Under torchrun (one process per GPU, also across nodes):
+    torchrun --nproc-per-node 2 scripts/ddp_train.py --variant bucketed --bucket-mb 100
+Without torchrun it starts the ranks itself (gloo on CPU when there are too few GPUs):
+    python scripts/ddp_train.py --nproc 2 --preset tiny --ctx 32 --variant naive
+
+Prints one JSON object on rank 0: the numbers of ``cs336_systems.distributed.train_step`` combined
+over ranks (step times are per-step max over ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch.distributed as dist
+
+from cs336_systems.distributed.launch import spawn
+from cs336_systems.distributed.process_group import init_distributed, shutdown
+from cs336_systems.distributed.train_step import (
+    OPTIMIZERS,
+    VARIANTS,
+    Case,
+    TrainSetup,
+    combine_ranks,
+    run_cases,
+)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", choices=VARIANTS, default="bucketed")
+    p.add_argument("--bucket-mb", type=float, default=None, help="for bucketed / torch_ddp (default 100)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--preset", default="xl")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--batch", type=int, default=4, help="global batch; the world size must divide it")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16 = autocast")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--profile-steps", type=int, default=0, help="profiled steps for the overlap share")
+    p.add_argument("--trace-dir", default=None, help="keep rank 0's Chrome trace here")
+    p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under torchrun")
+    return p.parse_args()
+
+
+def run(setup: TrainSetup, case: Case) -> dict:
+    mine = run_cases(setup, [case])[case.key]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return combine_ranks(gathered)
+
+
+def main() -> None:
+    args = parse_args()
+    bucket = args.bucket_mb if args.bucket_mb is not None else 100.0
+    case = Case(args.variant, bucket if args.variant in ("bucketed", "torch_ddp") else None, args.optimizer)
+    setup = TrainSetup(
+        preset=args.preset,
+        context_length=args.ctx,
+        global_batch=args.batch,
+        dtype=args.dtype,
+        warmup=args.warmup,
+        steps=args.steps,
+        profile_steps=args.profile_steps,
+        trace_dir=args.trace_dir,
+    )
+    if "RANK" in os.environ:  # torchrun
+        info = init_distributed()
+        try:
+            result = run(setup, case)
+        finally:
+            shutdown()
+        rank = info.rank
+    else:
+        result, rank = spawn(run, args.nproc, setup, case, timeout=3600)[0], 0
+    if rank == 0:
+        result.pop("times_ms", None)
+        print(json.dumps({"case": case.key, "setup": setup.__dict__, **result}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Glue between multi-process measurements and pytest-benchmark, shared by the distributed benches.
+
+The timing happens inside the spawned ranks; the benchmark fixture lives in the parent. So the
+parent runs one spawn per group of cases (e.g. every DDP variant of one model size: the start-up
+and the process group are paid once) and then records each case with :func:`record_times`, which
+hands the ranks' measured per-step times to pytest-benchmark as its rounds: the JSON's ``stats``
+(mean, stddev, min, max, rounds) are those steps, and ``extra_info`` carries the same figures as
+``mean_ms`` / ``std_ms`` / ``median_ms`` plus everything the writeup tables need.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import pytest
+import torch
+
+from cs336_systems.distributed.launch import spawn
+from cs336_systems.distributed.train_step import Case, TrainSetup, combine_ranks, run_cases
+
+
+def record_times(benchmark: Any, times_ms: list[float], **extra_info: Any) -> None:
+    """Record externally measured durations (ms) as the benchmark's rounds.
+
+    pytest-benchmark reads its clock once before and once after each round; here the clock is a
+    replay of the measured durations, so round i lasts exactly ``times_ms[i]``. (The fixture's clock
+    is the private ``_timer`` attribute; without it, only ``extra_info`` carries the figures.)
+    """
+    if not times_ms:
+        raise ValueError("record_times needs at least one measured time")
+    benchmark.extra_info.update(extra_info)
+    durations = iter(t / 1e3 for t in times_ms)
+    now = [0.0]
+
+    def replayed_rank_timings() -> float:
+        return now[0]
+
+    def one_measured_step() -> None:
+        now[0] += next(durations, 0.0)
+
+    if hasattr(benchmark, "_timer"):
+        benchmark._timer = replayed_rank_timings
+        benchmark.pedantic(one_measured_step, rounds=len(times_ms), iterations=1, warmup_rounds=0)
+    else:  # pragma: no cover - a pytest-benchmark without the attribute
+        benchmark.pedantic(one_measured_step, rounds=1, iterations=1)
+
+
+def selected_params(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """Parametrize values of the test cases of the requesting module that survived selection
+    (``-k``, ``--only``, deselection), so a group's spawn runs only what will be recorded."""
+    return [
+        dict(item.callspec.params)
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
+    ]
+
+
+class GroupedRuns:
+    """``runs(group, case)`` -> the result of ``case``, running ``launch(group, cases)`` once per
+    group for all the cases of that group; a group whose spawn failed fails each of its cases with
+    the same error instead of spawning again."""
+
+    def __init__(self, launch: Callable[[Hashable, list[Hashable]], dict], cases_of: Callable[[Hashable], list]):
+        self._launch = launch
+        self._cases_of = cases_of
+        self._done: dict[Hashable, dict | BaseException] = {}
+
+    def __call__(self, group: Hashable, case: Hashable) -> Any:
+        if group not in self._done:
+            try:
+                self._done[group] = self._launch(group, self._cases_of(group))
+            except Exception as exc:
+                self._done[group] = exc
+        result = self._done[group]
+        if isinstance(result, BaseException):
+            raise RuntimeError(f"the spawn for {group} failed: {result}") from result
+        return result[case]
+
+    def get(self, group: Hashable, case: Hashable) -> Any | None:
+        """The result if ``case`` was selected (and so run) in ``group``, else None."""
+        if case not in self._cases_of(group):
+            return None
+        return self(group, case)
+
+
+def env(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [v.strip() for v in env(name, default).split(",") if v.strip()]
+
+
+def cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_name(backend: str) -> str:
+    if backend == "nccl" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def gpu_skip_reason(world_size: int) -> str | None:
+    """On a GPU machine each rank needs its own GPU; a CPU-only machine runs gloo instead."""
+    have = cuda_count()
+    if have and have < world_size:
+        return f"needs {world_size} GPUs (one per rank); {have} present"
+    return None
+
+
+# -- the DDP / sharding benches ------------------------------------------------------------------
+
+
+def train_setup(size: str, ctx: int, dtype: str) -> TrainSetup:
+    """Bench defaults: on GPUs the handout's standard configuration (xl, context 512, global batch 4
+    = 2 per rank on 2 GPUs, fp32, AdamW); on a CPU-only machine a seconds-long gloo smoke run.
+    Overridable by environment: CS336_DDP_BATCH (global batch), CS336_DDP_WARMUP, CS336_DDP_STEPS,
+    CS336_DDP_PROFILE_STEPS (0 = no profiled step), CS336_TRACE_DIR (rank 0's Chrome traces)."""
+    on_gpu = cuda_count() > 0
+    return TrainSetup(
+        preset=size,
+        context_length=ctx,
+        global_batch=int(env("CS336_DDP_BATCH", "4")),
+        dtype=dtype,
+        warmup=int(env("CS336_DDP_WARMUP", "3" if on_gpu else "1")),
+        steps=int(env("CS336_DDP_STEPS", "10" if on_gpu else "3")),
+        profile_steps=int(env("CS336_DDP_PROFILE_STEPS", "1" if on_gpu else "0")),
+        trace_dir=env("CS336_TRACE_DIR", "docs/results/traces") if on_gpu else os.environ.get("CS336_TRACE_DIR"),
+    )
+
+
+def default_sizes() -> list[str]:
+    """CS336_DDP_SIZE (comma list) or xl on GPUs / tiny on CPU."""
+    return env_list("CS336_DDP_SIZE", "xl" if cuda_count() else "tiny")
+
+
+def default_ctx() -> int:
+    return int(env("CS336_DDP_CTX", "512" if cuda_count() else "32"))
+
+
+def spawn_train_cases(setup: TrainSetup, world_size: int, cases: list[Case], timeout: float) -> dict[Case, dict]:
+    """One spawn running ``cases`` in turn; per case the numbers combined over ranks."""
+    per_rank = spawn(run_cases, world_size, setup, cases, timeout=timeout)
+    return {case: combine_ranks([r[case.key] for r in per_rank]) for case in cases}
+
+
+def train_extra_info(result: dict[str, Any], setup: TrainSetup, world_size: int, backend: str) -> dict[str, Any]:
+    """extra_info of one recorded case: the combined figures and the setup they were taken in."""
+    info = {k: v for k, v in result.items() if k != "times_ms"}
+    info.update(
+        preset=setup.preset,
+        ctx=setup.context_length,
+        global_batch=setup.global_batch,
+        warmup_steps=setup.warmup,
+        timed_steps=setup.steps,
+        param_dtype="fp32",
+        autocast="bf16" if setup.dtype == "bf16" else None,
+        backend=backend,
+        world_size=world_size,
+        device_name=device_name(backend),
+    )
+    return info

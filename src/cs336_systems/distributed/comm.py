@@ -1,0 +1,106 @@
+"""Collective helpers shared by the DDP wrappers, the sharded optimizer and the benches.
+
+Everything here works with any backend (gloo on CPU, nccl on GPU): averaging is a SUM followed by
+a division because gloo has no ``ReduceOp.AVG``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) of the default process group; (0, 1) when none is initialized."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_device() -> torch.device:
+    """The device this rank communicates from: its GPU under nccl, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def share_cpu_threads() -> None:
+    """On CPU ranks, split the cores between the local ranks: with every rank using all cores the
+    ranks oversubscribe the machine and the timings measure the scheduler."""
+    if rank_device().type == "cpu":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world()[1]))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
+
+
+def require_process_group(who: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{who} needs an initialized process group: start under torchrun or "
+            "cs336_systems.distributed.launch.spawn (init_distributed())"
+        )
+
+
+def barrier(device: torch.device) -> None:
+    """``dist.barrier`` naming the rank's GPU (nccl otherwise guesses it and warns)."""
+    dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """Parameters that receive gradients, each once (``parameters()`` already drops tied repeats)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def parameter_names(module: nn.Module) -> dict[int, str]:
+    """id(param) -> its first qualified name, for error messages."""
+    names: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
+    return names
+
+
+def group_by_dtype_device(tensors: Iterable[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+    """Tensors split by (device, dtype), order kept: one flat buffer can only hold one of each."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return groups
+
+
+@torch.no_grad()
+def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+    """Overwrite ``tensors`` on every rank with rank ``src``'s values: one broadcast per
+    (device, dtype) of a flattened copy instead of one call per tensor."""
+    rank, world_size = world()
+    if world_size == 1:
+        return
+    for group in group_by_dtype_device(tensors).values():
+        flat = _flatten_dense_tensors(group)
+        dist.broadcast(flat, src=src)
+        if rank != src:
+            for t, value in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
+                t.copy_(value)
+
+
+def broadcast_module(module: nn.Module, src: int = 0) -> None:
+    """Make every rank start from rank ``src``'s parameters and buffers (frozen ones included)."""
+    broadcast_tensors([*module.parameters(), *module.buffers()], src=src)
+
+
+def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's contiguous slice of a global batch (dim 0); the batch must divide evenly, since
+    an uneven split would make the slowest rank set the pace and bias the averaged gradient."""
+    n = batch.shape[0]
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    if n % world_size:
+        raise ValueError(
+            f"world size {world_size} does not divide the batch size {n}; "
+            f"use a batch that is a multiple of {world_size}"
+        )
+    per_rank = n // world_size
+    return batch[rank * per_rank : (rank + 1) * per_rank]

@@ -1,0 +1,120 @@
+"""Model FLOPs of a step, the measured dense-matmul rate of the device, and MFU.
+
+Convention (stated once, used by every bench and table):
+- A matmul of (m, k) @ (k, n) costs 2·m·k·n FLOPs. "Model FLOPs" counts matmuls only: the QKV,
+  output, SwiGLU and LM-head projections and attention's two matmuls QKᵀ and PV. Causal attention is
+  NOT halved: the model computes the full T×T scores and masks them, so that work is really done.
+- Backward costs twice the forward (gradient w.r.t. input and w.r.t. weight for every projection;
+  dQ, dK and dP, dV for attention), so forward+backward = 3× forward.
+- The optimizer step and elementwise work (norms, RoPE, SiLU, softmax, loss) are not counted: they
+  are O(parameters) or O(activations), well under 1% of the matmul FLOPs at the Table 1 sizes. The
+  softmax estimate (5 FLOPs per score: max, subtract, exp, sum, divide) is reported separately for
+  the D3 "softmax time vs FLOPs" question.
+These counts match ``torch.utils.flop_counter.FlopCounterMode`` on the model exactly (tested).
+"""
+
+from __future__ import annotations
+
+import timeit
+from dataclasses import asdict, dataclass
+
+import torch
+
+from cs336_systems.model.config import ModelConfig
+from cs336_systems.profiling.timing import synchronize
+
+MODES = ("fwd", "fwd_bwd", "train")
+SOFTMAX_FLOPS_PER_SCORE = 5
+
+
+@dataclass(frozen=True)
+class ForwardFlops:
+    """Forward-pass FLOPs of the whole model (all layers) for one batch, split by component."""
+
+    qkv_proj: int
+    attn_scores: int  # QKᵀ
+    attn_values: int  # softmax(S) V
+    output_proj: int
+    ffn: int  # SwiGLU: w1, w3 (d -> d_ff) and w2 (d_ff -> d)
+    lm_head: int
+    attn_softmax: int  # elementwise estimate, NOT part of `total`
+
+    @property
+    def total(self) -> int:
+        """Matmul FLOPs of one forward pass."""
+        return (
+            self.qkv_proj + self.attn_scores + self.attn_values + self.output_proj + self.ffn + self.lm_head
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+def forward_flops(config: ModelConfig, batch: int, ctx: int) -> ForwardFlops:
+    tokens = batch * ctx
+    d, layers = config.d_model, config.num_layers
+    scores = batch * config.num_heads * ctx * ctx  # entries of the (B, H, T, T) score tensor
+    return ForwardFlops(
+        qkv_proj=layers * 2 * tokens * d * 3 * d,
+        attn_scores=layers * 2 * scores * config.d_head,
+        attn_values=layers * 2 * scores * config.d_head,
+        output_proj=layers * 2 * tokens * d * d,
+        ffn=layers * 3 * 2 * tokens * d * config.d_ff,
+        lm_head=2 * tokens * d * config.vocab_size,
+        attn_softmax=layers * SOFTMAX_FLOPS_PER_SCORE * scores,
+    )
+
+
+def step_flops(config: ModelConfig, batch: int, ctx: int, mode: str) -> int:
+    """Model FLOPs of one step of ``mode``: fwd = F, fwd_bwd = train = 3F (optimizer not counted)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    forward = forward_flops(config, batch, ctx).total
+    return forward if mode == "fwd" else 3 * forward
+
+
+def mfu(flops: float, seconds: float, peak_tflops: float) -> float:
+    """Model FLOPs utilization: achieved FLOP/s over the peak rate (in TFLOP/s) of the same precision."""
+    if seconds <= 0 or peak_tflops <= 0:
+        raise ValueError(f"need positive time and peak rate, got {seconds=} {peak_tflops=}")
+    return flops / seconds / (peak_tflops * 1e12)
+
+
+_MATMUL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def measure_matmul_tflops(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    n: int | None = None,
+    iters: int | None = None,
+    trials: int = 3,
+) -> float:
+    """Dense n×n×n matmul rate in TFLOP/s on ``device`` (best of ``trials``): the MFU denominator.
+
+    n defaults to 8192 on a GPU (big enough to saturate an H100) and 512 on the CPU (a smoke value:
+    CPU MFU numbers mean little). fp32 runs with whatever ``torch.backends.cuda.matmul`` / float32
+    matmul precision is set at call time, i.e. the same setting the model runs with (torch default:
+    full fp32, no TF32), so fp32 MFU is against the fp32 rate actually available to the model.
+    """
+    device = torch.device(device)
+    if dtype not in _MATMUL_DTYPES:
+        raise ValueError(f"matmul rate is measured for {_MATMUL_DTYPES}, got {dtype}")
+    on_gpu = device.type == "cuda"
+    n = n or (8192 if on_gpu else 512)
+    iters = iters or (20 if on_gpu else 3)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(3):  # warm-up: cuBLAS handle, heuristics, clocks
+        torch.mm(a, b, out=out)
+    synchronize(device)
+    best = float("inf")
+    for _ in range(trials):
+        start = timeit.default_timer()
+        for _ in range(iters):
+            torch.mm(a, b, out=out)
+        synchronize(device)
+        best = min(best, (timeit.default_timer() - start) / iters)
+    return 2 * n**3 / best / 1e12

@@ -1,0 +1,248 @@
+"""The report on JSON the suite itself produces: ``tests/data/sample_benches.py`` is run by pytest-
+benchmark in a subprocess (real ``--benchmark-json`` output, recorded through the suite's
+``run_benchmark`` / ``record_oom``), then turned into tables, plots and writeup.md. Also checks the
+compare workflow the README documents (save, ``pytest-benchmark compare``, the regression gate).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cs336_systems import report
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "tests" / "data" / "sample_benches.py"
+
+
+def _pytest(*args: str, work: int = 1, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), SAMPLE_WORK=str(work))
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-m", "pytest", str(SAMPLE), "-q", "-p", "no:cacheprovider", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def sample_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bench") / "sample.json"
+    proc = _pytest(f"--benchmark-json={path}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return path
+
+
+@pytest.fixture(scope="module")
+def records(sample_json: Path) -> list[report.Record]:
+    return report.load([sample_json])[1]
+
+
+def _table(records: list[report.Record], group_prefix: str) -> report.GroupTable:
+    tables = report.build_tables(records)
+    return next(t for t in tables if t.group.startswith(group_prefix))
+
+
+def test_sample_json_is_pytest_benchmark_output(sample_json: Path) -> None:
+    data = json.loads(sample_json.read_text())
+    assert {"machine_info", "commit_info", "benchmarks", "datetime", "version"} <= set(data)
+    groups = {b["group"] for b in data["benchmarks"]}
+    assert {
+        "D2 end-to-end",
+        "D6/D7a attention eager vs compiled",
+        "D11 flash sweep",
+        "D13 all-reduce",
+    } <= groups
+    assert sum(bool(b["extra_info"].get("oom")) for b in data["benchmarks"]) == 2
+
+
+def test_records_split_params_and_values(records: list[report.Record]) -> None:
+    row = next(r for r in records if r.name == "test_model[tiny-32-train]")
+    assert row.descriptors["ctx"] == 32 and row.descriptors["mode"] == "train"
+    assert row.descriptors["dtype"] == "fp32"  # a parameter-like extra_info key
+    assert row.descriptors["device"] == "cpu"  # extra_info device_name wins over machine_info
+    assert {"mean_ms", "std_ms", "mfu", "tokens_per_s"} <= set(row.values)
+    assert "ctx" not in row.values
+    unknown = next(r for r in records if r.group.startswith("misc"))
+    assert "stats_mean_ms" in unknown.values  # no extra_info mean_ms: pytest-benchmark's own stats
+
+
+def test_group_table_long_and_pivot(records: list[report.Record]) -> None:
+    t = _table(records, "D6/D7a")
+    assert t.fixed["d"] == 16 and t.fixed["device"] == "cpu"
+    assert list(t.long.columns[:2]) == ["impl", "seq"]
+    oom = t.long[t.long["seq"] == "4096"]
+    assert len(oom) == 2 and (oom["fwd (ms)"] == "OOM").all() and (oom["mean ± std (ms)"] == "OOM").all()
+    ok = t.long[(t.long["seq"] == "64") & (t.long["impl"] == "pytorch")]
+    assert " ± " in ok["mean ± std (ms)"].item()
+    # Pivot: one row per seq (sorted numerically), one column per value and implementation.
+    assert t.pivot is not None
+    assert list(t.pivot["seq"]) == ["64", "128", "4096"]
+    assert "fwd (ms): pytorch_compiled" in t.pivot.columns
+    assert "mem before bwd (MiB): pytorch" in t.pivot.columns
+
+
+def test_d11_pivot_and_d13_sizes(records: list[report.Record]) -> None:
+    flash = _table(records, "D11")
+    assert flash.pivot is not None
+    assert {"triton / fwd", "triton / fwd_bwd", "pytorch / fwd"} <= set(flash.pivot.columns)
+    assert list(flash.pivot.columns[:2]) == ["d", "seq"]
+    allreduce = _table(records, "D13")
+    assert allreduce.fixed["backend"] == "gloo"
+    assert list(allreduce.long["nbytes"][:2]) == ["1 MB", "10 MB"]  # sorted by size, not as text
+    assert allreduce.long["busbw (GB/s)"].notna().all()
+
+
+def test_unknown_group_gets_a_generic_table(records: list[report.Record]) -> None:
+    t = _table(records, "misc")
+    assert t.pivot is None
+    assert list(t.long.columns) == ["n", "mean ± std (ms, pytest-benchmark)", "answer"]
+    assert list(t.long["answer"]) == ["16", "32"]
+
+
+def test_merged_runs_keep_their_device(sample_json: Path, tmp_path: Path) -> None:
+    data = json.loads(sample_json.read_text())
+    gpu = copy.deepcopy(data)
+    for bench in gpu["benchmarks"]:
+        bench["extra_info"]["device_name"] = "NVIDIA H100 80GB HBM3"
+    gpu_path = tmp_path / "h100.json"
+    gpu_path.write_text(json.dumps(gpu))
+    runs, records = report.load([sample_json, gpu_path])
+    assert len(records) == 2 * len(data["benchmarks"])
+    assert runs[1].devices == {"NVIDIA H100 80GB HBM3"}
+    t = _table(records, "D11")
+    assert "device" not in t.fixed and t.long.columns[0] == "device"
+    assert t.pivot is not None and t.pivot.columns[0] == "device"
+    assert len(t.pivot) == 2 * 4  # (d, seq) rows per device
+    # Same case from two files on the same device: the source file becomes a column too.
+    again = tmp_path / "again.json"
+    again.write_text(sample_json.read_text())
+    _, twice = report.load([sample_json, again])
+    assert {twice[0].descriptors["source"], twice[-1].descriptors["source"]} == {"sample", "again"}
+
+
+def test_cli_writes_tables_plots_and_writeup(sample_json: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    assert report.main([str(sample_json), "--out", str(out)]) == 0
+    tables = sorted(p.name for p in (out / "tables").iterdir())
+    assert "d6-d7a-attention-eager-vs-compiled.md" in tables and "d11-flash-sweep.md" in tables
+    assert len(tables) == 7
+    for name in ("allreduce.png", "attention.png", "flash.png"):
+        png = out / "plots" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "writeup.md").read_text()
+    for expected in (
+        "## 1.1.3 End-to-end benchmarking",
+        "### D6/D7a attention eager vs compiled",
+        "| OOM ",
+        "![D13](plots/allreduce.png)",
+        "20 MiB",  # D5d
+        "**44 H100 80GB**",  # D18a
+        "**N_FSDP = 38**",  # D18b
+        "396 tokens",  # D18c
+        "3Φ(N−1)/N = 11.99 GB",  # D20c
+        "## Other benchmark groups",
+        "The run ran out at seq 4096, d 16",  # sample OOM far below the accounting's prediction
+    ):
+        assert expected in text, expected
+    # D17b from the sample's synthetic all-reduce cost t = 2e-4·(world/2)… s + n / 1 GB/s (gloo, 2 ranks).
+    assert "w = 1.0 GB/s, o = 200.0 µs" in text
+
+
+def test_cli_latex(sample_json: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "tex"
+    assert report.main([str(sample_json), "--format", "latex", "--out", str(out)]) == 0
+    tex = (out / "tables" / "d13-all-reduce.tex").read_text()
+    assert "\\begin{tabular}" in tex and "$\\pm$" in tex and "world\\_size" in tex
+    assert (out / "writeup.md").exists()
+
+    # Without jinja2 (pandas' to_latex needs it), tabulate writes the same cells.
+    def no_jinja(*args, **kwargs):
+        raise ImportError("jinja2")
+
+    monkeypatch.setattr(pd.DataFrame, "to_latex", no_jinja)
+    fallback = report.to_latex(pd.DataFrame({"a_b": ["1 ± 2"]}), "cap_tion")
+    assert "a\\_b" in fallback and "1 $\\pm$ 2" in fallback and "\\caption{cap\\_tion}" in fallback
+
+
+def test_bad_input_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.json"
+    assert report.main([str(missing), "--out", str(tmp_path / "o")]) == 2
+    assert "nope.json" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match=r"other\.json is not pytest-benchmark JSON"):
+        report.load([other])
+    with pytest.raises(ValueError, match="format"):
+        report.write_report([], tmp_path / "x", fmt="html")
+
+
+def test_empty_run_still_writes_the_accounting(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"benchmarks": [], "machine_info": {}, "commit_info": {}}))
+    result = report.write_report([empty], tmp_path / "out")
+    text = result["writeup"].read_text()
+    assert result["records"] == 0 and "No rows for this part" in text
+    # No D13 data: the D17b numbers fall back to SPEC's NCCL reference.
+    assert "SPEC's NCCL reference" in text and "**44 H100 80GB**" in text
+
+
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [("1MB", 1e6), ("10 MB", 1e7), ("1GiB", 2**30), ("100MiB", 100 * 2**20), (1048576, 2**20), ("x", None)],
+)
+def test_parse_size(text, nbytes) -> None:
+    assert report.parse_size(text) == nbytes
+
+
+def test_formatting() -> None:
+    assert report.format_size(2**20) == "1 MiB" and report.format_size(10**9) == "1 GB"
+    assert report.format_number("mfu", 0.4012) == "40.1%"
+    assert (
+        report.format_number("mean_ms", 86.5) == "86.50"
+        and report.format_number("mean_ms", 0.0341) == "0.0341"
+    )
+    assert report.format_number("tokens_per_s", 123456.7) == "123,457"
+    assert report.section_of("D6/D7a attention") == "D6" and report.section_of("D7b model") == "D7b"
+    assert report.section_of("D14-D17 DDP") == "D14" and report.section_of("D2 warm-up") == "D2"
+    assert report.section_of("leaderboard") is None
+    assert report.device_capacity_bytes("NVIDIA H100 80GB HBM3") == 80 * 2**30
+
+
+def test_compare_workflow_and_regression_gate(tmp_path: Path) -> None:
+    """The README's compare commands: save a baseline, compare runs, fail on a regression."""
+    storage = f"--benchmark-storage=file://{tmp_path}"
+    select = ["-k", "sharding"]
+    base = _pytest(*select, storage, "--benchmark-save=baseline")
+    assert base.returncode == 0, base.stdout[-2000:]
+    # 3,000x the Python work per step: tens of ms against well under 1 ms, whatever the machine's
+    # load, so the gate on the minimum must trip (and the run is still saved, as 0002).
+    slow = _pytest(
+        *select,
+        storage,
+        "--benchmark-autosave",
+        "--benchmark-compare=0001",
+        "--benchmark-compare-fail=min:10%",
+        work=3_000,
+    )
+    assert slow.returncode != 0
+    assert "Performance has regressed" in slow.stdout + slow.stderr
+    saved = sorted(p.name for p in tmp_path.rglob("*.json"))
+    assert saved[0] == "0001_baseline.json" and saved[1].startswith("0002_")
+
+    cli = [sys.executable, "-m", "pytest_benchmark", "--storage", f"file://{tmp_path}"]
+    compare = subprocess.run(
+        [*cli, "compare", "0001", "0002", "--group-by=group", "--columns=mean,stddev"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    assert (
+        "benchmark 'D20 sharding': 4 tests" in compare.stdout and "test_sharding[sharded]" in compare.stdout
+    )
