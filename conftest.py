@@ -18,6 +18,8 @@ import torch
 # decorated, so it has to be set before any test module imports one.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # pytest-xdist runs one worker per core; torch's own intra-op threads on top only oversubscribe.
+    torch.set_num_threads(1)
 
 from cs336_systems.distributed.launch import find_free_port, spawn
 from cs336_systems.model import PRESETS, ModelConfig

@@ -6,10 +6,11 @@ on nccl (tiny on gloo on a CPU-only machine); gradients averaged by our ``DDPBuc
 buckets) in every case, so only the optimizer differs. Variants: ``unsharded`` (torch.optim.AdamW),
 ``sharded`` (ShardedOptimizer(params, torch.optim.AdamW)), ``torch_zero``.
 
-extra_info (max over ranks): ``peak_after_init_mib``, ``peak_before_step_mib``, ``peak_after_step_mib``
-(torch.cuda.max_memory_allocated at those points of the first step, which creates the optimizer
-state) and ``mem_*_mib`` (allocated at the same points); the breakdown ``params_mib`` / ``grads_mib``
-(from the model), ``optim_state_mib`` (bytes of the state tensors this rank holds, measured),
+extra_info (max over ranks): ``peak_after_init_mib`` (torch.cuda.max_memory_allocated after building
+model, DDP wrapper and optimizer), ``peak_before_step_mib`` / ``peak_after_step_mib`` (peak within one
+steady-state step after the warm-up, optimizer state present, up to right before / right after
+``optimizer.step()``) and ``mem_*_mib`` (allocated at the same points); the breakdown
+``params_mib`` / ``grads_mib`` (from the model), ``optim_state_mib`` (bytes of the state tensors this rank holds, measured),
 ``optim_state_full_mib`` (2 fp32 moments per parameter: what unsharded AdamW holds) and
 ``optim_state_share`` = optim_state_mib / optim_state_full_mib (goal <= 0.55 on 2 ranks).
 Step time as in the DDP bench (max over ranks per step; ``mean_ms`` etc.); ``step_ratio`` =

@@ -120,6 +120,18 @@ def time_case(
     return rows
 
 
+def time_components(heads: int, seq: int, d: int, warmup: int, rep: int) -> dict[str, float]:
+    """The launchers alone (tuned kernels and their allocations, no autograd / compile / sum / grad
+    accumulation): what the harness adds on top is the difference."""
+    q, k, v = (t.detach() for t in make_qkv(heads, seq, d, torch.bfloat16))
+    o, lse = kernels.flash_forward(q, k, v, True)
+    do = torch.randn_like(o)
+    return {
+        "fwd_launcher": bench_ms(lambda: kernels.flash_forward(q, k, v, True), warmup, rep),
+        "bwd_launcher": bench_ms(lambda: kernels.flash_backward(q, k, v, o, do, lse, True), warmup, rep),
+    }
+
+
 def print_table(rows: list[dict]) -> None:
     from tabulate import tabulate
 
@@ -160,7 +172,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--quick", action="store_true", help="leaderboard case only, shorter timing")
+    parser.add_argument(
+        "--wide", action="store_true", help="tune over the wide candidate grid (slow; implies --quick)"
+    )
     args = parser.parse_args()
+    if args.wide:
+        kernels.CANDIDATE_SET = "wide"
+        args.quick = True
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -181,6 +199,8 @@ def main() -> int:
 
     all_sdpa = ["ours", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
     rows = time_case(16, 16384, 64, "bf16", True, all_sdpa, warmup, rep)
+    info["components_ms"] = time_components(16, 16384, 64, warmup, rep)
+    print(json.dumps({"components_ms": info["components_ms"]}), flush=True)
     if not args.quick:
         for dtype_name, d in (("fp32", 64), ("bf16", 128), ("fp32", 128)):
             impls = ["ours", "sdpa_efficient"] + (
@@ -194,15 +214,18 @@ def main() -> int:
         json.dump(info, f, indent=1)
 
     print("\n# tuning (chosen, then candidate medians in ms)")
-    for key, rep_ in sorted(info["tuning"].items()):
+    for key, rep_ in sorted(info["tuning"]["keys"].items()):
         timings = ", ".join(f"{c}={t:.3f}" for c, t in sorted(rep_["timings_ms"].items(), key=lambda x: x[1]))
         print(f"{key}: {rep_['chosen']}  [{timings}]")
+    for what, err in info["tuning"]["build_errors"].items():
+        print(f"build error {what}: {err}")
     print(
         f"\n# {info['gpu']}, torch {info['torch']}, triton {info['triton']}, "
         f"bf16 matmul {info['bf16_matmul_tflops']:.0f} TFLOP/s; leaderboard errors "
         + ", ".join(f"{k}={v:.1e}" for k, v in info["leaderboard_errors"].items())
     )
     print_table(rows)
+    print("launchers alone (ms): " + ", ".join(f"{k}={v:.3f}" for k, v in info["components_ms"].items()))
     return 0
 
 

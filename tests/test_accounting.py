@@ -99,6 +99,8 @@ def test_ddp_overhead_hand_case() -> None:
 def test_ddp_overhead_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="n_b"):
         acc.ddp_overhead_s(1e9, 1e11, 1e-4, 0)
+    with pytest.raises(ValueError, match="per-call cost"):
+        acc.optimal_bucket_bytes(1e9, 1e11, 0.0)
 
 
 def test_fit_allreduce_cost_recovers_latency_and_bandwidth() -> None:
@@ -110,6 +112,8 @@ def test_fit_allreduce_cost_recovers_latency_and_bandwidth() -> None:
     assert w == pytest.approx(3e11, rel=1e-9)
     with pytest.raises(ValueError):
         acc.fit_allreduce_cost([1e6], [1e-3])
+    # Noise that puts the line below the origin: no per-call cost resolved, reported as 0.
+    assert acc.fit_allreduce_cost([1e6, 1e7], [1e-4, 5e-3])[0] == 0.0
 
 
 # ---------------------------------------------------------------- D18

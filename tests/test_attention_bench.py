@@ -221,6 +221,7 @@ def test_record_not_run_makes_a_row() -> None:
         "impl": "sdpa_flash",
         "status": "unsupported",
         "reason": "no fp32 kernel",
+        "skipped": "no fp32 kernel",
         "oom": False,
     }
     assert calls == [{"rounds": 1, "iterations": 1}]
@@ -253,6 +254,8 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
     out_json, out_jsonl = tmp_path / "out.json", tmp_path / "rows.jsonl"
     # One thread: the suite runs with -n 2 on 2 cores, and oversubscribed OpenMP threads crawl.
     env = dict(os.environ, CS336_BENCH_JSONL=str(out_jsonl), CS336_D6_PASSES="5", OMP_NUM_THREADS="1")
+    # Under pytest-xdist, PYTEST_XDIST_WORKER would make the inner pytest-benchmark disable itself.
+    env = {key: value for key, value in env.items() if not key.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

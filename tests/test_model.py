@@ -130,7 +130,11 @@ def test_backward_reaches_every_parameter(tiny_config: ModelConfig, generator: t
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_adamw_matches_torch(weight_decay: float, generator: torch.Generator) -> None:
+@pytest.mark.parametrize("chunk_elements", [1 << 28, 5000], ids=["one-chunk", "many-chunks"])
+def test_adamw_matches_torch(
+    weight_decay: float, chunk_elements: int, generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cs336_systems.model.optim._CHUNK_ELEMENTS", chunk_elements)
     ours_model, torch_model = _tiny_model(), _tiny_model()
     groups = lambda m: [  # two groups with their own hyper-parameters
         {"params": [p for n, p in m.named_parameters() if "ln" in n], "lr": 3e-3, "weight_decay": 0.0},

@@ -7,6 +7,7 @@ compare workflow the README documents (save, ``pytest-benchmark compare``, the r
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import subprocess
@@ -22,18 +23,35 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample_benches.py"
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """The child's environment: PYTHONPATH=src, and no PYTEST_* (PYTEST_ADDOPTS, and under -n the
+    PYTEST_XDIST_WORKER that makes pytest-benchmark disable itself as if the child ran in parallel)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(PYTHONPATH=str(ROOT / "src"), **extra)
+    return env
+
+
 def _pytest(*args: str, work: int = 1, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), SAMPLE_WORK=str(work))
-    env.pop("PYTEST_ADDOPTS", None)
+    env = _env(SAMPLE_WORK=str(work))
     cmd = [sys.executable, "-m", "pytest", str(SAMPLE), "-q", "-p", "no:cacheprovider", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def sample_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("bench") / "sample.json"
-    proc = _pytest(f"--benchmark-json={path}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    """The sample session's JSON, made once per test session (shared by xdist workers: their base temp
+    dirs sit in one per-session directory)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    path = root / "report-sample.json"
+    with open(root / "report-sample.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            partial = path.with_suffix(".partial")
+            proc = _pytest(f"--benchmark-json={partial}")
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            partial.rename(path)
     return path
 
 
@@ -69,6 +87,10 @@ def test_records_split_params_and_values(records: list[report.Record]) -> None:
     assert "ctx" not in row.values
     unknown = next(r for r in records if r.group.startswith("misc"))
     assert "stats_mean_ms" in unknown.values  # no extra_info mean_ms: pytest-benchmark's own stats
+    assert unknown.device == unknown.machine != "cpu"  # no device_name in the group: the JSON's machine
+    # A row without device_name takes the one the rest of its group names.
+    unsupported = next(r for r in records if r.texts.get("status") == "unsupported")
+    assert unsupported.device == "cpu" and "device_name" not in unsupported.texts
 
 
 def test_group_table_long_and_pivot(records: list[report.Record]) -> None:
@@ -91,10 +113,20 @@ def test_d11_pivot_and_d13_sizes(records: list[report.Record]) -> None:
     assert flash.pivot is not None
     assert {"triton / fwd", "triton / fwd_bwd", "pytorch / fwd"} <= set(flash.pivot.columns)
     assert list(flash.pivot.columns[:2]) == ["d", "seq"]
+    row = flash.pivot[(flash.pivot["d"] == "32") & (flash.pivot["seq"] == "256")]
+    assert row["triton / fwd"].item() == "unsupported" and row["triton / fwd_bwd"].item() != "unsupported"
+    assert list(flash.pivot.columns[2:5]) == ["pytorch / fwd", "pytorch / fwd_bwd", "triton / fwd"]
     allreduce = _table(records, "D13")
     assert allreduce.fixed["backend"] == "gloo"
-    assert list(allreduce.long["nbytes"][:2]) == ["1 MB", "10 MB"]  # sorted by size, not as text
+    assert list(allreduce.long["nbytes"][:2]) == ["1MB", "10MB"]  # sorted by size, not as text
     assert allreduce.long["busbw (GB/s)"].notna().all()
+
+
+def test_another_view_of_a_group(records: list[report.Record]) -> None:
+    t = _table(records, "D6/D7a")
+    view = t.view(report.PivotSpec((("seq",),), ("fwd_ms",)))
+    assert view is not None and list(view.columns) == ["impl", "64", "128", "4096"]
+    assert t.view(report.PivotSpec((("no_such_param",),), ("fwd_ms",))) is None
 
 
 def test_unknown_group_gets_a_generic_table(records: list[report.Record]) -> None:
@@ -108,7 +140,7 @@ def test_merged_runs_keep_their_device(sample_json: Path, tmp_path: Path) -> Non
     data = json.loads(sample_json.read_text())
     gpu = copy.deepcopy(data)
     for bench in gpu["benchmarks"]:
-        bench["extra_info"]["device_name"] = "NVIDIA H100 80GB HBM3"
+        bench["extra_info"]["device_name"] = "NVIDIA H100 80GB HBM3"  # every row, OOM rows too
     gpu_path = tmp_path / "h100.json"
     gpu_path.write_text(json.dumps(gpu))
     runs, records = report.load([sample_json, gpu_path])
@@ -122,7 +154,7 @@ def test_merged_runs_keep_their_device(sample_json: Path, tmp_path: Path) -> Non
     again = tmp_path / "again.json"
     again.write_text(sample_json.read_text())
     _, twice = report.load([sample_json, again])
-    assert {twice[0].descriptors["source"], twice[-1].descriptors["source"]} == {"sample", "again"}
+    assert {twice[0].descriptors["source"], twice[-1].descriptors["source"]} == {sample_json.stem, "again"}
 
 
 def test_cli_writes_tables_plots_and_writeup(sample_json: Path, tmp_path: Path) -> None:
@@ -147,6 +179,9 @@ def test_cli_writes_tables_plots_and_writeup(sample_json: Path, tmp_path: Path) 
         "3Φ(N−1)/N = 11.99 GB",  # D20c
         "## Other benchmark groups",
         "The run ran out at seq 4096, d 16",  # sample OOM far below the accounting's prediction
+        "| bf16 | 16 | 256 |",  # D11: ours vs PyTorch at the longest common seq
+        "| pytorch | 16 | 128 | saved | 0.562 | 0.562 | 1.00 |",  # D6: P + O kept, as accounted
+        "| unsharded | tiny | 2 | 5.384 / 5.384 | 21.54 / 21.54 | 22.54 / 21.54 |",  # D20 vs accounting
     ):
         assert expected in text, expected
     # D17b from the sample's synthetic all-reduce cost t = 2e-4·(world/2)… s + n / 1 GB/s (gloo, 2 ranks).
@@ -210,6 +245,7 @@ def test_formatting() -> None:
     assert report.section_of("D6/D7a attention") == "D6" and report.section_of("D7b model") == "D7b"
     assert report.section_of("D14-D17 DDP") == "D14" and report.section_of("D2 warm-up") == "D2"
     assert report.section_of("leaderboard") is None
+    assert report.sections_of("D2/D4/D7b model small") == ["D2", "D4", "D7b"]
     assert report.device_capacity_bytes("NVIDIA H100 80GB HBM3") == 80 * 2**30
 
 
@@ -234,9 +270,11 @@ def test_compare_workflow_and_regression_gate(tmp_path: Path) -> None:
     saved = sorted(p.name for p in tmp_path.rglob("*.json"))
     assert saved[0] == "0001_baseline.json" and saved[1].startswith("0002_")
 
+    # The CLI loads the root conftest.py (it imports cs336_systems): it needs PYTHONPATH=src too.
     cli = [sys.executable, "-m", "pytest_benchmark", "--storage", f"file://{tmp_path}"]
     compare = subprocess.run(
         [*cli, "compare", "0001", "0002", "--group-by=group", "--columns=mean,stddev"],
+        env=_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -265,25 +265,35 @@ def ddp_overhead_s(s: float, w: float, o: float, n_b: float) -> float:
         overhead(n_b) = t + n_b·o = s/(n_b·w) + n_b·o.
 
     n_b = 1 gives s/w + o, one whole all-reduce after backward (the flat variant). Fewer buckets expose
-    more bandwidth time; more buckets pay more per-call cost.
+    more bandwidth time; more buckets pay more per-call cost. (Were o part of the per-bucket time that
+    the compute matches too, only the last call would stick out, s/(n_b·w) + o, falling with n_b
+    without an optimum: it is the per-call cost piling up on the stream that makes large buckets pay.)
     """
     if n_b <= 0 or w <= 0 or s < 0 or o < 0:
         raise ValueError(f"need n_b > 0, w > 0, s >= 0, o >= 0; got n_b={n_b}, w={w}, s={s}, o={o}")
     return s / (n_b * w) + n_b * o
 
 
+def _check_cost(s: float, w: float, o: float) -> None:
+    if s <= 0 or w <= 0 or o <= 0:
+        raise ValueError(f"the optimum needs s > 0, w > 0 and a per-call cost o > 0; got s={s}, w={w}, o={o}")
+
+
 def optimal_bucket_count(s: float, w: float, o: float) -> float:
     """d overhead / d n_b = -s/(n_b²·w) + o = 0  ⇒  n_b* = sqrt(s / (w·o))."""
+    _check_cost(s, w, o)
     return math.sqrt(s / (w * o))
 
 
 def optimal_bucket_bytes(s: float, w: float, o: float) -> float:
     """b* = s / n_b* = sqrt(s·w·o); the overhead there is 2·sqrt(s·o/w)."""
+    _check_cost(s, w, o)
     return math.sqrt(s * w * o)
 
 
 def minimal_ddp_overhead_s(s: float, w: float, o: float) -> float:
     """overhead(n_b*) = s/(n_b*·w) + n_b*·o = 2·sqrt(s·o/w)."""
+    _check_cost(s, w, o)
     return 2 * math.sqrt(s * o / w)
 
 
@@ -291,7 +301,8 @@ def fit_allreduce_cost(nbytes: Sequence[float], seconds: Sequence[float]) -> tup
     """Least-squares fit of t = o + n/w to measured all-reduce times; returns (o seconds, w bytes/s).
 
     The D13 table gives (size, time) pairs; the intercept is the per-call cost and the inverse slope
-    the algorithm bandwidth that the D17b model needs.
+    the algorithm bandwidth that the D17b model needs. A negative intercept (noisy small sizes) is
+    returned as 0: the data then do not resolve a per-call cost.
     """
     if len(nbytes) != len(seconds) or len(nbytes) < 2:
         raise ValueError("need at least two (bytes, seconds) pairs of equal length")

@@ -7,7 +7,8 @@ benchmark group it writes ``DIR/tables/<group>.md`` (or ``.tex``): the rows with
 arguments as index columns and the extra_info numbers as value columns ("mean ± std" where a std
 exists, "OOM" for out-of-memory rows), plus, for the groups the handout asks about, a pivoted view
 (e.g. D11: one column per implementation and pass). Plots go to ``DIR/plots/`` and ``DIR/writeup.md``
-stitches tables, plots and the closed-form answers of :mod:`cs336_systems.accounting`.
+stitches tables, plots and the closed-form answers of :mod:`cs336_systems.accounting` (Markdown
+whatever ``--format`` says: the format applies to the table files).
 
 The numbers a bench records in extra_info are authoritative (``mean_ms``/``std_ms``...); pytest-
 benchmark's own stats are used only when a case records no ``mean_ms``. Unknown groups and unknown
@@ -77,6 +78,7 @@ VALUE_LABELS = {
     "busbw_gbps": "busbw (GB/s)",
     "peak_memory_mib": "peak mem (MiB)",
     "mem_before_bwd_mib": "mem before bwd (MiB)",
+    "saved_for_bwd_mib": "saved for bwd (MiB)",
     "params_mib": "params (MiB)",
     "grads_mib": "grads (MiB)",
     "optim_state_mib": "optimizer state (MiB)",
@@ -98,7 +100,8 @@ class Record:
     group: str
     name: str
     source: str
-    device: str
+    device: str  # extra_info device_name ("" until _mark_provenance fills it in)
+    machine: str  # pytest-benchmark's machine_info of the file
     descriptors: dict[str, Any]  # parameters (and parameter-like extra_info) of the case
     values: dict[str, float]  # numeric extra_info (+ pytest-benchmark stats when nothing else)
     texts: dict[str, str] = field(default_factory=dict)  # string extra_info (kernel names, status...)
@@ -111,6 +114,7 @@ class Run:
     """Top-level facts of one JSON file."""
 
     path: Path
+    source: str
     datetime: str
     commit: str
     version: str
@@ -163,7 +167,8 @@ def _record(bench: dict[str, Any], source: str, machine: str) -> Record:
         group=bench.get("group") or "ungrouped",
         name=bench.get("name", "?"),
         source=source,
-        device=str(extra.get("device_name") or machine),
+        device=str(extra.get("device_name") or ""),
+        machine=machine,
         descriptors=descriptors,
         values=values,
         texts=texts,
@@ -192,23 +197,33 @@ def load(paths: Sequence[str | Path]) -> tuple[list[Run], list[Record]]:
         commit = data.get("commit_info") or {}
         run = Run(
             path=path,
+            source=source,
             datetime=str(data.get("datetime", "?")),
             commit=(str(commit.get("id") or "?")[:10] + (" (dirty)" if commit.get("dirty") else "")),
             version=str(data.get("version", "?")),
             machine=machine,
         )
         for bench in data["benchmarks"]:
-            record = _record(bench, source, machine)
-            run.devices.add(record.device)
-            records.append(record)
+            records.append(_record(bench, source, machine))
         runs.append(run)
     _mark_provenance(records)
+    for run in runs:
+        run.devices = {r.device for r in records if r.source == run.source}
     return runs, records
 
 
 def _mark_provenance(records: list[Record]) -> None:
     """Make merged rows distinguishable: the device always, the source file when the same case on the
-    same device comes from several files."""
+    same device comes from several files. A row without a device_name (an OOM or unsupported row, say)
+    takes the one its file's group names elsewhere, else the machine of its file."""
+    named: dict[tuple[str, str], set[str]] = {}
+    for r in records:
+        if r.device:
+            named.setdefault((r.source, r.group), set()).add(r.device)
+    for r in records:
+        if not r.device:
+            devices = named.get((r.source, r.group), set())
+            r.device = next(iter(devices)) if len(devices) == 1 else r.machine
     seen: dict[tuple[str, str, str], set[str]] = {}
     for r in records:
         seen.setdefault((r.group, r.name, r.device), set()).add(r.source)
@@ -270,22 +285,27 @@ def format_number(key: str, value: float) -> str:
 
 
 def format_param(key: str, value: Any) -> str:
+    if value is None:
+        return MISSING
     if isinstance(value, float) and key not in PARAM_ORDER:
         return format_number(key, value)
-    if key == "nbytes":
-        size = parse_size(value)
-        return format_size(size) if size is not None else str(value)
+    if key == "nbytes" and isinstance(value, int | float):  # a label like "1MB" stays as the bench wrote it
+        return format_size(value)
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
 
 
-def _sort_key(key: str, value: Any) -> tuple[int, Any]:
+# Values that read better in pipeline order than alphabetically.
+VALUE_ORDER = {"fwd": 0, "bwd": 1, "fwd_bwd": 2, "train": 3, "eager": 0, "compiled": 1, "fp32": 0, "bf16": 1}
+
+
+def _sort_key(key: str, value: Any) -> tuple[int, Any, str]:
     if key == "nbytes" and parse_size(value) is not None:
-        return (0, parse_size(value))
+        return (0, parse_size(value), "")
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return (0, value)
-    return (1, str(value))
+        return (0, value, "")
+    return (1, VALUE_ORDER.get(str(value), len(VALUE_ORDER)), str(value))
 
 
 def _header(key: str) -> str:
@@ -325,6 +345,13 @@ class GroupTable:
     pivot: pd.DataFrame | None
     fixed: dict[str, Any]  # descriptors constant across the group
     records: list[Record]
+    index_columns: int = 0  # the leading columns of ``long`` that name the case
+    varying: list[str] = field(default_factory=list)
+    value_keys: list[str] = field(default_factory=list)
+
+    def view(self, spec: PivotSpec) -> pd.DataFrame | None:
+        """Another pivot of the same rows (a group serving several deliverables, e.g. D2/D4/D7b)."""
+        return _pivot(self.group, self.records, self.varying, self.value_keys, spec)
 
     @property
     def slug(self) -> str:
@@ -367,6 +394,9 @@ def _cell(record: Record, key: str) -> str:
         return "OOM"
     if record.skipped:
         return "skipped"
+    status = record.texts.get("status", "ok")
+    if status != "ok" and key not in record.texts:  # "unsupported", "skipped", "error": say so in every cell
+        return status
     if key in record.texts:
         return record.texts[key]
     if key not in record.values:
@@ -403,20 +433,25 @@ def build_group_table(group: str, records: list[Record]) -> GroupTable:
     notes = any(r.skipped for r in records)
     rows = []
     for r in records:
-        row = {_header(k): format_param(k, r.descriptors.get(k, MISSING)) for k in varying}
+        row = {_header(k): format_param(k, r.descriptors.get(k)) for k in varying}
         row.update({VALUE_LABELS.get(k, k): _cell(r, k) for k in value_keys})
         if notes:
             row["note"] = r.skipped or ""
         rows.append(row)
     long = pd.DataFrame(rows) if rows else pd.DataFrame()
     pivot = _pivot(group, records, varying, value_keys)
-    return GroupTable(group, long, pivot, fixed, records)
+    return GroupTable(group, long, pivot, fixed, records, len(varying), varying, value_keys)
 
 
 def _pivot(
-    group: str, records: list[Record], varying: list[str], value_keys: list[str]
+    group: str,
+    records: list[Record],
+    varying: list[str],
+    value_keys: list[str],
+    spec: PivotSpec | None = None,
 ) -> pd.DataFrame | None:
-    spec = next((s for pattern, s in PIVOTS if re.search(pattern, group)), None)
+    """The handout-shaped view of a group: ``spec``, or the first of PIVOTS matching the group name."""
+    spec = spec or next((s for pattern, s in PIVOTS if re.search(pattern, group)), None)
     if spec is None:
         return None
     columns = [next((c for c in alts if c in varying), None) for alts in spec.columns]
@@ -426,19 +461,17 @@ def _pivot(
         return None
     index = [k for k in varying if k not in columns]
     cells: dict[tuple, dict[str, str]] = {}
-    col_order: dict[str, None] = {}
-    for r in records:  # already sorted by the varying descriptors
-        row_key = tuple(format_param(k, r.descriptors.get(k, MISSING)) for k in index)
-        col_key = " / ".join(format_param(k, r.descriptors.get(k, MISSING)) for k in columns)
+    col_order: dict[str, tuple] = {}  # label -> sort key: value first, then the spread parameters
+    for r in records:  # already sorted by the varying descriptors: rows come out in order
+        row_key = tuple(format_param(k, r.descriptors.get(k)) for k in index)
+        col_key = " / ".join(format_param(k, r.descriptors.get(k)) for k in columns)
+        col_sort = tuple(_sort_key(k, r.descriptors.get(k)) for k in columns)
         row = cells.setdefault(row_key, {})
-        for v in values:
+        for i, v in enumerate(values):
             label = col_key if len(values) == 1 else f"{VALUE_LABELS.get(v, v)}: {col_key}"
             row[label] = _cell(r, v)
-            col_order[label] = None
-    if len(values) > 1:  # group the columns by value, then by the spread parameters
-        col_order = dict.fromkeys(
-            sorted(col_order, key=lambda c: [VALUE_LABELS.get(v, v) for v in values].index(c.split(": ")[0]))
-        )
+            col_order[label] = (i, col_sort)
+    col_order = dict(sorted(col_order.items(), key=lambda kv: kv[1]))
     rows = []
     for row_key, row in cells.items():
         out = {_header(k): v for k, v in zip(index, row_key, strict=True)}
@@ -492,6 +525,20 @@ def to_latex(frame: pd.DataFrame, caption: str) -> str:
     )
 
 
+def readable(frame: pd.DataFrame, index_cols: int) -> pd.DataFrame:
+    """A table with many value columns and few rows reads better turned on its side: one row per
+    quantity, one column per case (named by its index columns)."""
+    if frame.empty or len(frame) > 6 or frame.shape[1] - index_cols <= 12:
+        return frame
+    names = [
+        ", ".join(f"{c}={row[c]}" for c in frame.columns[:index_cols]) or f"case {i + 1}"
+        for i, (_, row) in enumerate(frame.iterrows())
+    ]
+    body = frame.iloc[:, index_cols:].T
+    body.columns = names if len(set(names)) == len(names) else [f"{i + 1}: {n}" for i, n in enumerate(names)]
+    return body.rename_axis("quantity").reset_index()
+
+
 def render_group_markdown(table: GroupTable) -> str:
     parts = [f"### {table.group}", "", f"_{table.caption}_", ""]
     if table.pivot is not None:
@@ -505,7 +552,7 @@ def render_group_markdown(table: GroupTable) -> str:
             "",
         ]
     else:
-        parts += [to_markdown(table.long), ""]
+        parts += [to_markdown(readable(table.long, table.index_columns)), ""]
     return "\n".join(parts)
 
 
@@ -513,7 +560,8 @@ def render_group_latex(table: GroupTable) -> str:
     parts = [f"% {table.group} (generated by cs336_systems.report)"]
     if table.pivot is not None:
         parts.append(to_latex(table.pivot, f"{table.caption}: {table.pivot.attrs.get('title', '')}"))
-    parts.append(to_latex(table.long, table.caption))
+    long = table.long if table.pivot is not None else readable(table.long, table.index_columns)
+    parts.append(to_latex(long, table.caption))
     return "\n".join(parts)
 
 
@@ -585,6 +633,11 @@ def _label(r: Record, keys: Sequence[str], multi_device: bool) -> str:
     return ", ".join(parts)
 
 
+def _message_bytes(r: Record) -> float | None:
+    """All-reduce size: extra_info ``bytes`` when recorded (exact), else the ``nbytes`` label parsed."""
+    return r.values.get("bytes") or parse_size(r.descriptors.get("nbytes"))
+
+
 def plot_allreduce(records: list[Record], out: Path) -> Path | None:
     """D13: latency vs size, one line per backend and world size (max over ranks where recorded)."""
     rows = [r for r in _records_in(records, r"^D13\b") if not r.oom and not r.skipped]
@@ -592,7 +645,7 @@ def plot_allreduce(records: list[Record], out: Path) -> Path | None:
     key = "max_ms" if any("max_ms" in r.values for r in rows) else "mean_ms"
     series: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
-        size = parse_size(r.descriptors.get("nbytes"))
+        size = _message_bytes(r)
         if size is None or key not in r.values:
             continue
         series.setdefault(_label(r, ("backend", "world_size"), multi), []).append((size, r.values[key]))
@@ -670,32 +723,41 @@ def smallest_measured_oom(records: list[Record]) -> tuple[int, int] | None:
 
 
 def d6_memory_check(records: list[Record]) -> str:
-    """Measured memory before backward vs the accounting, for eager rows: how many (batch, seq, seq)
-    matrices the run really kept."""
+    """Measured memory vs the accounting, per D6/D7a row: how many (batch, seq, seq) fp32 matrices the
+    implementation really keeps for backward. Uses ``saved_for_bwd_mib`` (allocated after the forward
+    minus before it: the output O plus what autograd saved) where the bench records it, else
+    ``mem_before_bwd_mib`` (which also holds q, k, v and the incoming gradient dO)."""
     lines = []
     for r in _records_in(records, r"^D6|^D7a"):
         seq, d = _numeric(r.descriptors.get("seq")), _numeric(r.descriptors.get("d"))
-        if r.oom or r.skipped or seq is None or d is None or "mem_before_bwd_mib" not in r.values:
+        if r.oom or r.skipped or seq is None or d is None:
             continue
         batch = int(_numeric(r.descriptors.get("batch")) or accounting.D6_BATCH)
         m = accounting.attention_memory(int(seq), int(d), batch)
-        measured = r.values["mem_before_bwd_mib"] * accounting.MiB
-        matrices = (measured - 4 * m.vector_tensor) / m.score_matrix
+        if "saved_for_bwd_mib" in r.values:
+            what, measured, vectors = "saved", r.values["saved_for_bwd_mib"] * accounting.MiB, 1  # O
+        elif "mem_before_bwd_mib" in r.values:
+            what, measured, vectors = "in use", r.values["mem_before_bwd_mib"] * accounting.MiB, 5
+        else:
+            continue
+        predicted = m.score_matrix + vectors * m.vector_tensor
+        matrices = (measured - vectors * m.vector_tensor) / m.score_matrix
         lines.append(
-            f"| {r.descriptors.get('impl', '?')} | {int(d)} | {int(seq)} | "
+            f"| {r.descriptors.get('impl', '?')} | {int(d)} | {int(seq)} | {what} | "
             f"{format_number('mib', measured / accounting.MiB)} | "
-            f"{format_number('mib', m.before_backward / accounting.MiB)} | {matrices:.2f} |"
+            f"{format_number('mib', predicted / accounting.MiB)} | {matrices:.2f} |"
         )
     if not lines:
         return ""
     return "\n".join(
         [
-            "Measured memory before backward vs the accounting (P + q, k, v, O); the last column is "
-            "(measured − 4 (batch, seq, d) tensors) / one (batch, seq, seq) fp32 matrix, i.e. how many "
-            "score-sized matrices the implementation keeps for backward:",
+            "Measured vs predicted memory at the start of backward. Predicted: one (batch, seq, seq) fp32 "
+            'matrix P plus the (batch, seq, d) tensors counted: O for "saved" (allocated by the forward), '
+            'q, k, v, O and dO for "in use". The last column is (measured − those tensors) / one score '
+            "matrix: how many score-sized matrices the implementation keeps for backward (1 = just P).",
             "",
-            "| impl | d | seq | measured (MiB) | predicted (MiB) | score matrices kept |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| impl | d | seq | measured | measured (MiB) | predicted (MiB) | score matrices kept |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
             *lines,
         ]
     )
@@ -708,9 +770,10 @@ def d6_answer(records: list[Record]) -> str:
     devices = sorted({r.device for r in rows})
     capacity = device_capacity_bytes(devices[0]) if devices else accounting.H100_BYTES
     measured = smallest_measured_oom(records)
-    parts = [accounting.render_d6(capacity, measured_oom=measured)]
+    causal = any(r.descriptors.get("causal") is True for r in rows)
+    parts = [accounting.render_d6(capacity, measured_oom=measured, causal=causal)]
     if measured is not None:
-        peak = accounting.attention_memory(*measured).peak
+        peak = accounting.attention_memory(*measured, causal=causal).peak
         if peak < capacity:
             parts.append(
                 f"The run ran out at seq {measured[0]}, d {measured[1]}, although the accounting's peak "
@@ -721,12 +784,47 @@ def d6_answer(records: list[Record]) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+def d20_check(records: list[Record]) -> str:
+    """Measured peaks of the D20 rows next to the model-state accounting of their preset: after init
+    the parameters, before the step parameters + gradients + optimizer state (sharded unless the
+    variant is "unsharded"); what is left over is buffers the accounting leaves out (e.g. DDP buckets)."""
+    lines = []
+    for r in _records_in(records, r"^D20"):
+        size, world = r.descriptors.get("size"), _numeric(r.descriptors.get("world_size"))
+        if r.oom or r.skipped or size not in PRESETS or world is None:
+            continue
+        if not {"peak_after_init_mib", "peak_before_step_mib"} <= set(r.values):
+            continue
+        variant = str(r.descriptors.get("variant", ""))
+        mem = accounting.model_memory(PRESETS[size], int(world), sharded=variant != "unsharded")
+        cells = [
+            (r.values["peak_after_init_mib"], mem.params / accounting.MiB),
+            (r.values["peak_before_step_mib"], mem.total / accounting.MiB),
+        ]
+        if "peak_after_step_mib" in r.values:
+            cells.append((r.values["peak_after_step_mib"], mem.total / accounting.MiB))
+        text = " | ".join(f"{format_number('mib', m)} / {format_number('mib', p)}" for m, p in cells)
+        lines.append(f"| {variant} | {size} | {int(world)} | {text} |")
+    if not lines:
+        return ""
+    return "\n".join(
+        [
+            "Measured / accounted peak memory per rank (MiB); accounted = parameters after init, parameters "
+            "+ gradients + AdamW state (1/N of it when sharded) before and after the step:",
+            "",
+            "| variant | size | ranks | after init | before step | after step |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *lines,
+        ]
+    )
+
+
 def allreduce_fit(records: list[Record]) -> tuple[float, float, str] | None:
     """(o, w, description) from the D13 rows of nccl at 2 ranks (else the backend/world size with most
     sizes): a least-squares fit of t = o + n/w."""
     by_setting: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for r in _records_in(records, r"^D13\b"):
-        size = parse_size(r.descriptors.get("nbytes"))
+        size = _message_bytes(r)
         key = "mean_ms" if "mean_ms" in r.values else None
         if r.oom or r.skipped or size is None or key is None:
             continue
@@ -745,6 +843,8 @@ def allreduce_fit(records: list[Record]) -> tuple[float, float, str] | None:
     try:
         o, w = accounting.fit_allreduce_cost(sizes, times)
     except ValueError:
+        return None
+    if o <= 0:  # the sizes do not resolve a per-call cost: no optimum to compute from these rows
         return None
     return o, w, f"fit of the D13 {setting[0]} all-reduce at {setting[1]} ranks on {setting[2]}"
 
@@ -898,12 +998,32 @@ SECTIONS = (
 )
 
 
+def sections_of(group: str) -> list[str]:
+    """Writeup sections a group serves, from the deliverable ids that start its name: "D6/D7a ..." ->
+    [D6]; "D2/D4/D7b model small" -> [D2, D4, D7b]; "D14-D17 DDP" -> [D14]."""
+    head = group.split(" ", 1)[0]
+    if not re.match(r"^D\d", head):
+        return []
+    keys: list[str] = []
+    for number, letter in re.findall(r"D(\d+)([a-z]?)", head):
+        n = int(number)
+        key = next((s.key for s in SECTIONS if s.matches(n, letter)), None)
+        if key is not None and key not in keys:
+            keys.append(key)
+    return keys
+
+
 def section_of(group: str) -> str | None:
-    m = re.match(r"^D(\d+)([a-z]?)", group)
-    if not m:
-        return None
-    n, letter = int(m.group(1)), m.group(2)
-    return next((s.key for s in SECTIONS if s.matches(n, letter)), None)
+    """The section whose table a group is (the first deliverable in its name)."""
+    keys = sections_of(group)
+    return keys[0] if keys else None
+
+
+# What a group shows in a further section it serves (its own table sits in the first one).
+SECTION_VIEWS = {
+    "D4": PivotSpec((("dtype",),), ("mean_ms", STATS_MEAN)),
+    "D7b": PivotSpec((("compile",),), ("mean_ms", STATS_MEAN)),
+}
 
 
 def _accounting_for(section: str, records: list[Record]) -> str:
@@ -914,21 +1034,28 @@ def _accounting_for(section: str, records: list[Record]) -> str:
     if section == "D11":
         return flash_speedups(records)
     if section == "D14":
-        o, w, source = allreduce_fit(records) or spec_allreduce_fit()
+        fit = allreduce_fit(records)
+        o, w, source = fit or spec_allreduce_fit()
+        if fit is None and _records_in(records, r"^D13\b"):
+            source += ", as the D13 rows here do not resolve a per-call cost"
         s = accounting.model_memory(PRESETS["xl"]).grads  # fp32 gradients of xl
         return accounting.render_d17(s, w, o, f"xl fp32 gradients; w and o from the {source}")
     if section == "D18":
         return accounting.render_d18()
     if section == "D20":
-        return accounting.render_d20()
+        return "\n\n".join(p for p in (d20_check(records), accounting.render_d20()) if p)
     return ""
 
 
 def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Path], out: Path) -> str:
     records = [r for t in tables for r in t.records]
     by_section: dict[str | None, list[GroupTable]] = {}
+    also: dict[str, list[GroupTable]] = {}  # groups whose own table is in another section
     for t in tables:
-        by_section.setdefault(section_of(t.group), []).append(t)
+        keys = sections_of(t.group)
+        by_section.setdefault(keys[0] if keys else None, []).append(t)
+        for key in keys[1:]:
+            also.setdefault(key, []).append(t)
     lines = [
         "# CS336 assignment 2 (systems): results",
         "",
@@ -946,10 +1073,21 @@ def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Pa
         groups = by_section.get(section.key, [])
         extra = _accounting_for(section.key, records)
         lines += [f"## {section.title}", "", f"_Asked:_ {section.asks}", ""]
-        if not groups and section.key != "D18":
+        views = [(t, t.view(SECTION_VIEWS[section.key])) for t in also.get(section.key, [])]
+        views = [(t, v) for t, v in views if v is not None and section.key in SECTION_VIEWS]
+        if not groups and not views and section.key != "D18":
             lines += [f"No rows for this part in the given JSON (bench: {section.bench}).", ""]
         for t in groups:
             lines += [render_group_markdown(t)]
+        for t, view in views:
+            lines += [
+                f"### {t.group}: {view.attrs['title']}",
+                "",
+                f"_{t.caption}_",
+                "",
+                to_markdown(view),
+                "",
+            ]
         for key, path in plots.items():
             if key == section.key:
                 lines += [f"![{key}]({path.relative_to(out).as_posix()})", ""]

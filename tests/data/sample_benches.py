@@ -79,7 +79,8 @@ def test_attention(benchmark, impl: str, d: int, seq: int) -> None:
         rounds=3,
         fwd_ms=sum(fwd) / 3,
         bwd_ms=2 * sum(fwd) / 3,
-        mem_before_bwd_mib=8 * seq * seq * 4 / 2**20,
+        mem_before_bwd_mib=(8 * seq * seq * 4 + 5 * 8 * seq * d * 4) / 2**20,  # P + q, k, v, O, dO
+        saved_for_bwd_mib=(8 * seq * seq * 4 + 8 * seq * d * 4) / 2**20,  # P + O: what the forward added
         device_name="cpu",
     )
 
@@ -91,6 +92,10 @@ def test_attention(benchmark, impl: str, d: int, seq: int) -> None:
 @pytest.mark.parametrize("dtype", ["bf16"])
 @pytest.mark.parametrize("impl", ["pytorch", "triton"])
 def test_flash(benchmark, impl: str, dtype: str, d: int, seq: int, pass_: str) -> None:
+    if (impl, d, seq, pass_) == ("triton", 32, 256, "fwd"):  # a row that says why it did not run
+        benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+        benchmark.extra_info.update(status="unsupported", reason="stand-in for a backend without this case")
+        return
     times = run_benchmark(benchmark, _matmul_step(seq // 4), CPU, warmup=1, rounds=3, device_name="cpu")
     assert times is not None
     median = sorted(times)[1]
@@ -112,6 +117,7 @@ def test_allreduce(benchmark, backend: str, world_size: int, nbytes: str) -> Non
         max_ms=1.1 * ms,
         algbw_gbps=size / (ms * 1e-3) / 1e9,
         busbw_gbps=size / (ms * 1e-3) / 1e9 * 2 * (world_size - 1) / world_size,
+        bytes=size,
         oom=False,
         device_name="cpu",
     )
@@ -120,19 +126,22 @@ def test_allreduce(benchmark, backend: str, world_size: int, nbytes: str) -> Non
 @pytest.mark.benchmark(group="D20 sharding")
 @pytest.mark.parametrize("variant", ["unsharded", "sharded"])
 def test_sharding(benchmark, variant: str) -> None:
-    optim = 100.0 if variant == "unsharded" else 50.0
+    # The tiny preset has 1,411,392 parameters: 5.384 MiB in fp32, AdamW state twice that.
+    params = 1_411_392 * 4 / 2**20
+    optim = 2 * params if variant == "unsharded" else params
     run_benchmark(
         benchmark,
         _matmul_step(32),
         CPU,
         warmup=1,
         rounds=3,
-        params_mib=50.0,
-        grads_mib=50.0,
+        params_mib=params,
+        grads_mib=params,
         optim_state_mib=optim,
-        peak_after_init_mib=50.0,
-        peak_before_step_mib=100.0 + optim,
-        peak_after_step_mib=100.0 + optim,
+        peak_after_init_mib=params,
+        peak_before_step_mib=2 * params + optim,
+        peak_after_step_mib=2 * params + optim + 1.0,
+        size="tiny",
         world_size=2,
         device_name="cpu",
     )

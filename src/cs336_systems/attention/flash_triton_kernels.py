@@ -8,8 +8,10 @@ D = rowsum(dO ∘ O), a dK/dV kernel (grid (T_k, batch), loops over query tiles)
 Speed tricks (handout 1.3.3): scores are kept in log2 units (exp2, with 1/sqrt(d)·log2(e) folded into one
 multiply); with causal masking, key tiles past the diagonal are never visited, and the tiles that straddle
 the diagonal run a masked copy of the loop while all others run without any index comparison; the causal
-forward and dQ grids start with the heaviest query tiles; tile sizes, warps and stages are tuned per
-(kernel, seq bucket, d, causal, dtype) among a short candidate list and cached.
+forward and dQ grids start with the heaviest query tiles; on Hopper, tiles move through tensor
+descriptors (the TMA copy engine; block pointers where strides do not allow it); tile sizes, warps,
+stages and descriptors-or-not are tuned per (kernel, seq bucket, d, causal, dtype) among a short
+candidate list, timed once per key and cached (in memory, optionally in a JSON file).
 
 Boundaries: sequence lengths need not be multiples of the tiles. Out-of-range rows load as zeros; in the
 forward and dQ kernels the last key tile is masked explicitly (padding keys must add nothing to the
@@ -23,13 +25,14 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so what counts is its value at import time.
@@ -38,12 +41,17 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AUTOTUNE = os.environ.get("CS336_FLASH_AUTOTUNE", "1") != "0"
 # Optional JSON file that keeps tuning results across processes (read at first use, rewritten on change).
 TUNE_CACHE_PATH = os.environ.get("CS336_FLASH_TUNE_CACHE")
+# "wide": tune over a broad grid of tiles x warps x stages (slow; to find what the short lists should hold).
+CANDIDATE_SET = os.environ.get("CS336_FLASH_CANDIDATES", "default")
 
 # Globals read inside kernels must be constexpr.
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 MASK_BIAS = tl.constexpr(-1e6)  # the handout's additive mask, in natural-log units
 MAX_HEAD_DIM = 128
+# What a candidate that cannot be built for this GPU raises (tuning skips any failing candidate, keeping
+# the reason in tuning_report()).
+BUILD_ERRORS = (OutOfResources, CompilationError, PTXASError)
 # The triton 3.6 interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): under it,
 # operands are widened to float32 first, which is exact and keeps the algorithm's roundings (P, dS casts).
 _WIDEN_DOTS = tl.constexpr(INTERPRET)
@@ -410,30 +418,68 @@ class TileConfig:
 
 
 def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
-    """Short lists, first = heuristic default. Constraints: forward and dQ need q_tile % k_tile == 0,
-    dK/dV needs k_tile % q_tile == 0 (the diagonal tiles then line up with the loop steps)."""
+    """Short lists per (kernel, 4-byte dtype?, d > 64?), best first (the default when tuning is off), from
+    the H100 sweeps in docs/notes/attention-kernels.md. "-tma" configs fall back to block pointers with the
+    same tiles where descriptors are not possible (misaligned strides). Constraints: forward and dQ need
+    q_tile % k_tile == 0, dK/dV needs k_tile % q_tile == 0 (diagonal tiles line up with the loop steps)."""
     C = TileConfig
     if INTERPRET:
         # Small tiles so that the tiny CPU test shapes still span several tiles and every loop phase.
         return {"fwd": [C(32, 16)], "dkdv": [C(16, 32)], "dq": [C(32, 16)]}[kernel]
+    if CANDIDATE_SET == "wide":
+        return _wide_candidates(kernel)
     wide = dtype == torch.float32  # 4-byte elements: twice the shared memory and registers per tile
     big_d = d > 64
-    tiles = {
-        ("fwd", False, False): [C(128, 64, 4, 3), C(128, 128, 8, 3), C(64, 64, 4, 3)],
-        ("fwd", False, True): [C(128, 64, 8, 3), C(128, 32, 4, 3), C(64, 64, 4, 3)],
-        ("fwd", True, False): [C(64, 32, 4, 3), C(64, 64, 4, 2), C(128, 32, 8, 3)],
-        ("fwd", True, True): [C(64, 32, 4, 2), C(64, 64, 8, 2), C(128, 32, 8, 2)],
-        ("dkdv", False, False): [C(32, 128, 4, 3), C(64, 128, 8, 3), C(32, 64, 4, 3)],
-        ("dkdv", False, True): [C(32, 128, 8, 2), C(32, 64, 4, 3), C(64, 128, 8, 2)],
-        ("dkdv", True, False): [C(32, 64, 4, 2), C(16, 64, 4, 3), C(32, 128, 8, 2)],
-        ("dkdv", True, True): [C(16, 64, 4, 2), C(32, 64, 8, 2), C(32, 32, 4, 2)],
-        ("dq", False, False): [C(128, 32, 4, 3), C(128, 64, 8, 3), C(64, 32, 4, 3)],
-        ("dq", False, True): [C(128, 32, 8, 2), C(64, 32, 4, 3), C(128, 64, 8, 2)],
-        ("dq", True, False): [C(64, 32, 4, 2), C(64, 16, 4, 3), C(128, 32, 8, 2)],
-        ("dq", True, True): [C(64, 16, 4, 2), C(64, 32, 8, 2), C(32, 32, 4, 2)],
+    T = True  # tensor descriptors
+    return {
+        ("fwd", False, False): [
+            C(64, 64, 4, 4, T),
+            C(128, 64, 8, 3, T),
+            C(128, 64, 4, 4, T),
+            C(64, 64, 4, 3),
+        ],
+        ("fwd", False, True): [
+            C(64, 64, 4, 3, T),
+            C(128, 64, 8, 3, T),
+            C(64, 64, 4, 4, T),
+            C(128, 32, 4, 3, T),
+        ],
+        ("fwd", True, False): [C(128, 32, 8, 3, T), C(128, 64, 8, 2, T), C(64, 32, 4, 3, T)],
+        ("fwd", True, True): [C(128, 32, 8, 2, T), C(128, 32, 8, 2), C(64, 32, 4, 2)],
+        ("dkdv", False, False): [
+            C(64, 64, 4, 4, T),
+            C(64, 64, 4, 3, T),
+            C(32, 64, 4, 3, T),
+            C(32, 128, 4, 3, T),
+        ],
+        ("dkdv", False, True): [C(32, 64, 4, 3, T), C(64, 128, 8, 2, T), C(32, 64, 4, 4, T), C(32, 64, 4, 3)],
+        ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
+        ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],
+        ("dq", False, False): [
+            C(128, 64, 4, 4, T),
+            C(64, 64, 4, 3, T),
+            C(128, 64, 8, 3, T),
+            C(64, 32, 4, 3, T),
+        ],
+        ("dq", False, True): [
+            C(64, 32, 4, 3, T),
+            C(128, 64, 8, 2, T),
+            C(64, 64, 4, 3, T),
+            C(64, 32, 4, 4, T),
+        ],
+        ("dq", True, False): [C(128, 32, 8, 2, T), C(64, 32, 4, 2, T), C(128, 32, 8, 3, T)],
+        ("dq", True, True): [C(64, 16, 4, 2), C(64, 16, 4, 2, T), C(32, 32, 4, 2)],
     }[kernel, wide, big_d]
-    # Each tiling also with tensor descriptors; which one wins is for the measurement to say.
-    return tiles + [replace(c, tma=True) for c in tiles]
+
+
+def _wide_candidates(kernel: str) -> list[TileConfig]:
+    """The sweep the short lists were picked from: 5 tilings x {4, 8} warps x {2, 3, 4} stages, with TMA."""
+    tilings = {
+        "fwd": [(64, 32), (64, 64), (128, 32), (128, 64), (128, 128)],
+        "dkdv": [(16, 64), (32, 64), (32, 128), (64, 64), (64, 128)],
+        "dq": [(64, 32), (64, 64), (128, 32), (128, 64), (128, 128)],
+    }[kernel]
+    return [TileConfig(q, k, w, st, tma=True) for q, k in tilings for w in (4, 8) for st in (2, 3, 4)]
 
 
 @dataclass
@@ -441,10 +487,11 @@ class _TuneState:
     cache: dict[str, TileConfig]
     timings: dict[str, dict[str, float]]
     forced: dict[str, TileConfig]
+    errors: dict[str, str]
     loaded: bool = False
 
 
-_TUNE = _TuneState(cache={}, timings={}, forced={})
+_TUNE = _TuneState(cache={}, timings={}, forced={}, errors={})
 
 
 def _tune_key(kernel: str, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype) -> str:
@@ -469,8 +516,9 @@ def _save_disk_cache() -> None:
 
 
 def tuning_report() -> dict[str, Any]:
-    """Chosen config and candidate timings (ms) per key: what the tuning script prints."""
-    return {k: {"chosen": str(v), "timings_ms": _TUNE.timings.get(k, {})} for k, v in _TUNE.cache.items()}
+    """Chosen config, candidate timings (ms) per key, and why candidates failed to build, if any."""
+    report = {k: {"chosen": str(v), "timings_ms": _TUNE.timings.get(k, {})} for k, v in _TUNE.cache.items()}
+    return {"keys": report, "build_errors": dict(_TUNE.errors)}
 
 
 def clear_tuning_cache() -> None:
@@ -506,11 +554,16 @@ def _launch(kernel: str, launch: Callable[[TileConfig], None], key_args: tuple) 
     if cfg is None:
         timings = {}
         for c in candidates:
+            # A candidate that fails to build or launch here is skipped, and reported.
             try:
                 timings[str(c)] = triton.testing.do_bench(lambda c=c: launch(c), warmup=5, rep=25)
-            except OutOfResources:
+            except Exception as exc:
                 timings[str(c)] = math.inf
+                reason = str(exc).strip().splitlines()[-1][:200]
+                _TUNE.errors[f"{key}|{c}"] = f"{type(exc).__name__}: {reason}"
         cfg = min(candidates, key=lambda c: timings[str(c)])
+        if math.isinf(timings[str(cfg)]):
+            raise RuntimeError(f"no candidate config builds for {key}: {_TUNE.errors}")
         _TUNE.timings[key] = timings
         _TUNE.cache[key] = cfg
         _save_disk_cache()

@@ -62,7 +62,9 @@ class GroupedRuns:
     group for all the cases of that group; a group whose spawn failed fails each of its cases with
     the same error instead of spawning again."""
 
-    def __init__(self, launch: Callable[[Hashable, list[Hashable]], dict], cases_of: Callable[[Hashable], list]):
+    def __init__(
+        self, launch: Callable[[Hashable, list[Hashable]], dict], cases_of: Callable[[Hashable], list]
+    ):
         self._launch = launch
         self._cases_of = cases_of
         self._done: dict[Hashable, dict | BaseException] = {}
@@ -121,8 +123,10 @@ def train_setup(size: str, ctx: int, dtype: str) -> TrainSetup:
     """Bench defaults: on GPUs the handout's standard configuration (xl, context 512, global batch 4
     = 2 per rank on 2 GPUs, fp32, AdamW); on a CPU-only machine a seconds-long gloo smoke run.
     Overridable by environment: CS336_DDP_BATCH (global batch), CS336_DDP_WARMUP, CS336_DDP_STEPS,
-    CS336_DDP_PROFILE_STEPS (0 = no profiled step), CS336_TRACE_DIR (rank 0's Chrome traces)."""
+    CS336_DDP_PROFILE_STEPS (0 = no profiled step), CS336_TRACE_DIR (rank 0's Chrome traces, kept for
+    the variants in CS336_TRACE_VARIANTS, default naive,individual: the handout's two screenshots)."""
     on_gpu = cuda_count() > 0
+    trace_dir = env("CS336_TRACE_DIR", "docs/results/traces") if on_gpu else os.environ.get("CS336_TRACE_DIR")
     return TrainSetup(
         preset=size,
         context_length=ctx,
@@ -131,7 +135,8 @@ def train_setup(size: str, ctx: int, dtype: str) -> TrainSetup:
         warmup=int(env("CS336_DDP_WARMUP", "3" if on_gpu else "1")),
         steps=int(env("CS336_DDP_STEPS", "10" if on_gpu else "3")),
         profile_steps=int(env("CS336_DDP_PROFILE_STEPS", "1" if on_gpu else "0")),
-        trace_dir=env("CS336_TRACE_DIR", "docs/results/traces") if on_gpu else os.environ.get("CS336_TRACE_DIR"),
+        trace_dir=trace_dir,
+        trace_variants=tuple(env_list("CS336_TRACE_VARIANTS", "naive,individual")),
     )
 
 
@@ -144,13 +149,17 @@ def default_ctx() -> int:
     return int(env("CS336_DDP_CTX", "512" if cuda_count() else "32"))
 
 
-def spawn_train_cases(setup: TrainSetup, world_size: int, cases: list[Case], timeout: float) -> dict[Case, dict]:
+def spawn_train_cases(
+    setup: TrainSetup, world_size: int, cases: list[Case], timeout: float
+) -> dict[Case, dict]:
     """One spawn running ``cases`` in turn; per case the numbers combined over ranks."""
     per_rank = spawn(run_cases, world_size, setup, cases, timeout=timeout)
     return {case: combine_ranks([r[case.key] for r in per_rank]) for case in cases}
 
 
-def train_extra_info(result: dict[str, Any], setup: TrainSetup, world_size: int, backend: str) -> dict[str, Any]:
+def train_extra_info(
+    result: dict[str, Any], setup: TrainSetup, world_size: int, backend: str
+) -> dict[str, Any]:
     """extra_info of one recorded case: the combined figures and the setup they were taken in."""
     info = {k: v for k, v in result.items() if k != "times_ms"}
     info.update(

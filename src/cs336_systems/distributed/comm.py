@@ -71,19 +71,63 @@ def group_by_dtype_device(tensors: Iterable[torch.Tensor]) -> dict[tuple, list[t
     return groups
 
 
+CHUNK_MB = 512.0
+
+
+def flat_chunks(tensors: Iterable[torch.Tensor], chunk_mb: float = CHUNK_MB) -> list[list[torch.Tensor]]:
+    """Tensors packed in order into chunks of one (device, dtype) and at most ``chunk_mb`` MiB (a
+    larger tensor gets a chunk of its own), each to travel as one flat buffer: few calls, and the
+    extra memory for the flat copies stays bounded by the chunk size instead of the model size."""
+    cap = chunk_mb * 2**20
+    chunks: list[list[torch.Tensor]] = []
+    for group in group_by_dtype_device(tensors).values():
+        size = cap + 1
+        for t in group:
+            nbytes = t.numel() * t.element_size()
+            if size + nbytes > cap:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(t)
+            size += nbytes
+    return chunks
+
+
 @torch.no_grad()
-def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
-    """Overwrite ``tensors`` on every rank with rank ``src``'s values: one broadcast per
-    (device, dtype) of a flattened copy instead of one call per tensor."""
+def broadcast_tensors(
+    tensors: Sequence[torch.Tensor] | Sequence[tuple[int, Sequence[torch.Tensor]]],
+    src: int | None = 0,
+    chunk_mb: float = CHUNK_MB,
+    in_flight: int = 2,
+) -> None:
+    """Overwrite ``tensors`` on every rank with rank ``src``'s values, as flattened chunks
+    (:func:`flat_chunks`) rather than one call per tensor. With ``src=None``, ``tensors`` is a list of
+    ``(src, tensors)`` pairs (e.g. each rank's shard). Up to ``in_flight`` async broadcasts run at a
+    time, so copying one chunk out overlaps with the next one's transfer."""
     rank, world_size = world()
     if world_size == 1:
         return
-    for group in group_by_dtype_device(tensors).values():
-        flat = _flatten_dense_tensors(group)
-        dist.broadcast(flat, src=src)
-        if rank != src:
-            for t, value in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
-                t.copy_(value)
+    sources = [(src, tensors)] if src is not None else tensors
+    pending: list[tuple[dist.Work, int, torch.Tensor, list[torch.Tensor]]] = []
+
+    def finish_oldest() -> None:
+        work, owner, flat, chunk = pending.pop(0)
+        work.wait()
+        if owner != rank:
+            torch._foreach_copy_(chunk, _unflatten_dense_tensors(flat, chunk))
+
+    for owner, owned in sources:
+        for chunk in flat_chunks(owned, chunk_mb):
+            if owner == rank:
+                flat = _flatten_dense_tensors(chunk)
+            else:
+                flat = torch.empty(
+                    sum(t.numel() for t in chunk), device=chunk[0].device, dtype=chunk[0].dtype
+                )
+            pending.append((dist.broadcast(flat, src=owner, async_op=True), owner, flat, chunk))
+            if len(pending) > in_flight:
+                finish_oldest()
+    while pending:
+        finish_oldest()
 
 
 def broadcast_module(module: nn.Module, src: int = 0) -> None:

@@ -70,10 +70,12 @@ def spawn(
     *args: Any,
     backend: str | None = None,
     timeout: float = 120.0,
+    startup_grace: float = 60.0,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` fresh processes that have joined one process group.
 
     Returns the per-rank return values, in rank order (they must be picklable by ``torch.save``).
+    The run is killed ``timeout + startup_grace`` seconds after the start (start-up imports torch).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -91,7 +93,7 @@ def spawn(
         for p in procs:
             p.start()
         try:
-            _wait_all(procs, Path(out_dir), deadline=time.monotonic() + timeout + 60.0)
+            _wait_all(procs, Path(out_dir), deadline=time.monotonic() + timeout + startup_grace)
         finally:
             for p in procs:
                 if p.is_alive():
@@ -112,6 +114,17 @@ def _wait_all(procs: list[mp.Process], out_dir: Path, deadline: float) -> None:
             procs[rank].join(10)
             code = procs[rank].exitcode
             if code != 0:
-                err = out_dir / f"rank{rank}.err"
-                detail = err.read_text() if err.exists() else f"exited with code {code} and no traceback"
-                raise RankFailedError(f"rank {rank} of {len(procs)} failed:\n{detail}")
+                raise RankFailedError(_failure_report(len(procs), out_dir, rank, code))
+
+
+def _failure_report(world_size: int, out_dir: Path, rank: int, code: int | None) -> str:
+    """The root cause, not its echo: once one rank fails, its peers' collectives fail too, and any
+    of them may be noticed first. A rank that died without a traceback is reported as is; otherwise
+    the earliest traceback written is the cause."""
+    errs = sorted(out_dir.glob("rank*.err"), key=lambda f: f.stat().st_mtime_ns)
+    if not (out_dir / f"rank{rank}.err").exists() or not errs:
+        return f"rank {rank} of {world_size} failed:\nexited with code {code} and no traceback"
+    first = int(errs[0].stem.removeprefix("rank"))
+    later = [int(f.stem.removeprefix("rank")) for f in errs[1:]]
+    note = f"\n(ranks {later} failed after it)" if later else ""
+    return f"rank {first} of {world_size} failed:\n{errs[0].read_text()}{note}"

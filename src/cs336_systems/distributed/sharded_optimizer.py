@@ -7,11 +7,12 @@ again for groups added during training) hands each new parameter, largest first,
 the fewest elements so far (ties to the lowest rank). It depends only on the parameters' shapes and
 order, so every rank computes the same owners without communicating.
 
-Communication per step: one broadcast per owner rank and (device, dtype) of that owner's parameters
-flattened, all issued asynchronously and waited together. With DDP's all-reduce of the gradients
-this is 1.5x the bytes of plain DDP per step (ZeRO stage 1 instead reduce-scatters the gradients
-and all-gathers the parameters: the same bytes as one all-reduce, and it needs only the local
-shard's gradients, which this simplified version does not exploit).
+Communication per step: each owner's parameters are broadcast as flat buffers (one per
+(device, dtype), split into chunks of at most 512 MiB so the extra memory stays bounded), not one
+call per tensor. Each rank receives (N-1)/N of the parameter bytes on top of DDP's all-reduce of
+the gradients (2(N-1)/N): 1.5x the bytes of plain DDP. ZeRO stage 1 instead reduce-scatters the
+gradients and all-gathers the parameters, the same bytes as one all-reduce, and needs only the
+local shard's averaged gradients, which this simplified version does not exploit.
 
 Checkpoint layout (``state_dict()`` on each rank; save one file per rank):
 
@@ -32,10 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from cs336_systems.distributed.comm import group_by_dtype_device, world
+from cs336_systems.distributed.comm import broadcast_tensors, world
 
 
 def assign_owners(numels: Sequence[int], loads: list[int]) -> list[int]:
@@ -55,6 +54,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     per-group options in ``params`` are kept. ``local_optimizer`` is the ``optimizer_cls`` instance
     over this rank's shard; its groups mirror this optimizer's groups one to one (possibly empty).
     Hyperparameters changed on ``param_groups`` (e.g. by an LR scheduler) reach it at every step.
+    ``zero_grad`` (torch's) clears every parameter's gradient, not only the shard's: every rank
+    computes all gradients.
     """
 
     def __init__(self, params: Iterable[Any], optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any):
@@ -103,25 +104,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.synchronize_parameters()
         return loss
 
-    @torch.no_grad()
     def synchronize_parameters(self) -> None:
-        """Every parameter from its owner: one async broadcast per (owner, device, dtype)."""
-        if self.world_size == 1:
-            return
-        pending = []
-        for owner in range(self.world_size):
-            for tensors in group_by_dtype_device(self.shard_of(owner)).values():
-                if owner == self.rank:
-                    flat = _flatten_dense_tensors(tensors)
-                else:
-                    flat = torch.empty(
-                        sum(t.numel() for t in tensors), device=tensors[0].device, dtype=tensors[0].dtype
-                    )
-                pending.append((dist.broadcast(flat, src=owner, async_op=True), owner, flat, tensors))
-        for work, owner, flat, tensors in pending:
-            work.wait()
-            if owner != self.rank:
-                torch._foreach_copy_(tensors, _unflatten_dense_tensors(flat, tensors))
+        """Every parameter from its owner: each owner's parameters flattened into a few chunks
+        (``comm.flat_chunks``: one per (device, dtype) up to 512 MiB), not one call per tensor."""
+        broadcast_tensors([(owner, self.shard_of(owner)) for owner in range(self.world_size)], src=None)
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -6,6 +6,10 @@ the case's optimizer, shards one fixed global batch (the world size must divide 
 and timed steps, optionally a profiled step, and returns this rank's numbers. Cases run one after
 another in the same process group, freeing the device between them, so one spawn covers a table.
 
+Memory (CUDA only): allocated and peak right after building the model, its DDP wrapper and its
+optimizer (``*_after_init_mib``), then in one steady-state step after the warm-up (optimizer state
+present), peak within the step up to right before / right after ``optimizer.step()``.
+
 Per timed step (all on the device timeline, read after the step's final synchronize):
 - ``step_ms``: host clock from the step's start to the synchronize after ``optimizer.step()``.
 - ``fwd_bwd_ms`` / ``comm_ms`` / ``optim_ms``: split by markers (CUDA events, host clock on CPU)
@@ -63,7 +67,8 @@ class TrainSetup:
     warmup: int = 2
     steps: int = 5
     profile_steps: int = 0  # >0: one profiled run of this many steps for the overlap share
-    trace_dir: str | None = None  # keep rank 0's Chrome traces here
+    trace_dir: str | None = None  # keep rank 0's Chrome traces here...
+    trace_variants: tuple[str, ...] | None = None  # ...of these variants only (None: all)
     lr: float = 1e-4
     seed: int = 0
 
@@ -111,7 +116,11 @@ def wrap_model(model: nn.Module, case: Case, device: torch.device) -> nn.Module:
     if case.variant == "bucketed":
         return DDPBucketed(model, bucket_size_mb=case.bucket_mb)
     device_ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=case.bucket_mb)
+    # broadcast_buffers=False: like our wrappers, buffers (the RoPE tables) are synced once at
+    # construction, not before every forward; everything else is torch's default configuration.
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=device_ids, bucket_cap_mb=case.bucket_mb, broadcast_buffers=False
+    )
 
 
 def make_optimizer(params: Any, name: str, lr: float) -> torch.optim.Optimizer:
@@ -168,8 +177,9 @@ def synchronize(device: torch.device) -> None:
 
 
 def free_device(device: torch.device) -> None:
-    gc.collect()
+    # Only the device needs it (the next case's model must fit); a full gc costs ~0.2 s.
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
 
 
@@ -244,12 +254,15 @@ def run_case(setup: TrainSetup, case: Case, device: torch.device) -> dict[str, A
         if record_memory:
             out["mem_after_step_mib"], out["peak_after_step_mib"] = memory_mib(device)
 
-    # First step: memory at the handout's three points (optimizer state appears in this step).
-    step(record_memory=True)
-    synchronize(device)
-    for _ in range(max(setup.warmup - 1, 0)):
+    for _ in range(max(setup.warmup, 1)):  # the first step also creates the optimizer state
         step()
         synchronize(device)
+    # One more untimed step, in the steady state, for the memory at the handout's points: peaks
+    # within this step up to right before and right after optimizer.step().
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step(record_memory=True)
+    synchronize(device)
     barrier(device)
     step_ms, fwd_bwd, comm, optim = [], [], [], []
     for _ in range(setup.steps):
@@ -270,7 +283,8 @@ def run_case(setup: TrainSetup, case: Case, device: torch.device) -> dict[str, A
     )
     if setup.profile_steps > 0:
         trace = None
-        if setup.trace_dir is not None and rank == 0:
+        keep = setup.trace_variants is None or case.variant in setup.trace_variants
+        if setup.trace_dir is not None and rank == 0 and keep:
             trace = Path(setup.trace_dir) / f"{setup.label}-ws{world_size}-{case.key}.json.gz"
             out["trace"] = str(trace)
         out.update(profile_overlap(step, device, setup.profile_steps, trace))

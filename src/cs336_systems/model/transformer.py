@@ -57,8 +57,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        # The model always runs positions 0..seq-1: a slice is a view, a gather would be a kernel.
+        if positions is None:
+            seq = x.shape[-2]
+            cos, sin = self.cos[:seq], self.sin[:seq]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
@@ -72,11 +78,11 @@ class CausalSelfAttention(nn.Module):
         self.rope = rope
         self.attention = get_attention_fn(config.attention)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape
         qkv = self.qkv_proj(x).view(batch, seq, 3, self.num_heads, d_model // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, d_head)
-        q, k = self.rope(q, positions), self.rope(k, positions)
+        q, k = self.rope(q), self.rope(k)
         out = self.attention(q, k, v, True)
         return self.output_proj(out.transpose(1, 2).reshape(batch, seq, d_model))
 
@@ -100,8 +106,8 @@ class TransformerBlock(nn.Module):
         self.ln2 = RMSNorm(config.d_model, device=device, dtype=dtype)
         self.ffn = SwiGLU(config.d_model, config.d_ff, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), positions)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
         return x + self.ffn(self.ln2(x))
 
 
@@ -122,10 +128,9 @@ class TransformerLM(nn.Module):
         seq = token_ids.shape[-1]
         if seq > self.config.context_length:
             raise ValueError(f"sequence length {seq} exceeds context_length {self.config.context_length}")
-        positions = torch.arange(seq, device=token_ids.device)
         x = self.token_embeddings(token_ids)
         for layer in self.layers:
-            x = layer(x, positions)
+            x = layer(x)
         return self.lm_head(self.ln_final(x))
 
 

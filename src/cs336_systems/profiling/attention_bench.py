@@ -363,18 +363,16 @@ def memory_allocated_mib(device: torch.device) -> float | None:
 
 
 def environment_info(device: torch.device) -> dict[str, Any]:
-    """What the tables need to name the machine: GPU, library versions, whether fp32 matmuls use TF32."""
+    """What the tables need to name the machine (``device_name``, as the report generator reads it),
+    library versions, and whether fp32 matmuls use TF32."""
     import triton
 
-    info: dict[str, Any] = {
-        "torch_device": str(device),
+    return {
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "fp32_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
     }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 # ------------------------------------------------------------------------------------ recording rows
@@ -382,8 +380,9 @@ def environment_info(device: torch.device) -> dict[str, Any]:
 
 def record_not_run(benchmark: Any, status: str, reason: str, **extra_info: Any) -> None:
     """A result row for a case that was deliberately not run (``status`` "unsupported" or "skipped"),
-    with the reason, so the table shows it instead of a hole; timing is a no-op like an OOM row."""
-    benchmark.extra_info.update(extra_info, status=status, reason=reason, oom=False)
+    with the reason, so the table shows it instead of a hole; timing is a no-op like an OOM row.
+    ``skipped`` carries the reason too: the report generator leaves such rows out of plots."""
+    benchmark.extra_info.update(extra_info, status=status, reason=reason, skipped=reason, oom=False)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
 
 
@@ -429,43 +428,57 @@ def _cell(info: dict[str, Any], key: str, fmt: str = "{:.3g}") -> str:
     return "" if value is None else fmt.format(value)
 
 
-def _pivot(records: list[dict[str, Any]], index: list[str], columns: str) -> str:
+def _pivot(records: list[dict[str, Any]], index: list[str], columns: str, order: Sequence[str] = ()) -> str:
     import pandas as pd
 
     if not records:
         return "(no rows)"
     frame = pd.DataFrame(records).drop_duplicates(subset=[*index, columns], keep="last")
-    order = list(dict.fromkeys(frame[columns]))  # columns in first-seen order, not alphabetical
+    # columns in the given order, then first-seen order (pandas would sort them alphabetically)
+    seen = list(dict.fromkeys(frame[columns]))
+    order = [c for c in order if c in seen] + [c for c in seen if c not in order]
     table = frame.pivot(index=index, columns=columns, values="cell").fillna("")[order]
     return table.reset_index().to_markdown(index=False)
 
 
-def attention_tables(rows: list[dict[str, Any]]) -> str:
-    """Markdown tables: D6/D7a fwd / bwd ms (mean ± std) and memory before backward, eager vs compiled;
-    D11 do_bench median ms and TFLOP/s per pass; D12 leaderboard."""
-    out: list[str] = []
-    d6 = [r for r in rows if str(r.get("group", "")).startswith("D6")]
-    if d6:
-        recs = []
-        for r in d6:
-            info = r["extra_info"]
-            for metric, cell in (
-                ("fwd ms", _mean_std(info, "fwd")),
-                ("bwd ms", _mean_std(info, "bwd")),
-                ("MiB before bwd", _cell(info, "mem_before_bwd_mib", "{:.0f}")),
-            ):
-                recs.append(
-                    {"d": info["d"], "seq": info["seq"], "col": f"{info['impl']} {metric}", "cell": cell}
-                )
-        out += [
-            "## D6/D7a attention eager vs compiled (batch 8, causal, fp32)",
-            _pivot(recs, ["d", "seq"], "col"),
+def _group(rows: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    return [r["extra_info"] for r in rows if str(r.get("group", "")).startswith(prefix)]
+
+
+def _d12_table(infos: list[dict[str, Any]]) -> list[str]:
+    import pandas as pd
+
+    table = pd.DataFrame(
+        [
+            {
+                "impl": i["impl"],
+                "do_bench ms": _cell(i, "do_bench_ms"),
+                "TFLOP/s": _cell(i, "tflops", "{:.0f}"),
+                "H200 reference ms": i.get("reference_ms_h200") or "",
+            }
+            for i in infos
         ]
-    d11 = [r for r in rows if str(r.get("group", "")).startswith("D11")]
+    )
+    title = "## D12 leaderboard: (16, 16384, 64) bf16 causal, forward + o.sum().backward(), do_bench median"
+    return [title, table.to_markdown(index=False)]
+
+
+def _d6_table(infos: list[dict[str, Any]]) -> list[str]:
+    recs = []
+    for info in infos:
+        for metric, cell in (
+            ("fwd ms", _mean_std(info, "fwd")),
+            ("bwd ms", _mean_std(info, "bwd")),
+            ("MiB before bwd", _cell(info, "mem_before_bwd_mib", "{:.0f}")),
+        ):
+            recs.append({"d": info["d"], "seq": info["seq"], "col": f"{info['impl']} {metric}", "cell": cell})
+    title = "## D6/D7a attention eager vs compiled: batch 8, causal, fp32, mean ± std over the passes"
+    return [title, _pivot(recs, ["d", "seq"], "col")]
+
+
+def _d11_tables(infos: list[dict[str, Any]]) -> list[str]:
+    out = []
     for pass_ in PASSES:
-        sel = [r["extra_info"] for r in d11 if r["extra_info"].get("pass_") == pass_]
-        if not sel:
-            continue
         recs = [
             {
                 "dtype": i["dtype"],
@@ -474,31 +487,29 @@ def attention_tables(rows: list[dict[str, Any]]) -> str:
                 "impl": i["impl"],
                 "cell": _cell(i, "do_bench_ms") + (f" ({i['tflops']:.3g})" if i.get("tflops") else ""),
             }
-            for i in sel
+            for i in infos
+            if i.get("pass_") == pass_
         ]
-        out += [
-            f"## D11 {pass_}: do_bench median ms (TFLOP/s), batch 1, causal",
-            _pivot(recs, ["dtype", "d", "seq"], "impl"),
-        ]
-    d12 = [r["extra_info"] for r in rows if str(r.get("group", "")).startswith("D12")]
-    if d12:
-        import pandas as pd
+        if recs:
+            title = f"## D11 {pass_}: do_bench median ms (TFLOP/s), batch 1, causal"
+            out += [title, _pivot(recs, ["dtype", "d", "seq"], "impl", IMPLS)]
+    return out
 
-        table = pd.DataFrame(
-            [
-                {
-                    "impl": i["impl"],
-                    "do_bench ms": _cell(i, "do_bench_ms"),
-                    "TFLOP/s": _cell(i, "tflops", "{:.0f}"),
-                    "H200 reference ms": i.get("reference_ms_h200", ""),
-                }
-                for i in d12
-            ]
-        )
-        out += [
-            "## D12 leaderboard: (16, 16384, 64) bf16 causal, forward + o.sum().backward()",
-            table.to_markdown(index=False),
-        ]
+
+def attention_tables(rows: list[dict[str, Any]]) -> str:
+    """Markdown tables, the short one first: D12 leaderboard; D6/D7a fwd / bwd ms and memory before
+    backward, eager vs compiled; D11 do_bench median ms (TFLOP/s) per pass. OOM rows read "OOM",
+    unsupported "n/a", deliberately skipped "skip"."""
+    out: list[str] = []
+    devices = sorted(
+        {str(r["extra_info"]["device_name"]) for r in rows if r["extra_info"].get("device_name")}
+    )
+    if devices:
+        out.append(f"Device: {', '.join(devices)}")
+    for prefix, make in (("D12", _d12_table), ("D6", _d6_table), ("D11", _d11_tables)):
+        infos = _group(rows, prefix)
+        if infos:
+            out += make(infos)
     return "\n\n".join(out) + "\n"
 
 

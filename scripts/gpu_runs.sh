@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU runs behind docs/perf-notes.md and docs/results/, one stage per argument:
+#   bash scripts/gpu_runs.sh tests model-xl-mem profile     (single GPU)
+#   bash scripts/gpu_runs.sh model-core                     (single GPU)
+#   bash scripts/gpu_runs.sh attention flash                (single GPU)
+#   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
+# Output (JSON, logs, traces) goes to $OUT (default runs/gpu). Each stage fits a 10-minute command.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUT=${OUT:-runs/gpu}
+mkdir -p "$OUT"
+BENCH=(python3 -m pytest -p no:cacheprovider -q --benchmark-columns=mean,stddev,rounds)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+for stage in "$@"; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    tests)  # GPU-marked tests outside the attention kernels (those: `tests-attention`)
+      python3 -m pytest tests -p no:cacheprovider -q -m gpu --ignore=tests/test_flash_attention.py 2>&1 | tail -15 ;;
+    tests-attention)
+      python3 -m pytest tests/test_flash_attention.py tests/test_weighted_sum.py -p no:cacheprovider -q -n 4 2>&1 | tail -8 ;;
+    model-core)  # D2/D4/D7b: small and medium at ctx 256, every mode/dtype, eager and compiled; warm-up study
+      "${BENCH[@]}" bench/bench_model.py::test_model bench/bench_model.py::test_warmup \
+        --only size=small,medium --only ctx=256 --benchmark-json="$OUT/model-core.json" 2>&1 | tail -60
+      # xl at ctx 512, bf16, forward and forward+backward, compiled: the SPEC's reference figures
+      CS336_FULL_GRID=1 "${BENCH[@]}" bench/bench_model.py::test_model -k "xl-ctx512-bf16 and compiled and not train" \
+        --benchmark-json="$OUT/model-xl-ref.json" 2>&1 | tail -12 ;;
+    model-xl-mem)  # D2 xl bf16 train at ctx 512 (MFU); D5 2.7B peak memory
+      "${BENCH[@]}" bench/bench_model.py -k "xl-ctx512-bf16-train or test_memory" \
+        --benchmark-json="$OUT/model-xl-mem.json" 2>&1 | tail -40 ;;
+    profile)  # D3 kernel summary + Chrome trace; D5 memory snapshots (gzipped pickles)
+      python3 -m cs336_systems.benchmark --size medium --context 256 --mode train --warmup 2 --steps 3 \
+        --profile "$OUT/profile" 2>&1 | tail -60
+      python3 -m cs336_systems.benchmark --size 2.7B --context 256 --mode fwd train --warmup 1 --steps 2 \
+        --no-mfu --memory-snapshot "$OUT/mem.pickle" 2>&1 | tail -12
+      gzip -f "$OUT"/*.pickle ;;
+    attention)  # D6 / D7a
+      CS336_BENCH_JSONL=$OUT/attention.jsonl "${BENCH[@]}" bench/bench_attention.py \
+        --benchmark-json="$OUT/attention.json" > "$OUT/attention.log" 2>&1
+      tail -3 "$OUT/attention.log"; python3 -m cs336_systems.profiling.attention_bench "$OUT/attention.jsonl" | head -60 ;;
+    flash)  # D11 at d 64 and 128, bf16 and fp32, and the D12 leaderboard group
+      # bf16 over every seq (with the leaderboard group), then fp32 up to 16384; the .jsonl keeps every
+      # finished row should a command be cut off.
+      CS336_BENCH_JSONL=$OUT/flash.jsonl "${BENCH[@]}" bench/bench_flash.py --only d=64,128 --only dtype=bf16 \
+        --benchmark-json="$OUT/flash-bf16.json" > "$OUT/flash-bf16.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-bf16.log" | tail -8
+      CS336_BENCH_JSONL=$OUT/flash.jsonl "${BENCH[@]}" bench/bench_flash.py --only d=64,128 --only dtype=fp32 \
+        --only seq=128,256,512,1024,2048,4096,8192,16384 -k "not leaderboard" \
+        --benchmark-json="$OUT/flash-fp32.json" > "$OUT/flash-fp32.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-fp32.log" | tail -8 ;;
+    allreduce)  # D13: nccl at 2 and 4 GPUs (6 needs an 8-GPU machine), 1 MB .. 1 GB
+      "${BENCH[@]}" bench/bench_allreduce.py --only backend=nccl --benchmark-json="$OUT/allreduce.json" 2>&1 | tail -30 ;;
+    ddp)  # D14-D17 + torch DDP, xl, 2 GPUs
+      CUDA_VISIBLE_DEVICES=0,1 CS336_TRACE_DIR=$OUT/traces "${BENCH[@]}" bench/bench_ddp.py \
+        --benchmark-json="$OUT/ddp.json" 2>&1 | tail -30 ;;
+    sharding)  # D20 + torch ZeroRedundancyOptimizer, xl, 2 GPUs
+      CUDA_VISIBLE_DEVICES=0,1 "${BENCH[@]}" bench/bench_sharding.py --benchmark-json="$OUT/sharding.json" 2>&1 | tail -20 ;;
+    tests-nccl)
+      CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+echo "=== done $(date +%T)"
