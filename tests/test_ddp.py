@@ -10,7 +10,6 @@ so one spawn runs many cases and returns all results; the assertions run in the 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import itertools
 import json
 import os
@@ -34,16 +33,8 @@ from cs336_systems.distributed.toy import (
     make_model,
 )
 
+from . import adapters
 
-def _load_adapters():
-    # By path: works whether or not tests/ is a package, in the parent and in spawned ranks.
-    spec = importlib.util.spec_from_file_location("adapters", Path(__file__).with_name("adapters.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-adapters = _load_adapters()
 TOL = 1e-10  # float64
 
 

@@ -9,10 +9,8 @@ one). Float64 toy models from ``cs336_systems.distributed.toy``; one spawn per w
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,15 +20,8 @@ from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_owners
 from cs336_systems.distributed.toy import loss_fn, make_batch, make_model
 
+from . import adapters
 
-def _load_adapters():
-    spec = importlib.util.spec_from_file_location("adapters", Path(__file__).with_name("adapters.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-adapters = _load_adapters()
 TOL = 1e-12
 
 ADAMW = (torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1, betas=(0.9, 0.95)))

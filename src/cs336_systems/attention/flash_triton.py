@@ -82,11 +82,12 @@ def _forward(ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: 
     return O
 
 
-def _saved_3d(ctx, dO: torch.Tensor):
+def _backward(ctx, dO: torch.Tensor, backward_fn):
     L, Q, K, V, O = ctx.saved_tensors
-    shapes = (Q.shape, K.shape, V.shape)
     q, k, v, o, do = (_as_3d(t) for t in (Q, K, V, O, dO))
-    return shapes, q, k, v, o, do, L.reshape(q.shape[0], q.shape[1]).contiguous()
+    lse = L.reshape(q.shape[0], q.shape[1]).contiguous()
+    dq, dk, dv = backward_fn(q, k, v, o, do, lse, ctx.is_causal)
+    return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -100,25 +101,15 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dO: torch.Tensor):
-        (q_shape, k_shape, v_shape), q, k, v, o, do, lse = _saved_3d(ctx, dO)
-        dq, dk, dv = _flash_bwd_op(q, k, v, o, do, lse, ctx.is_causal)
-        return dq.view(q_shape), dk.view(k_shape), dv.view(v_shape), None
+        return _backward(ctx, dO, _flash_bwd_op)
 
 
-class FlashAttentionTritonCompiledBackward(torch.autograd.Function):
-    """FlashAttention-2: Triton forward, torch.compile'd PyTorch backward from L and D (D10)."""
-
-    @staticmethod
-    def forward(
-        ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False
-    ) -> torch.Tensor:
-        return _forward(ctx, Q, K, V, is_causal)
+class FlashAttentionTritonCompiledBackward(FlashAttentionTriton):
+    """FlashAttention-2: the same Triton forward, torch.compile'd PyTorch backward from L and D (D10)."""
 
     @staticmethod
     def backward(ctx, dO: torch.Tensor):
-        (q_shape, k_shape, v_shape), q, k, v, o, do, lse = _saved_3d(ctx, dO)
-        dq, dk, dv = compiled_flash_backward(q, k, v, o, do, lse, ctx.is_causal)
-        return dq.view(q_shape), dk.view(k_shape), dv.view(v_shape), None
+        return _backward(ctx, dO, compiled_flash_backward)
 
 
 def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):

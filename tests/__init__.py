@@ -1,0 +1,1 @@
+"""Correctness tests. A package, so graders' test files can do ``from .adapters import ...``."""
