@@ -41,7 +41,7 @@ from cs336_systems.profiling.attention_bench import (
     release_memory,
     resolve_impl,
 )
-from cs336_systems.profiling.timing import record_oom, run_benchmark, synchronize
+from cs336_systems.profiling.timing import is_oom, record_oom, run_benchmark, synchronize
 
 D6_BATCH = 8
 D6_DS = (16, 32, 64, 128)
@@ -114,7 +114,9 @@ def test_attention_eager_vs_compiled(
         times = run_benchmark(
             benchmark, fwd_then_bwd, device, warmup=warmup, rounds=passes, setup=zero_grads, **info
         )
-    except torch.OutOfMemoryError:
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
         # OOM while making inputs (run_benchmark turns OOM inside the passes into a row itself).
         record_oom(benchmark, **info)
         times = None

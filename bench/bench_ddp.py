@@ -33,7 +33,6 @@ import pytest
 
 from cs336_systems.distributed.bench_support import (
     GroupedRuns,
-    cuda_count,
     default_ctx,
     default_sizes,
     env_list,
@@ -44,6 +43,7 @@ from cs336_systems.distributed.bench_support import (
     train_extra_info,
     train_setup,
 )
+from cs336_systems.distributed.process_group import default_backend
 from cs336_systems.distributed.train_step import Case
 from cs336_systems.profiling.timing import record_oom
 
@@ -73,10 +73,6 @@ CASES = [
     for ws in env_list("CS336_DDP_WORLD_SIZES", "2")
     for variant, bucket in VARIANTS
 ]
-
-
-def backend_for(world_size: int) -> str:
-    return "nccl" if cuda_count() >= world_size else "gloo"
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +105,7 @@ def test_ddp_step(
         pytest.skip(reason)
     group = (size, ctx, dtype, world_size)
     result = ddp_runs(group, Case(variant, bucket_mb))
-    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, backend_for(world_size))
+    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, default_backend(world_size))
     info.update(variant=variant, bucket_mb=bucket_mb, optimizer="adamw")
     if result["oom"]:
         record_oom(benchmark, **info)

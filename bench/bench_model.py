@@ -41,11 +41,12 @@ import pytest
 import torch
 
 from cs336_systems.model import TABLE1_SIZES
+from cs336_systems.profiling.flops import MODES
+from cs336_systems.profiling.workload import DTYPES as WORKLOAD_DTYPES
 from cs336_systems.profiling.workload import Case, run_case
 
 CONTEXTS = (128, 256, 512, 1024)
-DTYPES = ("fp32", "bf16")
-MODES = ("fwd", "fwd_bwd", "train")
+DTYPES = tuple(WORKLOAD_DTYPES)
 COMPILES = ("eager", "compiled")
 MUST_SHOW = {("small", 256), ("medium", 256)}
 CPU_CTX = 32

@@ -27,7 +27,6 @@ import pytest
 
 from cs336_systems.distributed.bench_support import (
     GroupedRuns,
-    cuda_count,
     default_ctx,
     default_sizes,
     env_list,
@@ -38,6 +37,7 @@ from cs336_systems.distributed.bench_support import (
     train_extra_info,
     train_setup,
 )
+from cs336_systems.distributed.process_group import default_backend
 from cs336_systems.distributed.train_step import Case
 from cs336_systems.profiling.timing import record_oom
 
@@ -90,7 +90,7 @@ def test_sharding_step(
         pytest.skip(reason)
     group = (size, ctx, dtype, world_size)
     result = sharding_runs(group, case_of(variant))
-    backend = "nccl" if cuda_count() >= world_size else "gloo"
+    backend = default_backend(world_size)
     info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, backend)
     info.update(variant=variant, optimizer=OPTIMIZER_OF[variant], ddp="bucketed", bucket_mb=BUCKET_MB)
     if result["oom"]:

@@ -38,7 +38,9 @@ for stage in "$@"; do
     attention)  # D6 / D7a
       CS336_BENCH_JSONL=$OUT/attention.jsonl "${BENCH[@]}" bench/bench_attention.py \
         --benchmark-json="$OUT/attention.json" > "$OUT/attention.log" 2>&1
-      tail -3 "$OUT/attention.log"; python3 -m cs336_systems.profiling.attention_bench "$OUT/attention.jsonl" | head -60 ;;
+      tail -3 "$OUT/attention.log"
+      python3 -m cs336_systems.report "$OUT/attention.jsonl" --out "$OUT/attention-report" > /dev/null
+      head -40 "$OUT"/attention-report/tables/d6*.md ;;
     flash)  # D11 at d 64 and 128, bf16 and fp32, and the D12 leaderboard group
       # bf16 over every seq (with the leaderboard group), then fp32 up to 16384; the .jsonl keeps every
       # finished row should a command be cut off.

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from cs336_systems.distributed.sharded_optimizer import assign_owners
 from cs336_systems.model import BATCH_SIZE, PRESETS, ModelConfig, TransformerLM
 
 MiB = 2**20
@@ -522,10 +523,9 @@ def parameter_numels(config: ModelConfig) -> tuple[int, ...]:
 
 def greedy_shards(numels: Sequence[int], world_size: int) -> list[int]:
     """Elements per rank when whole tensors go, largest first, to the least-loaded rank (ties: lowest
-    rank): how our ShardedOptimizer balances. Whole tensors make the split slightly uneven."""
+    rank): the ShardedOptimizer's own assignment. Whole tensors make the split slightly uneven."""
     loads = [0] * world_size
-    for n in sorted(numels, reverse=True):
-        loads[loads.index(min(loads))] += n
+    assign_owners(numels, loads)
     return loads
 
 

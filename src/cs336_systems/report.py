@@ -186,7 +186,13 @@ def load(paths: Sequence[str | Path]) -> tuple[list[Run], list[Record]]:
         # The file stem names the source, unless two files share it (h100/model.json, h200/model.json).
         source = path.stem if stems.count(path.stem) == 1 else str(path)
         try:
-            data = json.loads(path.read_text())
+            text = path.read_text()
+            # A .jsonl row log (CS336_BENCH_JSONL) holds one benchmark entry per line: what a sweep
+            # had finished when its command was cut off.
+            if path.suffix == ".jsonl":
+                data = {"benchmarks": [json.loads(line) for line in text.splitlines() if line.strip()]}
+            else:
+                data = json.loads(text)
         except FileNotFoundError:
             raise FileNotFoundError(f"no such benchmark JSON: {path}") from None
         except json.JSONDecodeError as exc:

@@ -15,7 +15,8 @@ import math
 
 import torch
 
-MASK_BIAS = -1e6
+from cs336_systems.attention.reference import MASK_BIAS, causal_mask
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -112,8 +113,7 @@ def flash_backward(
     delta = (dof * of).sum(dim=-1)
     s = qf @ kf.transpose(-2, -1) * scale
     if is_causal:
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        keep = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None]
+        keep = causal_mask(q.shape[-2], k.shape[-2], q.device)
         s = s + torch.where(keep, 0.0, MASK_BIAS)
     p = torch.exp(s - lse[..., None])
     dv = p.transpose(-2, -1) @ dof

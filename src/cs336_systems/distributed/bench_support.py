@@ -166,7 +166,7 @@ def train_extra_info(
         preset=setup.preset,
         ctx=setup.context_length,
         global_batch=setup.global_batch,
-        warmup_steps=setup.warmup,
+        warmup_steps=max(setup.warmup, 1) + 1,  # as run: at least one, plus the untimed memory step
         timed_steps=setup.steps,
         param_dtype="fp32",
         autocast="bf16" if setup.dtype == "bf16" else None,

@@ -108,15 +108,14 @@ class DDPBucketed(nn.Module):
         self.world_size = world()[1]
         broadcast_module(module)
         self._names = parameter_names(module)
-        self.buckets = assign_buckets(trainable_parameters(module), bucket_size_mb)
+        params = trainable_parameters(module)
+        self.buckets = assign_buckets(params, bucket_size_mb)
         self._where = {
             id(p): (b, i) for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)
         }
         self._seen: set[int] = set()
         self._next = 0  # index of the next bucket to launch
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in trainable_parameters(module)
-        ]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.module(*inputs, **kwargs)

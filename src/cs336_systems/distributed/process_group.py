@@ -73,8 +73,3 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Ra
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

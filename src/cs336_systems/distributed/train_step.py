@@ -51,6 +51,7 @@ from cs336_systems.distributed.naive_ddp import NaiveDDP
 from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
+from cs336_systems.profiling.timing import is_oom, synchronize
 
 VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp")
 BUCKETED = ("bucketed", "torch_ddp")
@@ -171,11 +172,6 @@ class StepMarks:
         return (self.points[b] - self.points[a]) * 1e3
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def free_device(device: torch.device) -> None:
     # Only the device needs it (the next case's model must fit); a full gc costs ~0.2 s.
     if device.type == "cuda":
@@ -188,10 +184,6 @@ def memory_mib(device: torch.device) -> tuple[float | None, float | None]:
     if device.type != "cuda":
         return None, None
     return torch.cuda.memory_allocated(device) / MIB, torch.cuda.max_memory_allocated(device) / MIB
-
-
-def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
 # -- one case ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Shared logic of the attention benches (D6/D7a, D11, D12): FLOP counts, inputs, implementations by
 name, SDPA backend pinning, device timing with ``triton.testing.do_bench``, rows for cases that did not
-run, and a small table printer for the JSON the benches write.
+run, and a crash-safe row log (``CS336_BENCH_JSONL``) that ``python -m cs336_systems.report`` reads
+like the JSON the benches write.
 
 Implementations by name (``impl`` in the benches):
 
@@ -24,7 +25,6 @@ import gc
 import json
 import os
 import statistics
-import sys
 import timeit
 import warnings
 from collections.abc import Callable, Sequence
@@ -37,8 +37,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import AttentionFn, get_attention_fn
 from cs336_systems.profiling.timing import synchronize
+from cs336_systems.profiling.workload import DTYPES
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PASSES: tuple[str, ...] = ("fwd", "bwd", "fwd_bwd")
 # Backward does 2.5x the forward's matmul FLOPs (5 matmuls against 2, with P recomputed in FA2), the
 # convention of the FlashAttention papers; fwd_bwd is the sum.
@@ -402,132 +402,3 @@ def log_case(benchmark: Any) -> None:
     }
     with open(path, "a") as fh:
         fh.write(json.dumps(row, default=str) + "\n")
-
-
-# ---------------------------------------------------------------------------------------------- tables
-
-
-def load_rows(paths: Sequence[str]) -> list[dict[str, Any]]:
-    """Benchmark entries from pytest-benchmark JSON files and/or CS336_BENCH_JSONL logs."""
-    rows: list[dict[str, Any]] = []
-    for path in paths:
-        with open(path) as fh:
-            if path.endswith(".jsonl"):
-                rows.extend(json.loads(line) for line in fh if line.strip())
-            else:
-                rows.extend(json.load(fh)["benchmarks"])
-    return rows
-
-
-def _cell(info: dict[str, Any], key: str, fmt: str = "{:.3g}") -> str:
-    if info.get("oom"):
-        return "OOM"
-    if info.get("status") in ("unsupported", "skipped"):
-        return "n/a" if info["status"] == "unsupported" else "skip"
-    value = info.get(key)
-    return "" if value is None else fmt.format(value)
-
-
-def _pivot(records: list[dict[str, Any]], index: list[str], columns: str, order: Sequence[str] = ()) -> str:
-    import pandas as pd
-
-    if not records:
-        return "(no rows)"
-    frame = pd.DataFrame(records).drop_duplicates(subset=[*index, columns], keep="last")
-    # columns in the given order, then first-seen order (pandas would sort them alphabetically)
-    seen = list(dict.fromkeys(frame[columns]))
-    order = [c for c in order if c in seen] + [c for c in seen if c not in order]
-    table = frame.pivot(index=index, columns=columns, values="cell").fillna("")[order]
-    return table.reset_index().to_markdown(index=False)
-
-
-def _group(rows: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
-    return [r["extra_info"] for r in rows if str(r.get("group", "")).startswith(prefix)]
-
-
-def _d12_table(infos: list[dict[str, Any]]) -> list[str]:
-    import pandas as pd
-
-    table = pd.DataFrame(
-        [
-            {
-                "impl": i["impl"],
-                "do_bench ms": _cell(i, "do_bench_ms"),
-                "TFLOP/s": _cell(i, "tflops", "{:.0f}"),
-                "H200 reference ms": i.get("reference_ms_h200") or "",
-            }
-            for i in infos
-        ]
-    )
-    title = "## D12 leaderboard: (16, 16384, 64) bf16 causal, forward + o.sum().backward(), do_bench median"
-    return [title, table.to_markdown(index=False)]
-
-
-def _d6_table(infos: list[dict[str, Any]]) -> list[str]:
-    recs = []
-    for info in infos:
-        for metric, cell in (
-            ("fwd ms", _mean_std(info, "fwd")),
-            ("bwd ms", _mean_std(info, "bwd")),
-            ("MiB before bwd", _cell(info, "mem_before_bwd_mib", "{:.0f}")),
-        ):
-            recs.append({"d": info["d"], "seq": info["seq"], "col": f"{info['impl']} {metric}", "cell": cell})
-    title = "## D6/D7a attention eager vs compiled: batch 8, causal, fp32, mean ± std over the passes"
-    return [title, _pivot(recs, ["d", "seq"], "col")]
-
-
-def _d11_tables(infos: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for pass_ in PASSES:
-        recs = [
-            {
-                "dtype": i["dtype"],
-                "d": i["d"],
-                "seq": i["seq"],
-                "impl": i["impl"],
-                "cell": _cell(i, "do_bench_ms") + (f" ({i['tflops']:.3g})" if i.get("tflops") else ""),
-            }
-            for i in infos
-            if i.get("pass_") == pass_
-        ]
-        if recs:
-            title = f"## D11 {pass_}: do_bench median ms (TFLOP/s), batch 1, causal"
-            out += [title, _pivot(recs, ["dtype", "d", "seq"], "impl", IMPLS)]
-    return out
-
-
-def attention_tables(rows: list[dict[str, Any]]) -> str:
-    """Markdown tables, the short one first: D12 leaderboard; D6/D7a fwd / bwd ms and memory before
-    backward, eager vs compiled; D11 do_bench median ms (TFLOP/s) per pass. OOM rows read "OOM",
-    unsupported "n/a", deliberately skipped "skip"."""
-    out: list[str] = []
-    devices = sorted(
-        {str(r["extra_info"]["device_name"]) for r in rows if r["extra_info"].get("device_name")}
-    )
-    if devices:
-        out.append(f"Device: {', '.join(devices)}")
-    for prefix, make in (("D12", _d12_table), ("D6", _d6_table), ("D11", _d11_tables)):
-        infos = _group(rows, prefix)
-        if infos:
-            out += make(infos)
-    return "\n\n".join(out) + "\n"
-
-
-def _mean_std(info: dict[str, Any], which: str) -> str:
-    cell = _cell(info, f"{which}_ms")
-    if cell and cell[0].isdigit() and info.get(f"{which}_std_ms") is not None:
-        cell += f" ± {info[f'{which}_std_ms']:.2g}"
-    return cell
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    paths = list(sys.argv[1:] if argv is None else argv)
-    if not paths:
-        raise SystemExit(
-            "usage: python -m cs336_systems.profiling.attention_bench OUT.json [MORE.json|.jsonl ...]"
-        )
-    print(attention_tables(load_rows(paths)))
-
-
-if __name__ == "__main__":
-    main()

@@ -225,8 +225,7 @@ def run_case(
     except Exception as exc:
         if not is_oom(exc):
             raise
-        record_oom(benchmark, **info)
-        free_device_memory()
+        record_oom(benchmark, **info)  # frees device memory itself
         return benchmark.extra_info
     try:
         info["params"] = sum(p.numel() for p in workload.model.parameters())
