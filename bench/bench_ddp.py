@@ -38,9 +38,8 @@ from cs336_systems.distributed.bench_support import (
     env_list,
     gpu_skip_reason,
     record_times,
-    selected_params,
-    spawn_train_cases,
     train_extra_info,
+    train_runs,
     train_setup,
 )
 from cs336_systems.distributed.process_group import default_backend
@@ -77,20 +76,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def ddp_runs(request: pytest.FixtureRequest) -> GroupedRuns:
-    selected = [p for p in selected_params(request) if gpu_skip_reason(p["world_size"]) is None]
-
-    def cases_of(group: tuple) -> list[Case]:
-        return [
-            Case(p["variant"], p["bucket_mb"])
-            for p in selected
-            if (p["size"], p["ctx"], p["dtype"], p["world_size"]) == group
-        ]
-
-    def launch(group: tuple, cases: list[Case]) -> dict:
-        size, ctx, dtype, world_size = group
-        return spawn_train_cases(train_setup(size, ctx, dtype), world_size, cases, SPAWN_TIMEOUT_S)
-
-    return GroupedRuns(launch, cases_of)
+    return train_runs(request, lambda p: Case(p["variant"], p["bucket_mb"]), SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.distributed

@@ -21,8 +21,6 @@ mean / unsharded mean (goal <= 1.10). Memory figures are None on CPU.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from cs336_systems.distributed.bench_support import (
@@ -32,9 +30,8 @@ from cs336_systems.distributed.bench_support import (
     env_list,
     gpu_skip_reason,
     record_times,
-    selected_params,
-    spawn_train_cases,
     train_extra_info,
+    train_runs,
     train_setup,
 )
 from cs336_systems.distributed.process_group import default_backend
@@ -60,22 +57,8 @@ def case_of(variant: str) -> Case:
 
 @pytest.fixture(scope="module")
 def sharding_runs(request: pytest.FixtureRequest) -> GroupedRuns:
-    selected = [p for p in selected_params(request) if gpu_skip_reason(p["world_size"]) is None]
-
-    def cases_of(group: tuple) -> list[Case]:
-        return [
-            case_of(p["variant"])
-            for p in selected
-            if (p["size"], p["ctx"], p["dtype"], p["world_size"]) == group
-        ]
-
-    def launch(group: tuple, cases: list[Case]) -> dict:
-        size, ctx, dtype, world_size = group
-        # The optimizer step is what differs; no profiled step needed here.
-        setup = dataclasses.replace(train_setup(size, ctx, dtype), profile_steps=0)
-        return spawn_train_cases(setup, world_size, cases, SPAWN_TIMEOUT_S)
-
-    return GroupedRuns(launch, cases_of)
+    # The optimizer step is what differs; no profiled step needed here.
+    return train_runs(request, lambda p: case_of(p["variant"]), SPAWN_TIMEOUT_S, profile_steps=0)
 
 
 @pytest.mark.distributed

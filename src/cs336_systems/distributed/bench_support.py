@@ -10,6 +10,7 @@ hands the ranks' measured per-step times to pytest-benchmark as its rounds: the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -175,3 +176,25 @@ def train_extra_info(
         device_name=device_name(backend),
     )
     return info
+
+
+def train_runs(
+    request: pytest.FixtureRequest,
+    case_of: Callable[[dict[str, Any]], Case],
+    timeout_s: float,
+    **setup_changes: Any,
+) -> GroupedRuns:
+    """The module-scoped runner of a training bench: one spawn per (size, ctx, dtype, world_size)
+    runs every selected case of that group; ``case_of`` turns a case's params into a ``Case`` and
+    ``setup_changes`` override fields of the group's ``TrainSetup``; each spawn gets ``timeout_s``."""
+    selected = [p for p in selected_params(request) if gpu_skip_reason(p["world_size"]) is None]
+
+    def cases_of(group: tuple) -> list[Case]:
+        return [case_of(p) for p in selected if (p["size"], p["ctx"], p["dtype"], p["world_size"]) == group]
+
+    def launch(group: tuple, cases: list[Case]) -> dict:
+        size, ctx, dtype, world_size = group
+        setup = dataclasses.replace(train_setup(size, ctx, dtype), **setup_changes)
+        return spawn_train_cases(setup, world_size, cases, timeout_s)
+
+    return GroupedRuns(launch, cases_of)
