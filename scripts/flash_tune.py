@@ -25,8 +25,8 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cs336_systems.attention import flash_triton_kernels as kernels
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
+from cs336_systems.kernels import flash_attention as kernels
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 SDPA_BACKENDS = {

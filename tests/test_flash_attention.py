@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import flash_pytorch, flash_triton, get_attention_fn
-from cs336_systems.attention import flash_triton_kernels as kernels
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch
 from cs336_systems.attention.flash_triton import FlashAttentionTriton, FlashAttentionTritonCompiledBackward
+from cs336_systems.kernels import flash_attention as kernels
 
 # The Triton interpreter (numpy) warns about a deprecated scalar conversion on every launch.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from cs336_systems.attention import flash_triton_kernels as kernels
 from cs336_systems.attention.flash_pytorch import check_attention_inputs, compiled_flash_backward
+from cs336_systems.kernels import flash_attention as kernels
 
 INTERPRET = kernels.INTERPRET
 MIN_HEAD_DIM = 16

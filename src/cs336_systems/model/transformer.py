@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from cs336_systems.attention import get_attention_fn
 from cs336_systems.model.config import ModelConfig
-from cs336_systems.profiling.ranges import annotate
+from cs336_systems.nvtx import annotate
 
 
 def _trunc_normal_(weight: torch.Tensor, std: float) -> torch.Tensor:

@@ -20,8 +20,8 @@ from typing import Any
 import pandas as pd
 import torch
 
+from cs336_systems.nvtx import annotate
 from cs336_systems.profiling.flops import ForwardFlops
-from cs336_systems.profiling.ranges import annotate
 from cs336_systems.profiling.timing import synchronize
 
 STEP_RANGE = "profiled step"

@@ -32,8 +32,8 @@ from cs336_systems.model import (
     cross_entropy,
     get_preset,
 )
+from cs336_systems.nvtx import annotate
 from cs336_systems.profiling.flops import MODES, measure_matmul_tflops, mfu, step_flops
-from cs336_systems.profiling.ranges import annotate
 from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -1157,7 +1157,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in [*result["tables"], *result["plots"], result["writeup"]]:
         print(f"wrote {path}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
