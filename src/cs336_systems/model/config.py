@@ -38,6 +38,16 @@ PRESETS: dict[str, ModelConfig] = {
     "large": ModelConfig(d_model=1280, d_ff=5120, num_layers=36, num_heads=20, name="large"),
     "xl": ModelConfig(d_model=1600, d_ff=6400, num_layers=48, num_heads=25, name="xl"),
     "2.7B": ModelConfig(d_model=2560, d_ff=10240, num_layers=32, num_heads=32, name="2.7B"),
+    # The 2026 leaderboard model (SPEC "2026 edition", D26): batch 2 at full context on 2 GPUs.
+    "8B": ModelConfig(
+        d_model=4096,
+        d_ff=11_008,
+        num_layers=34,
+        num_heads=32,
+        vocab_size=151_936,
+        context_length=32_768,
+        name="8B",
+    ),
 }
 
 TABLE1_SIZES = ("small", "medium", "large", "xl", "2.7B")

@@ -1,0 +1,485 @@
+"""D26: one full training step of the 8B model on 2 GPUs, from the suite's pieces or torch's.
+
+A step is: token embedding -> blocks (each checkpointed, optionally compiled) -> final RMSNorm -> the
+LM head, which computes the loss in its own forward -> backward -> gradient reduce-scatter -> AdamW on
+the local shards. Every piece is a field of :class:`StepOptions` and a flag of
+``python -m cs336_systems.cli.train_8b``, so each can be swapped for torch's to see what it buys:
+
+==============  ==========================================  ===========================================
+field           the suite's (default)                       torch's
+==============  ==========================================  ===========================================
+``fsdp``        ``ours``: :mod:`cs336_systems.distributed.   ``torch``: FSDP2 ``fully_shard`` on the same
+                fsdp`, bf16 compute, fp32 reduce             units, MixedPrecisionPolicy(bf16, fp32)
+``attention``   ``flash_triton`` (FlashAttention-2, Triton)  ``sdpa``
+``loss``        ``fused`` (linear + cross-entropy kernel,    ``chunked`` (checkpointed chunks of 4096
+                no logits in memory)                         tokens), ``full`` (whole logits, fp32 CE)
+``optimizer``   ``fused_ours`` (FusedAdamW on the shards)    ``torch_fused`` (``AdamW(fused=True)``)
+``checkpoint``  ``every:1`` (each block recomputed)          the same
+``compile``     False / True: each block's forward compiled  the same
+==============  ==========================================  ===========================================
+
+FSDP units are the same for both: each block one unit, the embedding and the LM head units of their
+own, the final norm with the root. ``fsdp="none"`` runs the unsharded model in one process (the CPU
+test's reference).
+
+Initialization: the model is built on the meta device; then unit by unit each module is materialized
+on the rank's device, initialized from a seed of its own (its index in ``model.modules()``) and the unit
+is sharded before the next one is materialized. A rank so holds at most one unit's full fp32 weights
+(2.5 GB for the 8B embedding), never the model's 32.5 GB, and the initial weights are the same on any
+number of ranks, which lets a test compare N ranks with one process.
+
+Timing (:func:`run_step`): a synchronized loop; each rank times each step on its host clock after a
+device synchronize, and :func:`cs336_systems.distributed.train_step.combine_ranks` takes the max over
+ranks per step (a step ends when its slowest rank does). ``first_step_s`` is the time from the start
+of :func:`run_step` (process group up, torch imported) to the end of the first finished step: model
+build, sharding, materialization, compilation and autotuning included; run it with an empty
+``cache_dir`` for the course's cold-cache figure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, share_cpu_threads, world
+from cs336_systems.model import ModelConfig, TransformerLM, get_preset
+from cs336_systems.model.transformer import Embedding, Linear, RMSNorm, RotaryEmbedding
+from cs336_systems.profiling.timing import synchronize
+
+FSDP_CHOICES = ("ours", "torch", "none")
+LOSS_CHOICES = ("fused", "chunked", "full")
+OPTIMIZER_CHOICES = ("fused_ours", "torch_fused")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    preset: str = "8B"
+    model_changes: dict[str, Any] = field(default_factory=dict)  # e.g. a scaled-down config for tests
+    batch_per_rank: int = 1
+    seq_len: int | None = None  # default: the preset's context length
+    fsdp: str = "ours"
+    attention: str = "flash_triton"
+    loss: str = "fused"
+    loss_chunk_tokens: int = 4096
+    optimizer: str = "fused_ours"
+    checkpoint: str = "every:1"  # "none" or "every:K"
+    compile: bool = False
+    compute_dtype: str = "bf16"  # what the gathered weights (and so activations) are cast to
+    reduce_dtype: str = "fp32"  # gradients are reduced and kept in this dtype
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    seed: int = 0
+    warmup: int = 1  # untimed steps after the first one
+    steps: int = 3  # timed steps
+    profile: bool = False  # one extra profiled step: the top CUDA kernels by time
+    cache_dir: str | None = None  # compile/autotune caches go here (an empty one: the cold-cache figure)
+    return_params: bool = False  # return the full trained parameters (tests; small models only)
+
+    def __post_init__(self) -> None:
+        for name, value, choices in (
+            ("fsdp", self.fsdp, FSDP_CHOICES),
+            ("loss", self.loss, LOSS_CHOICES),
+            ("optimizer", self.optimizer, OPTIMIZER_CHOICES),
+            ("compute_dtype", self.compute_dtype, tuple(DTYPES)),
+            ("reduce_dtype", self.reduce_dtype, tuple(DTYPES)),
+        ):
+            if value not in choices:
+                raise ValueError(f"unknown {name} {value!r}; choose one of {choices}")
+        checkpoint_every(self.checkpoint)  # validates
+        if self.batch_per_rank < 1 or self.steps < 0 or self.warmup < 0:
+            raise ValueError(f"need batch_per_rank >= 1 and non-negative steps, got {self}")
+
+    def model_config(self) -> ModelConfig:
+        config = get_preset(self.preset, **self.model_changes)
+        return config.with_(attention=self.attention)
+
+    @property
+    def sequence_length(self) -> int:
+        return self.seq_len or self.model_config().context_length
+
+    @property
+    def label(self) -> str:
+        parts = [f"fsdp={self.fsdp}", f"attn={self.attention}", f"loss={self.loss}", f"opt={self.optimizer}"]
+        parts += [f"ckpt={self.checkpoint}", "compiled" if self.compile else "eager"]
+        return " ".join(parts)
+
+
+def checkpoint_every(policy: str) -> int:
+    """ "none" -> 0, "every:K" -> K (blocks 0, K, 2K, ... are checkpointed, each on its own)."""
+    if policy == "none":
+        return 0
+    kind, _, k = policy.partition(":")
+    if kind != "every" or not k.isdigit() or int(k) < 1:
+        raise ValueError(f"checkpoint policy must be 'none' or 'every:K' with K >= 1, got {policy!r}")
+    return int(k)
+
+
+# -- FLOPs: the SPEC's convention for D26 ------------------------------------------------------------
+
+
+def model_flops_per_step(config: ModelConfig, batch: int, seq: int) -> float:
+    """6 x matmul parameters x tokens + causal attention 6·L·S²·D per sequence (half the S² work; the
+    SPEC's count, 4.74e15 for the 8B step). Embedding lookups are not matmuls and are left out."""
+    d, layers = config.d_model, config.num_layers
+    matmul_params = layers * (4 * d * d + 3 * d * config.d_ff) + d * config.vocab_size
+    return 6.0 * matmul_params * batch * seq + 6.0 * layers * seq * seq * d * batch
+
+
+# -- the model: the LM head computes the loss ---------------------------------------------------------
+
+
+def _chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(F.linear(h, weight).float(), targets, reduction="sum")
+
+
+def chunked_linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor:
+    """Mean cross-entropy of ``h @ weight.T`` computed ``chunk_tokens`` rows at a time, each chunk
+    checkpointed: one chunk's logits live at a time, in forward and in backward (torch-only baseline)."""
+    total = h.new_zeros((), dtype=torch.float32)
+    for start in range(0, h.shape[0], chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        total = total + checkpoint(_chunk_loss_sum, h[rows], weight, targets[rows], use_reentrant=False)
+    return total / h.shape[0]
+
+
+class LossHead(Linear):
+    """The untied LM head, computing the mean cross-entropy in its own forward: an FSDP unit around
+    it then gathers its weight for exactly the loss computation (forward and backward)."""
+
+    def __init__(self, d_model: int, vocab_size: int, loss: str, chunk_tokens: int, device=None, dtype=None):
+        super().__init__(d_model, vocab_size, device=device, dtype=dtype)
+        if loss not in LOSS_CHOICES:
+            raise ValueError(f"unknown loss {loss!r}; choose one of {LOSS_CHOICES}")
+        self.loss, self.chunk_tokens = loss, chunk_tokens
+
+    def forward(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+        weight = self.weight.to(h.dtype)
+        if self.loss == "fused":
+            from cs336_systems.kernels.fused_cross_entropy import fused_linear_cross_entropy
+
+            return fused_linear_cross_entropy(h, weight, targets)
+        if self.loss == "chunked":
+            return chunked_linear_cross_entropy(h, weight, targets, self.chunk_tokens)
+        return F.cross_entropy(F.linear(h, weight).float(), targets)
+
+
+class StepModel(TransformerLM):
+    """The Transformer LM with the loss in its forward and per-block checkpointing: the step calls
+    ``model(tokens, targets)`` once, so the root module's FSDP hooks (FSDP2's lazy init and the final
+    norm's gather) run as they would around any model forward."""
+
+    def __init__(self, config: ModelConfig, options: StepOptions, device=None):
+        super().__init__(config, device=device)
+        self.lm_head = LossHead(
+            config.d_model, config.vocab_size, options.loss, options.loss_chunk_tokens, device=device
+        )
+        self.checkpoint_every = checkpoint_every(options.checkpoint)
+
+    def forward(self, token_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        x = self.token_embeddings(token_ids)
+        for i, block in enumerate(self.layers):
+            if self.checkpoint_every and i % self.checkpoint_every == 0:
+                # Non-reentrant: recomputation calls block(x) again, so a block's FSDP hooks gather
+                # its weights again for the recomputation and free them after.
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.lm_head(self.ln_final(x), targets)
+
+
+def build_meta_model(options: StepOptions) -> StepModel:
+    with torch.device("meta"):
+        model = StepModel(options.model_config(), options)
+    if options.compile:
+        for block in model.layers:
+            # The block's computation only: FSDP's gather/free hooks stay outside the compiled graph.
+            block.forward = torch.compile(block.forward)
+    return model
+
+
+# -- materialization: unit by unit, deterministic ----------------------------------------------------
+
+
+def _init_module(module: nn.Module) -> None:
+    """Initialize a module's own parameters and buffers as its constructor would."""
+    if isinstance(module, Linear | Embedding):
+        module.reset_parameters()
+    elif isinstance(module, RMSNorm):
+        nn.init.ones_(module.weight)
+    elif any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    ):
+        raise TypeError(f"no initialization known for {type(module).__name__}; add it to _init_module")
+
+
+@torch.no_grad()
+def materialize_(module: nn.Module, device: torch.device, seed: int, index_of: dict[int, int]) -> None:
+    """Move ``module``'s meta tensors to ``device`` and initialize them; each module draws from a
+    generator seeded by ``seed`` and its index in the whole model (``index_of``), so the values do not
+    depend on which unit, rank or order materializes it."""
+    for sub in module.modules():
+        if not any(t.is_meta for t in (*sub.parameters(recurse=False), *sub.buffers(recurse=False))):
+            continue
+        sub.to_empty(device=device, recurse=False)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed * 1_000_003 + index_of[id(sub)])
+            _init_module(sub)
+
+
+def fsdp_units(model: StepModel) -> list[nn.Module]:
+    """The sharding units, in forward order: embedding, each block, LM head (the root holds the rest)."""
+    return [model.token_embeddings, *model.layers, model.lm_head]
+
+
+def module_indices(model: nn.Module) -> dict[int, int]:
+    return {id(m): i for i, m in enumerate(model.modules())}
+
+
+def shard_model(model: StepModel, options: StepOptions, device: torch.device) -> nn.Module:
+    """Materialize and shard ``model`` (built on meta) unit by unit; returns the module to train."""
+    index_of = module_indices(model)
+    # The RoPE tables are derived, not learned, and shared by every block: compute them once, first.
+    config = model.config
+    rope = RotaryEmbedding(config.d_head, config.context_length, config.rope_theta, device=device)
+    for name in ("cos", "sin"):
+        model.rope.register_buffer(name, getattr(rope, name), persistent=False)
+    if options.fsdp == "none":
+        materialize_(model, device, options.seed, index_of)
+        return model
+    if options.fsdp == "torch":
+        return _shard_fsdp2(model, options, device, index_of)
+    return _shard_ours(model, options, device, index_of)
+
+
+def _shard_fsdp2(model: StepModel, options: StepOptions, device: torch.device, index_of: dict) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=DTYPES[options.compute_dtype], reduce_dtype=DTYPES[options.reduce_dtype]
+    )
+    for unit in fsdp_units(model):
+        materialize_(unit, device, options.seed, index_of)
+        fully_shard(unit, mp_policy=policy)
+    materialize_(model, device, options.seed, index_of)  # what is left: the final norm
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def _shard_ours(model: StepModel, options: StepOptions, device: torch.device, index_of: dict) -> nn.Module:
+    raise NotImplementedError("the suite's FSDP is not merged yet")
+
+
+# -- optimizer ---------------------------------------------------------------------------------------
+
+
+def build_optimizer(model: nn.Module, options: StepOptions) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    kwargs = dict(lr=options.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=options.weight_decay)
+    if options.optimizer == "torch_fused":
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    from cs336_systems.kernels.fused_adamw import FusedAdamW
+
+    return FusedAdamW(params, **kwargs)
+
+
+# -- the step ----------------------------------------------------------------------------------------
+
+
+def local_batch(options: StepOptions, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's rows of one fixed global batch (``batch_per_rank`` x world size sequences)."""
+    rank, world_size = world()
+    gen = torch.Generator().manual_seed(options.seed + 1)
+    tokens = torch.randint(
+        vocab, (options.batch_per_rank * world_size, options.sequence_length + 1), generator=gen
+    )
+    local = shard_batch(tokens, rank, world_size).to(device)
+    return local[:, :-1].contiguous(), local[:, 1:].contiguous()
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    loss = model(tokens, targets)
+    loss.backward()
+    finish = getattr(model, "finish_gradient_synchronization", None)
+    if finish is not None:  # ours waits for its last reduce-scatters here; FSDP2 did inside backward
+        finish()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def _use_cache_dir(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(path, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(path, "triton")
+
+
+def _seconds_since_process_start() -> float | None:
+    """Wall time since this process started (Linux /proc), to add the imports to the first step."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_step(options: StepOptions) -> dict[str, Any]:
+    """Rank function (torchrun or ``launch.spawn``): build, shard, and time the training step.
+
+    Returns this rank's numbers: ``step_ms`` (timed steps), ``losses`` (every step's loss),
+    ``first_step_s``, memory peaks (CUDA), and with ``profile`` the top kernels of one step.
+    """
+    t_start = time.perf_counter()
+    since_start = _seconds_since_process_start()
+    if options.cache_dir:
+        _use_cache_dir(options.cache_dir)
+    share_cpu_threads()
+    device = rank_device() if torch.distributed.is_initialized() else _single_device()
+    if options.fsdp != "none" and not torch.distributed.is_initialized():
+        raise RuntimeError(f"fsdp={options.fsdp!r} needs a process group: run under torchrun or launch.spawn")
+    if options.fsdp == "none" and world()[1] > 1:
+        raise ValueError("fsdp='none' trains one unsharded replica: run it on one process")
+    model = shard_model(build_meta_model(options), options, device)
+    optimizer = build_optimizer(model, options)
+    config = options.model_config()
+    tokens, targets = local_batch(options, config.vocab_size, device)
+    losses: list[float] = []
+    out: dict[str, Any] = {
+        "options": asdict(options),
+        "label": options.label,
+        "world_size": world()[1],
+        "tokens_per_rank": tokens.numel(),
+        "flops_per_step": model_flops_per_step(
+            config, options.batch_per_rank * world()[1], options.sequence_length
+        ),
+        "local_params": sum(p.numel() for p in model.parameters()),
+        "mem_after_init_mib": _mib(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None,
+    }
+    autocast = _autocast(options, device)
+    with autocast:
+        losses.append(train_step(model, optimizer, tokens, targets).item())
+    synchronize(device)
+    out["first_step_s"] = time.perf_counter() - t_start
+    out["first_step_since_process_start_s"] = (
+        None if since_start is None else since_start + out["first_step_s"]
+    )
+    for _ in range(options.warmup):
+        with autocast:
+            losses.append(train_step(model, optimizer, tokens, targets).item())
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    if torch.distributed.is_initialized():
+        barrier(device)
+    step_ms, phases = [], []
+    for _ in range(options.steps):
+        t0 = time.perf_counter()
+        with autocast:
+            loss, marks = _marked_step(model, optimizer, tokens, targets, device)
+        synchronize(device)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        losses.append(loss.item())
+        phases.append(marks)
+    out.update(step_ms=step_ms, losses=losses)
+    for phase in ("forward_ms", "backward_ms", "optimizer_ms"):
+        out[phase] = sum(p[phase] for p in phases) / len(phases) if phases else None
+    if device.type == "cuda":
+        out["peak_allocated_mib"] = _mib(torch.cuda.max_memory_allocated(device))
+        out["peak_reserved_mib"] = _mib(torch.cuda.max_memory_reserved(device))
+    if options.profile:
+        out["profile"] = _profile_step(model, optimizer, tokens, targets, device, autocast)
+    if options.return_params:
+        out["params"] = full_parameters(model)
+    return out
+
+
+def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model's parameters by name, full shapes, on the CPU (all ranks must call it)."""
+    gather = getattr(model, "gather_full_params", None)
+    if gather is not None:  # ours
+        return {k: v.detach().cpu() for k, v in gather().items()}
+    out = {}
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2 parameters are DTensors
+        out[name] = full.detach().cpu()
+    return out
+
+
+def _single_device() -> torch.device:
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+
+
+def _autocast(options: StepOptions, device: torch.device):
+    """The unsharded reference computes in the compute dtype through autocast (FSDP casts weights)."""
+    import contextlib
+
+    if options.fsdp == "none" and options.compute_dtype != "fp32":
+        return torch.autocast(device.type, dtype=DTYPES[options.compute_dtype])
+    return contextlib.nullcontext()
+
+
+def _mib(n: int) -> float:
+    return n / MIB
+
+
+def _marked_step(model, optimizer, tokens, targets, device) -> tuple[torch.Tensor, dict[str, float]]:
+    """One step with CUDA events (host clock on CPU) after forward, backward+sync and the optimizer."""
+    events = []
+
+    def mark() -> None:
+        if device.type == "cuda":
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            events.append(e)
+        else:
+            events.append(time.perf_counter())
+
+    mark()
+    loss = model(tokens, targets)
+    mark()
+    loss.backward()
+    finish = getattr(model, "finish_gradient_synchronization", None)
+    if finish is not None:
+        finish()
+    mark()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    mark()
+    synchronize(device)
+    if device.type == "cuda":
+        gaps = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
+    else:
+        gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(events)]
+    return loss.detach(), dict(zip(("forward_ms", "backward_ms", "optimizer_ms"), gaps, strict=True))
+
+
+def _profile_step(model, optimizer, tokens, targets, device, autocast) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof, autocast:
+        train_step(model, optimizer, tokens, targets)
+        synchronize(device)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60)
