@@ -38,9 +38,12 @@ build, sharding, materialization, compilation and autotuning included; run it wi
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,8 +53,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, share_cpu_threads, world
+from cs336_systems.distributed.train_step import combine_ranks
 from cs336_systems.model import ModelConfig, TransformerLM, get_preset
 from cs336_systems.model.transformer import Embedding, Linear, RMSNorm, RotaryEmbedding
+from cs336_systems.profiling.flops import measure_matmul_tflops
 from cs336_systems.profiling.timing import synchronize
 
 FSDP_CHOICES = ("ours", "torch", "none")
@@ -309,16 +314,50 @@ def local_batch(options: StepOptions, vocab: int, device: torch.device) -> tuple
     return local[:, :-1].contiguous(), local[:, 1:].contiguous()
 
 
+class Marks:
+    """Named points of one step: CUDA events on a GPU (no host sync), the host clock on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.points: list[Any] = []
+
+    def __call__(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.points.append(event)
+        else:
+            self.points.append(time.perf_counter())
+
+    def gaps_ms(self) -> list[float]:
+        """Milliseconds between consecutive points (call after the device is synchronized)."""
+        if self.cuda:
+            return [a.elapsed_time(b) for a, b in itertools.pairwise(self.points)]
+        return [(b - a) * 1e3 for a, b in itertools.pairwise(self.points)]
+
+
+PHASES = ("forward_ms", "backward_ms", "optimizer_ms")
+
+
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    mark: Callable[[], None] = lambda: None,
 ) -> torch.Tensor:
+    """Forward with loss, backward, gradient sync, AdamW; ``mark`` is called between the phases."""
+    mark()
     loss = model(tokens, targets)
+    mark()
     loss.backward()
     finish = getattr(model, "finish_gradient_synchronization", None)
     if finish is not None:  # ours waits for its last reduce-scatters here; FSDP2 did inside backward
         finish()
+    mark()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    mark()
     return loss.detach()
 
 
@@ -329,7 +368,7 @@ def _use_cache_dir(path: str) -> None:
 
 
 def _seconds_since_process_start() -> float | None:
-    """Wall time since this process started (Linux /proc), to add the imports to the first step."""
+    """Wall time since this process started (Linux /proc), to count the imports in the first step."""
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -341,73 +380,103 @@ def _seconds_since_process_start() -> float | None:
 
 
 def run_step(options: StepOptions) -> dict[str, Any]:
-    """Rank function (torchrun or ``launch.spawn``): build, shard, and time the training step.
+    """Rank function (torchrun or ``launch.spawn``; ``fsdp="none"`` also in a plain process): build,
+    shard and materialize the model, then one first step, ``warmup`` more, ``steps`` timed ones.
 
-    Returns this rank's numbers: ``step_ms`` (timed steps), ``losses`` (every step's loss),
-    ``first_step_s``, memory peaks (CUDA), and with ``profile`` the top kernels of one step.
+    Returns this rank's numbers: ``step_ms`` and the phase split of the timed steps, ``losses`` (every
+    step's), ``first_step_s``, CUDA memory peaks over the timed steps, the bf16 matmul rate of this
+    GPU (the MFU denominator), and on request the top kernels of one profiled step and the parameters.
     """
     t_start = time.perf_counter()
     since_start = _seconds_since_process_start()
     if options.cache_dir:
         _use_cache_dir(options.cache_dir)
-    share_cpu_threads()
-    device = rank_device() if torch.distributed.is_initialized() else _single_device()
-    if options.fsdp != "none" and not torch.distributed.is_initialized():
+    distributed = torch.distributed.is_initialized()
+    if options.fsdp != "none" and not distributed:
         raise RuntimeError(f"fsdp={options.fsdp!r} needs a process group: run under torchrun or launch.spawn")
     if options.fsdp == "none" and world()[1] > 1:
-        raise ValueError("fsdp='none' trains one unsharded replica: run it on one process")
+        raise ValueError("fsdp='none' trains one unsharded replica: run it in one process")
+    share_cpu_threads()
+    device = rank_device() if distributed else _single_device()
+    config = options.model_config()
     model = shard_model(build_meta_model(options), options, device)
     optimizer = build_optimizer(model, options)
-    config = options.model_config()
     tokens, targets = local_batch(options, config.vocab_size, device)
-    losses: list[float] = []
+    world_size = world()[1]
     out: dict[str, Any] = {
         "options": asdict(options),
         "label": options.label,
-        "world_size": world()[1],
+        "world_size": world_size,
         "tokens_per_rank": tokens.numel(),
         "flops_per_step": model_flops_per_step(
-            config, options.batch_per_rank * world()[1], options.sequence_length
+            config, options.batch_per_rank * world_size, options.sequence_length
         ),
-        "local_params": sum(p.numel() for p in model.parameters()),
-        "mem_after_init_mib": _mib(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None,
+        "local_params": sum(p.numel() for p in _local_tensors(model)),
+        "mem_after_init_mib": _allocated_mib(device),
     }
     autocast = _autocast(options, device)
+    losses = []
     with autocast:
-        losses.append(train_step(model, optimizer, tokens, targets).item())
-    synchronize(device)
+        losses.append(train_step(model, optimizer, tokens, targets).item())  # .item() synchronizes
     out["first_step_s"] = time.perf_counter() - t_start
     out["first_step_since_process_start_s"] = (
         None if since_start is None else since_start + out["first_step_s"]
     )
-    for _ in range(options.warmup):
-        with autocast:
+    with autocast:
+        for _ in range(options.warmup):
             losses.append(train_step(model, optimizer, tokens, targets).item())
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    if torch.distributed.is_initialized():
+    if distributed:
         barrier(device)
-    step_ms, phases = [], []
+    step_ms, phases = [], {phase: [] for phase in PHASES}
     for _ in range(options.steps):
+        marks = Marks(device)
         t0 = time.perf_counter()
         with autocast:
-            loss, marks = _marked_step(model, optimizer, tokens, targets, device)
+            loss = train_step(model, optimizer, tokens, targets, marks)
         synchronize(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(loss.item())
-        phases.append(marks)
+        for phase, ms in zip(PHASES, marks.gaps_ms(), strict=True):
+            phases[phase].append(ms)
     out.update(step_ms=step_ms, losses=losses)
-    for phase in ("forward_ms", "backward_ms", "optimizer_ms"):
-        out[phase] = sum(p[phase] for p in phases) / len(phases) if phases else None
+    out.update({phase: statistics.fmean(v) if v else None for phase, v in phases.items()})
     if device.type == "cuda":
-        out["peak_allocated_mib"] = _mib(torch.cuda.max_memory_allocated(device))
-        out["peak_reserved_mib"] = _mib(torch.cuda.max_memory_reserved(device))
+        out["peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
+        out["peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
+        out["matmul_tflops"] = measure_matmul_tflops(device, torch.bfloat16)
     if options.profile:
         out["profile"] = _profile_step(model, optimizer, tokens, targets, device, autocast)
     if options.return_params:
         out["params"] = full_parameters(model)
     return out
+
+
+def combine_step_results(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's figures over ranks: per-step max over ranks (``times_ms``, ``mean_ms``, ...), every
+    other number the max over ranks; plus ``step_s``, model TFLOP/s per GPU and MFU against the
+    slowest rank's measured bf16 matmul rate."""
+    combined = combine_ranks(
+        [{k: v for k, v in r.items() if k not in ("params", "profile")} for r in per_rank]
+    )
+    combined["losses"] = [statistics.fmean(ls) for ls in zip(*(r["losses"] for r in per_rank), strict=True)]
+    if per_rank[0].get("profile"):
+        combined["profile"] = per_rank[0]["profile"]
+    world_size = per_rank[0]["world_size"]
+    if combined["times_ms"]:
+        step_s = combined["median_ms"] / 1e3
+        combined["step_s"] = step_s
+        combined["tflops_per_gpu"] = combined["flops_per_step"] / world_size / step_s / 1e12
+        rates = [r["matmul_tflops"] for r in per_rank if r.get("matmul_tflops")]
+        if rates:
+            combined["matmul_tflops"] = min(rates)
+            combined["mfu"] = combined["tflops_per_gpu"] / min(rates)
+    for key in ("peak_allocated_mib", "peak_reserved_mib"):
+        if combined.get(key) is not None:
+            combined[key.replace("_mib", "_gib")] = combined[key] / 1024
+    return combined
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -422,6 +491,14 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _local_tensors(model: nn.Module) -> list[torch.Tensor]:
+    return [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+
+
+def _allocated_mib(device: torch.device) -> float | None:
+    return torch.cuda.memory_allocated(device) / MIB if device.type == "cuda" else None
+
+
 def _single_device() -> torch.device:
     return (
         torch.device("cuda", torch.cuda.current_device())
@@ -430,51 +507,15 @@ def _single_device() -> torch.device:
     )
 
 
-def _autocast(options: StepOptions, device: torch.device):
-    """The unsharded reference computes in the compute dtype through autocast (FSDP casts weights)."""
-    import contextlib
-
+def _autocast(options: StepOptions, device: torch.device) -> contextlib.AbstractContextManager:
+    """Without FSDP nothing casts the weights: the unsharded model computes under autocast instead."""
     if options.fsdp == "none" and options.compute_dtype != "fp32":
         return torch.autocast(device.type, dtype=DTYPES[options.compute_dtype])
     return contextlib.nullcontext()
 
 
-def _mib(n: int) -> float:
-    return n / MIB
-
-
-def _marked_step(model, optimizer, tokens, targets, device) -> tuple[torch.Tensor, dict[str, float]]:
-    """One step with CUDA events (host clock on CPU) after forward, backward+sync and the optimizer."""
-    events = []
-
-    def mark() -> None:
-        if device.type == "cuda":
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            events.append(e)
-        else:
-            events.append(time.perf_counter())
-
-    mark()
-    loss = model(tokens, targets)
-    mark()
-    loss.backward()
-    finish = getattr(model, "finish_gradient_synchronization", None)
-    if finish is not None:
-        finish()
-    mark()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    mark()
-    synchronize(device)
-    if device.type == "cuda":
-        gaps = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
-    else:
-        gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(events)]
-    return loss.detach(), dict(zip(("forward_ms", "backward_ms", "optimizer_ms"), gaps, strict=True))
-
-
 def _profile_step(model, optimizer, tokens, targets, device, autocast) -> str:
+    """One more step under torch.profiler: the top ops by device time (by CPU time on the CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -482,4 +523,4 @@ def _profile_step(model, optimizer, tokens, targets, device, autocast) -> str:
         train_step(model, optimizer, tokens, targets)
         synchronize(device)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    return prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60)
+    return prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70)
