@@ -1,0 +1,1 @@
+"""Command-line entry points (``python -m cs336_systems.cli.NAME``)."""
