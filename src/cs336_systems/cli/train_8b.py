@@ -22,13 +22,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cs336_systems.harness.step_8b import combine_step_results, run_case
 from cs336_systems.model import PRESETS
 from cs336_systems.training.step_8b import (
     FSDP_CHOICES,
     LOSS_CHOICES,
     OPTIMIZER_CHOICES,
     StepOptions,
-    combine_step_results,
     run_step,
 )
 
@@ -153,9 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "RANK" in os.environ:
         result = _torchrun_rank(options)
     elif args.nproc:
-        from cs336_systems.distributed.launch import spawn
-
-        result = combine_step_results(spawn(run_step, args.nproc, options, timeout=args.timeout))
+        result = run_case(options, args.nproc, args.timeout, cold_cache=False)
     elif options.fsdp == "none":
         result = combine_step_results([run_step(options)])
     else:

@@ -398,6 +398,13 @@ class FSDP(nn.Module):
         if any(r < x for r, x in zip(unit.received, unit.expected, strict=True)):
             return
         unit.bwd = None  # every use of the gathered weight has run its backward
+        # A checkpointed forward re-run in the backward stops early (torch's checkpoint early stop) once
+        # it has recomputed what the backward needs, so its post-hooks may not run: put the shards back
+        # and drop the gathered weights here, or they stay in the layers (and in memory) until the next
+        # forward, and named_parameters() would yield a stale gathered weight.
+        unit.fwd = None
+        for e in unit.entries:
+            e.module._parameters["weight"] = e.shard
         self._launch_reduce_scatter(unit)
 
     @torch.no_grad()

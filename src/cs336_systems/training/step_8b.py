@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, share_cpu_threads, world
-from cs336_systems.distributed.train_step import combine_ranks
+from cs336_systems.distributed.fsdp import FSDP, is_sharded_layer
 from cs336_systems.model import ModelConfig, TransformerLM, get_preset
 from cs336_systems.model.transformer import Embedding, Linear, RMSNorm, RotaryEmbedding
 from cs336_systems.profiling.flops import measure_matmul_tflops
@@ -231,11 +231,13 @@ def _init_module(module: nn.Module) -> None:
 
 
 @torch.no_grad()
-def materialize_(module: nn.Module, device: torch.device, seed: int, index_of: dict[int, int]) -> None:
-    """Move ``module``'s meta tensors to ``device`` and initialize them; each module draws from a
-    generator seeded by ``seed`` and its index in the whole model (``index_of``), so the values do not
-    depend on which unit, rank or order materializes it."""
-    for sub in module.modules():
+def materialize_(
+    module: nn.Module, device: torch.device, seed: int, index_of: dict[int, int], recurse: bool = True
+) -> None:
+    """Move ``module``'s meta tensors (and its submodules', with ``recurse``) to ``device`` and
+    initialize them; each module draws from a generator seeded by ``seed`` and its index in the whole
+    model (``index_of``), so the values do not depend on which unit, rank or order materializes it."""
+    for sub in module.modules() if recurse else [module]:
         if not any(t.is_meta for t in (*sub.parameters(recurse=False), *sub.buffers(recurse=False))):
             continue
         sub.to_empty(device=device, recurse=False)
@@ -284,7 +286,38 @@ def _shard_fsdp2(model: StepModel, options: StepOptions, device: torch.device, i
 
 
 def _shard_ours(model: StepModel, options: StepOptions, device: torch.device, index_of: dict) -> nn.Module:
-    raise NotImplementedError("the suite's FSDP is not merged yet")
+    # Replicated parameters (the norm gains) are a few KB: materialize them up front.
+    for sub in model.modules():
+        if not is_sharded_layer(sub):
+            materialize_(sub, device, options.seed, index_of, recurse=False)
+    return MaterializingFSDP(
+        model,
+        lambda layer: materialize_(layer, device, options.seed, index_of),
+        compute_dtype=DTYPES[options.compute_dtype],
+        reduce_dtype=DTYPES[options.reduce_dtype],
+        units=list(model.layers),
+    )
+
+
+class MaterializingFSDP(FSDP):
+    """The suite's FSDP over a model whose sharded layers are still on the meta device: each layer is
+    materialized (full, on the rank's device, deterministically initialized by ``init_layer``) right
+    before FSDP cuts its row shard, so a rank holds one layer's full weight at a time. Nothing is
+    broadcast: every rank initializes the same values, and a broadcast would need the full model."""
+
+    def __init__(self, module: nn.Module, init_layer: Callable[[nn.Module], None], **kwargs: Any):
+        self.__dict__["_init_layer"] = init_layer  # before nn.Module.__init__, which FSDP calls
+        from cs336_systems.distributed import fsdp
+
+        broadcast, fsdp.broadcast_module = fsdp.broadcast_module, lambda module: None
+        try:
+            super().__init__(module, **kwargs)
+        finally:
+            fsdp.broadcast_module = broadcast
+
+    def _shard(self, sub: nn.Module, name: str, offset: int):
+        self._init_layer(sub)
+        return super()._shard(sub, name, offset)
 
 
 # -- optimizer ---------------------------------------------------------------------------------------
@@ -452,31 +485,6 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     if options.return_params:
         out["params"] = full_parameters(model)
     return out
-
-
-def combine_step_results(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """One run's figures over ranks: per-step max over ranks (``times_ms``, ``mean_ms``, ...), every
-    other number the max over ranks; plus ``step_s``, model TFLOP/s per GPU and MFU against the
-    slowest rank's measured bf16 matmul rate."""
-    combined = combine_ranks(
-        [{k: v for k, v in r.items() if k not in ("params", "profile")} for r in per_rank]
-    )
-    combined["losses"] = [statistics.fmean(ls) for ls in zip(*(r["losses"] for r in per_rank), strict=True)]
-    if per_rank[0].get("profile"):
-        combined["profile"] = per_rank[0]["profile"]
-    world_size = per_rank[0]["world_size"]
-    if combined["times_ms"]:
-        step_s = combined["median_ms"] / 1e3
-        combined["step_s"] = step_s
-        combined["tflops_per_gpu"] = combined["flops_per_step"] / world_size / step_s / 1e12
-        rates = [r["matmul_tflops"] for r in per_rank if r.get("matmul_tflops")]
-        if rates:
-            combined["matmul_tflops"] = min(rates)
-            combined["mfu"] = combined["tflops_per_gpu"] / min(rates)
-    for key in ("peak_allocated_mib", "peak_reserved_mib"):
-        if combined.get(key) is not None:
-            combined[key.replace("_mib", "_gib")] = combined[key] / 1024
-    return combined
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:

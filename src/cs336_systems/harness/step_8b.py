@@ -1,0 +1,76 @@
+"""The 8B step (D26) as a measured case: one spawn of ``training.step_8b.run_step`` per case, its
+per-rank numbers combined, and the failure modes turned into results (OOM, a rank that hung).
+
+Used by ``bench/bench_leaderboard_2026.py`` and ``python -m cs336_systems.cli.train_8b``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from typing import Any
+
+from cs336_systems.distributed.launch import RankFailedError, spawn
+from cs336_systems.harness.train_step import combine_ranks
+from cs336_systems.profiling.timing import is_oom
+from cs336_systems.training.step_8b import StepOptions, run_step
+
+TIMING = (
+    "synchronized loop: each rank times each step on its host clock after torch.cuda.synchronize(); "
+    "per step the max over ranks; step_s = median over the timed steps"
+)
+
+
+def combine_step_results(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's figures over ranks: per-step max over ranks (``times_ms``, ``median_ms``, ...), every
+    other number the max over ranks; plus ``step_s``, model TFLOP/s per GPU and MFU against the
+    slowest rank's measured bf16 matmul rate, and the mean loss over ranks of every step."""
+    combined = combine_ranks(
+        [{k: v for k, v in r.items() if k not in ("params", "profile")} for r in per_rank]
+    )
+    combined["losses"] = [statistics.fmean(ls) for ls in zip(*(r["losses"] for r in per_rank), strict=True)]
+    combined["timing"] = TIMING
+    if per_rank[0].get("profile"):
+        combined["profile"] = per_rank[0]["profile"]
+    world_size = per_rank[0]["world_size"]
+    if combined["times_ms"]:
+        step_s = combined["median_ms"] / 1e3
+        combined["step_s"] = step_s
+        combined["tflops_per_gpu"] = combined["flops_per_step"] / world_size / step_s / 1e12
+        rates = [r["matmul_tflops"] for r in per_rank if r.get("matmul_tflops")]
+        if rates:
+            combined["matmul_tflops"] = min(rates)
+            combined["mfu"] = combined["tflops_per_gpu"] / min(rates)
+    for key in ("peak_allocated_mib", "peak_reserved_mib"):
+        if combined.get(key) is not None:
+            combined[key.replace("_mib", "_gib")] = combined[key] / 1024
+    return combined
+
+
+def run_case(
+    options: StepOptions, world_size: int, timeout_s: float, cold_cache: bool = True
+) -> dict[str, Any]:
+    """Spawn ``world_size`` ranks running ``options`` and combine their numbers. With ``cold_cache``
+    the compile and autotune caches start empty (the course's cold-cache time to the first step).
+
+    An out-of-memory on any rank gives ``{"oom": True, "error": ...}`` (the other ranks are killed);
+    a run past ``timeout_s`` gives ``{"oom": False, "error": "timeout ..."}``; other failures raise."""
+    with tempfile.TemporaryDirectory(prefix="cs336-8b-cache-") as cache:
+        if cold_cache and options.cache_dir is None:
+            from dataclasses import replace
+
+            options = replace(options, cache_dir=cache)
+        try:
+            per_rank = spawn(run_step, world_size, options, timeout=timeout_s)
+        except RankFailedError as exc:
+            if is_oom(exc):
+                return {"oom": True, "error": _oom_line(str(exc)), "label": options.label}
+            raise
+        except TimeoutError as exc:
+            return {"oom": False, "error": f"timeout after {timeout_s:.0f} s: {exc}", "label": options.label}
+    return combine_step_results(per_rank)
+
+
+def _oom_line(message: str) -> str:
+    lines = [line for line in message.splitlines() if "out of memory" in line.lower()]
+    return (lines[0] if lines else message.splitlines()[0])[:300]
