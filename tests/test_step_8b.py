@@ -1,0 +1,119 @@
+"""D26: the 8B configuration and the training step that composes the suite's pieces.
+
+The distributed test trains a scaled-down model for 2 steps on 2 gloo ranks with every piece of the
+suite (our FSDP with block units, per-block checkpointing, FlashAttention-2 and the fused LM-head loss
+under the Triton interpreter, FusedAdamW on the shards) and checks it against one process training
+the unsharded model with the same pieces on the whole batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cs336_systems.harness.step_8b import combine_step_results
+from cs336_systems.model import TransformerLM, get_preset
+from cs336_systems.training.step_8b import (
+    StepOptions,
+    build_meta_model,
+    chunked_linear_cross_entropy,
+    model_flops_per_step,
+    run_step,
+)
+
+# SPEC "2026 edition": the 8B configuration's parameter count and model FLOPs of one step.
+PARAMS_8B = 8_125_698_048
+FLOPS_8B = 4.74e15
+# Scaled down: 2 blocks, d_head 16, vocab 64, context 16 (the Triton interpreter runs every kernel).
+SMALL = dict(d_model=32, d_ff=64, num_layers=2, num_heads=2, vocab_size=64, context_length=16)
+
+
+def small_options(**changes) -> StepOptions:
+    base = dict(
+        preset="tiny",
+        model_changes=SMALL,
+        compute_dtype="fp32",  # tight comparison: no bf16 rounding on either side
+        warmup=0,
+        steps=1,  # the first step + 1 timed = 2 optimizer steps
+        lr=1e-3,
+        return_params=True,
+    )
+    return StepOptions(**(base | changes))
+
+
+def test_8b_preset_parameter_count_on_meta_device() -> None:
+    config = get_preset("8B")
+    assert (config.vocab_size, config.d_model, config.d_ff, config.num_layers, config.num_heads) == (
+        151_936,
+        4096,
+        11_008,
+        34,
+        32,
+    )
+    assert config.d_head == 128 and config.context_length == 32_768
+    model = TransformerLM(config, device="meta")
+    assert all(p.is_meta for p in model.parameters()), "the count must not allocate"
+    assert sum(p.numel() for p in model.parameters()) == PARAMS_8B
+
+
+def test_8b_step_flops_match_spec() -> None:
+    flops = model_flops_per_step(get_preset("8B"), batch=2, seq=32_768)
+    assert flops == pytest.approx(FLOPS_8B, rel=2e-3)
+
+
+def test_step_model_is_built_on_meta() -> None:
+    model = build_meta_model(StepOptions())
+    assert all(p.is_meta for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == PARAMS_8B  # the loss head is the LM head
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(loss="logits"), "unknown loss"),
+        (dict(fsdp="ddp"), "unknown fsdp"),
+        (dict(optimizer="sgd"), "unknown optimizer"),
+        (dict(checkpoint="every:0"), "every:K"),
+        (dict(checkpoint="sometimes"), "every:K"),
+    ],
+)
+def test_step_options_reject_unknown_choices(change: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        StepOptions(**change)
+
+
+def test_chunked_loss_equals_full_cross_entropy(generator: torch.Generator) -> None:
+    h = torch.randn(37, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(11, (37,), generator=generator)
+    loss = chunked_linear_cross_entropy(h, w, t, chunk_tokens=8)  # 5 chunks, the last one short
+    ref = F.cross_entropy(h @ w.T, t)
+    torch.testing.assert_close(loss, ref.float(), rtol=1e-6, atol=1e-6)
+    grads = torch.autograd.grad(loss, (h, w))
+    ref_grads = torch.autograd.grad(ref, (h, w))
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_two_rank_step_with_our_pieces_equals_one_process(run_distributed) -> None:
+    ours = dict(attention="flash_triton", loss="fused", optimizer="fused_ours", checkpoint="every:1")
+    per_rank = run_distributed(run_step, 2, small_options(fsdp="ours", **ours), backend="gloo", timeout=180)
+    single = run_step(small_options(fsdp="none", batch_per_rank=2, **ours))
+
+    combined = combine_step_results(per_rank)
+    assert len(combined["losses"]) == 2
+    # Each rank's loss is the mean over its half of the batch: their mean is the whole batch's loss.
+    torch.testing.assert_close(combined["losses"], single["losses"], rtol=1e-6, atol=1e-6)
+    assert combined["losses"][1] < combined["losses"][0]  # it trains
+    # Sharded: each rank holds about half of the model.
+    total = sum(p.numel() for p in single["params"].values())
+    assert max(r["local_params"] for r in per_rank) < 0.55 * total
+    # After 2 AdamW steps the gathered parameters equal the single process's (lr 1e-3: a wrong or
+    # missing gradient moves an element by ~1e-3).
+    for rank_result in per_rank:
+        assert rank_result["params"].keys() == single["params"].keys()
+        for name, value in single["params"].items():
+            torch.testing.assert_close(rank_result["params"][name], value, rtol=1e-5, atol=2e-6, msg=name)
