@@ -319,6 +319,28 @@ class MaterializingFSDP(FSDP):
         self._init_layer(sub)
         return super()._shard(sub, name, offset)
 
+    def _register_module_hooks(self) -> None:
+        """Each unit swaps all its gathered weights in when it starts and out when it ends, instead of
+        around each layer: a block's forward then runs no hook inside, so ``torch.compile`` of the
+        block's forward sees one graph (as with FSDP2), not a graph break at every Linear."""
+        for unit in self._units:
+            unit.root.register_forward_pre_hook(
+                lambda m, args, kwargs, u=unit: self._begin_and_swap_in(u, args, kwargs), with_kwargs=True
+            )
+            unit.root.register_forward_hook(lambda m, args, out, u=unit: self._swap_out_and_end(u))
+
+    def _begin_and_swap_in(self, unit, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        self._begin_unit(unit)
+        cast = None
+        for k in range(len(unit.entries)):
+            cast = self._swap_in(unit, k, args, kwargs) or cast  # the unit's inputs, cast once
+        return cast
+
+    def _swap_out_and_end(self, unit) -> None:
+        for entry in unit.entries:
+            self._swap_out(entry)
+        self._end_unit(unit)
+
 
 # -- optimizer ---------------------------------------------------------------------------------------
 
