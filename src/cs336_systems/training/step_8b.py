@@ -78,6 +78,7 @@ class StepOptions:
     loss_chunk_tokens: int = 4096
     optimizer: str = "fused_ours"
     checkpoint: str = "every:1"  # "none" or "every:K"
+    save_attention: bool = False  # selective: checkpointed blocks keep attention's output (no re-run)
     compile: bool = False
     compute_dtype: str = "bf16"  # what the gathered weights (and so activations) are cast to
     reduce_dtype: str = "fp32"  # gradients are reduced and kept in this dtype
@@ -115,7 +116,8 @@ class StepOptions:
     @property
     def label(self) -> str:
         parts = [f"fsdp={self.fsdp}", f"attn={self.attention}", f"loss={self.loss}", f"opt={self.optimizer}"]
-        parts += [f"ckpt={self.checkpoint}", "compiled" if self.compile else "eager"]
+        parts += [f"ckpt={self.checkpoint}{'+attn' if self.save_attention else ''}"]
+        parts += ["compiled" if self.compile else "eager"]
         return " ".join(parts)
 
 
@@ -192,6 +194,9 @@ class StepModel(TransformerLM):
             config.d_model, config.vocab_size, options.loss, options.loss_chunk_tokens, device=device
         )
         self.checkpoint_every = checkpoint_every(options.checkpoint)
+        self.checkpoint_kwargs: dict[str, Any] = {"use_reentrant": False}
+        if options.save_attention:
+            self.checkpoint_kwargs["context_fn"] = save_attention_context
 
     def forward(self, token_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         x = self.token_embeddings(token_ids)
@@ -199,10 +204,37 @@ class StepModel(TransformerLM):
             if self.checkpoint_every and i % self.checkpoint_every == 0:
                 # Non-reentrant: recomputation calls block(x) again, so a block's FSDP hooks gather
                 # its weights again for the recomputation and free them after.
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, **self.checkpoint_kwargs)
             else:
                 x = block(x)
         return self.lm_head(self.ln_final(x), targets)
+
+
+def _attention_ops() -> tuple[Any, ...]:
+    """The attention forward ops whose outputs selective checkpointing keeps (ours and SDPA's)."""
+    import cs336_systems.attention.flash_triton  # noqa: F401  (registers the custom op)
+
+    aten = torch.ops.aten
+    return (
+        torch.ops.cs336_systems.flash_attention_fwd.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+    )
+
+
+def save_attention_context():
+    """Selective checkpointing: the re-run forward of a checkpointed block recomputes everything but
+    attention, whose output and log-sum-exp are kept from the first forward. Attention is the block's
+    most expensive op at long context (O(S²)); keeping its output costs S·D per block (268 MB at 8B)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    keep = set(_attention_ops())
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def build_meta_model(options: StepOptions) -> StepModel:
@@ -345,14 +377,38 @@ class MaterializingFSDP(FSDP):
 # -- optimizer ---------------------------------------------------------------------------------------
 
 
-def build_optimizer(model: nn.Module, options: StepOptions) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, options: StepOptions) -> Any:
     params = [p for p in model.parameters() if p.requires_grad]
     kwargs = dict(lr=options.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=options.weight_decay)
     if options.optimizer == "torch_fused":
         return torch.optim.AdamW(params, fused=True, **kwargs)
     from cs336_systems.kernels.fused_adamw import FusedAdamW
 
+    if any(hasattr(p, "to_local") for p in params):  # FSDP2: DTensor parameters
+        return OnLocalShards(params, lambda local: FusedAdamW(local, **kwargs))
     return FusedAdamW(params, **kwargs)
+
+
+class OnLocalShards:
+    """Steps an optimizer written for plain tensors (FusedAdamW's Triton kernel takes data pointers)
+    on the local shards of DTensor parameters (FSDP2's): the shards alias the parameters' storage, and
+    each step hands them the local shards of the gradients."""
+
+    def __init__(self, params: list[torch.Tensor], make: Callable[[list[torch.Tensor]], Any]):
+        self.params = params
+        with torch.no_grad():
+            self.local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        self.inner = make(self.local)
+
+    def step(self) -> None:
+        for p, local in zip(self.params, self.local, strict=True):
+            if local is not p:
+                local.grad = None if p.grad is None else p.grad.to_local()
+        self.inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p, local in zip(self.params, self.local, strict=True):
+            p.grad = local.grad = None
 
 
 # -- the step ----------------------------------------------------------------------------------------
