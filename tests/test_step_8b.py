@@ -8,6 +8,8 @@ the unsharded model with the same pieces on the whole batch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from cs336_systems.harness.step_8b import combine_step_results
 from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.training.step_8b import (
+    RECIPES,
     StepOptions,
     build_meta_model,
     chunked_linear_cross_entropy,
@@ -99,9 +102,9 @@ def test_chunked_loss_equals_full_cross_entropy(generator: torch.Generator) -> N
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_two_rank_step_with_our_pieces_equals_one_process(run_distributed) -> None:
-    ours = dict(attention="flash_triton", loss="fused", optimizer="fused_ours", checkpoint="every:1")
-    per_rank = run_distributed(run_step, 2, small_options(fsdp="ours", **ours), backend="gloo", timeout=180)
-    single = run_step(small_options(fsdp="none", batch_per_rank=2, **ours))
+    ours = RECIPES["ours"] | dict(checkpoint="every:1")  # flash_triton, fused loss, FusedAdamW, +attn
+    per_rank = run_distributed(run_step, 2, small_options(**ours), backend="gloo", timeout=180)
+    single = run_step(small_options(**(ours | dict(fsdp="none", batch_per_rank=2))))
 
     combined = combine_step_results(per_rank)
     assert len(combined["losses"]) == 2
@@ -117,3 +120,25 @@ def test_two_rank_step_with_our_pieces_equals_one_process(run_distributed) -> No
         assert rank_result["params"].keys() == single["params"].keys()
         for name, value in single["params"].items():
             torch.testing.assert_close(rank_result["params"][name], value, rtol=1e-5, atol=2e-6, msg=name)
+
+
+def test_saving_attention_skips_its_rerun_and_changes_nothing(monkeypatch) -> None:
+    from cs336_systems.kernels import flash_attention
+
+    calls = []
+    forward = flash_attention.flash_forward
+    monkeypatch.setattr(flash_attention, "flash_forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    runs = {}
+    for save in (False, True):
+        calls.clear()
+        options = small_options(
+            fsdp="none", attention="flash_triton", loss="chunked", optimizer="torch_fused"
+        )
+        runs[save] = run_step(dataclasses.replace(options, save_attention=save, steps=0))
+        runs[save]["calls"] = len(calls)
+    layers = SMALL["num_layers"]
+    assert runs[False]["calls"] == 2 * layers  # forward, then the re-run in the backward
+    assert runs[True]["calls"] == layers
+    assert runs[True]["losses"] == runs[False]["losses"]
+    for name, value in runs[False]["params"].items():
+        torch.testing.assert_close(runs[True]["params"][name], value, rtol=0, atol=0, msg=name)

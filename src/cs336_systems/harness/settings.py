@@ -76,6 +76,12 @@ class Settings:
     ddp_profile_steps: int = 0  # 0: no profiled step
     trace_dir: str | None = None  # rank 0's Chrome traces go here...
     trace_variants: tuple[str, ...] = ("naive", "individual")  # ...for these DDP variants
+    # bench_leaderboard_2026.py: the 8B step (D26); on a CPU-only machine every case skips
+    step8b_steps: int = 3  # timed steps per case (after the first step; main group)
+    step8b_ablation_steps: int = 2  # timed steps per ablation case
+    step8b_ablation_compile: bool = False  # ablation rows eager (False) or block-compiled (True)
+    step8b_timeout_s: float = 240.0  # per case (eager); a compiled case gets twice as long
+    step8b_profile: bool = True  # one profiled step of our compiled case (top kernels in extra_info)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, on_gpu: bool | None = None) -> Settings:
@@ -109,6 +115,11 @@ class Settings:
             ddp_profile_steps=_int(env, "CS336_DDP_PROFILE_STEPS", 1 if gpu else 0),
             trace_dir=_str(env, "CS336_TRACE_DIR", "docs/results/traces" if gpu else None),
             trace_variants=_list(env, "CS336_TRACE_VARIANTS", "naive,individual"),
+            step8b_steps=_int(env, "CS336_8B_STEPS", 3),
+            step8b_ablation_steps=_int(env, "CS336_8B_ABLATION_STEPS", 2),
+            step8b_ablation_compile=_str(env, "CS336_8B_ABLATION_COMPILE", "0") == "1",
+            step8b_timeout_s=_float(env, "CS336_8B_TIMEOUT_S", 240.0),
+            step8b_profile=_str(env, "CS336_8B_PROFILE", "1") == "1",
         )
 
 

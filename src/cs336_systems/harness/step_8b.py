@@ -74,3 +74,41 @@ def run_case(
 def _oom_line(message: str) -> str:
     lines = [line for line in message.splitlines() if "out of memory" in line.lower()]
     return (lines[0] if lines else message.splitlines()[0])[:300]
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """A few lines a person reads: the configuration and the figures."""
+    if result.get("oom"):
+        return f"{result.get('label', '')}\nOOM: {result.get('error')}"
+    lines = [
+        result["label"],
+        f"world size {result['world_size']}, {result['tokens_per_rank']} tokens per rank, "
+        f"{result['flops_per_step']:.3e} model FLOPs per step",
+        "step s (median of timed steps, max over ranks): "
+        + (
+            f"{result['step_s']:.3f}  [{', '.join(f'{t / 1e3:.3f}' for t in result['times_ms'])}]"
+            if result.get("step_s")
+            else "-"
+        ),
+    ]
+    if result.get("tflops_per_gpu"):
+        mfu = f", MFU {result['mfu']:.1%} of {result['matmul_tflops']:.0f}" if result.get("mfu") else ""
+        lines.append(f"model TFLOP/s per GPU {result['tflops_per_gpu']:.1f}{mfu}")
+    if result.get("forward_ms") is not None:
+        lines.append(
+            "phases ms (mean): forward {forward_ms:.0f}, backward+sync {backward_ms:.0f}, optimizer {optimizer_ms:.0f}".format(
+                **result
+            )
+        )
+    if result.get("peak_allocated_gib") is not None:
+        lines.append(
+            f"peak GiB per GPU: allocated {result['peak_allocated_gib']:.1f}, reserved {result['peak_reserved_gib']:.1f}"
+        )
+    lines.append(
+        f"first finished step after {result['first_step_s']:.1f} s "
+        f"({result.get('first_step_since_process_start_s') or float('nan'):.1f} s since process start)"
+    )
+    lines.append("losses: " + ", ".join(f"{x:.4f}" for x in result["losses"]))
+    if result.get("profile"):
+        lines.append(result["profile"])
+    return "\n".join(lines)

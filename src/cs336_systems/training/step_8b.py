@@ -39,6 +39,7 @@ build, sharding, materialization, compilation and autotuning included; run it wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import statistics
@@ -50,6 +51,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, share_cpu_threads, world
@@ -78,7 +80,7 @@ class StepOptions:
     loss_chunk_tokens: int = 4096
     optimizer: str = "fused_ours"
     checkpoint: str = "every:1"  # "none" or "every:K"
-    save_attention: bool = False  # selective: checkpointed blocks keep attention's output (no re-run)
+    save_attention: bool = True  # selective: checkpointed blocks keep attention's output (no re-run)
     compile: bool = False
     compute_dtype: str = "bf16"  # what the gathered weights (and so activations) are cast to
     reduce_dtype: str = "fp32"  # gradients are reduced and kept in this dtype
@@ -119,6 +121,33 @@ class StepOptions:
         parts += [f"ckpt={self.checkpoint}{'+attn' if self.save_attention else ''}"]
         parts += ["compiled" if self.compile else "eager"]
         return " ".join(parts)
+
+
+# The two full configurations: the suite's pieces (StepOptions' defaults) and torch's built-ins as in
+# the SPEC's anchor (FSDP2 bf16/fp32, per-block checkpointing, SDPA, fused AdamW, 4096-token chunks).
+RECIPES: dict[str, dict[str, Any]] = {
+    "ours": dict(
+        fsdp="ours", attention="flash_triton", loss="fused", optimizer="fused_ours", save_attention=True
+    ),
+    "torch": dict(
+        fsdp="torch", attention="sdpa", loss="chunked", optimizer="torch_fused", save_attention=False
+    ),
+}
+# One piece of "ours" swapped for torch's (or switched off): what that piece buys.
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "sdpa": dict(attention="sdpa"),
+    "full_logits": dict(loss="full"),
+    "torch_adamw": dict(optimizer="torch_fused"),
+    "fsdp2": dict(fsdp="torch"),
+    "full_recompute": dict(save_attention=False),
+}
+
+
+def recipe(name: str, **changes: Any) -> StepOptions:
+    """``StepOptions`` of a named recipe ("ours" or "torch"), with ``changes`` on top."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
+    return StepOptions(**(RECIPES[name] | changes))
 
 
 def checkpoint_every(policy: str) -> int:
@@ -186,27 +215,37 @@ class LossHead(Linear):
 class StepModel(TransformerLM):
     """The Transformer LM with the loss in its forward and per-block checkpointing: the step calls
     ``model(tokens, targets)`` once, so the root module's FSDP hooks (FSDP2's lazy init and the final
-    norm's gather) run as they would around any model forward."""
+    norm's gather) run as they would around any model forward.
+
+    Where a checkpointed block's FSDP hooks run depends on the FSDP: ours gathers a unit's weights in
+    the unit's forward pre-hook, so the checkpoint must wrap the module call (the backward's re-run
+    calls the hooks again, which gather again); FSDP2 gathers for the backward in its own pre-backward
+    hook, so the checkpoint wraps the block's forward only, inside FSDP2's hooks (torchtitan's order).
+    """
 
     def __init__(self, config: ModelConfig, options: StepOptions, device=None):
         super().__init__(config, device=device)
         self.lm_head = LossHead(
             config.d_model, config.vocab_size, options.loss, options.loss_chunk_tokens, device=device
         )
-        self.checkpoint_every = checkpoint_every(options.checkpoint)
-        self.checkpoint_kwargs: dict[str, Any] = {"use_reentrant": False}
+        every = checkpoint_every(options.checkpoint)
+        kwargs: dict[str, Any] = {"use_reentrant": False}
         if options.save_attention:
-            self.checkpoint_kwargs["context_fn"] = save_attention_context
+            kwargs["context_fn"] = save_attention_context
+        self.checkpointed = [bool(every) and i % every == 0 for i in range(config.num_layers)]
+        self.checkpoint_hooks = options.fsdp != "torch"
+        for block, checkpointed in zip(self.layers, self.checkpointed, strict=True):
+            body = torch.compile(block.forward) if options.compile else block.forward
+            if checkpointed and not self.checkpoint_hooks:
+                body = functools.partial(checkpoint, body, **kwargs)
+            # An instance attribute: module hooks (FSDP's) stay outside the compiled / checkpointed body.
+            block.forward = body
+        self._checkpoint = functools.partial(checkpoint, **kwargs)
 
     def forward(self, token_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         x = self.token_embeddings(token_ids)
-        for i, block in enumerate(self.layers):
-            if self.checkpoint_every and i % self.checkpoint_every == 0:
-                # Non-reentrant: recomputation calls block(x) again, so a block's FSDP hooks gather
-                # its weights again for the recomputation and free them after.
-                x = checkpoint(block, x, **self.checkpoint_kwargs)
-            else:
-                x = block(x)
+        for block, checkpointed in zip(self.layers, self.checkpointed, strict=True):
+            x = self._checkpoint(block, x) if checkpointed and self.checkpoint_hooks else block(x)
         return self.lm_head(self.ln_final(x), targets)
 
 
@@ -239,12 +278,7 @@ def save_attention_context():
 
 def build_meta_model(options: StepOptions) -> StepModel:
     with torch.device("meta"):
-        model = StepModel(options.model_config(), options)
-    if options.compile:
-        for block in model.layers:
-            # The block's computation only: FSDP's gather/free hooks stay outside the compiled graph.
-            block.forward = torch.compile(block.forward)
-    return model
+        return StepModel(options.model_config(), options)
 
 
 # -- materialization: unit by unit, deterministic ----------------------------------------------------
@@ -362,10 +396,13 @@ class MaterializingFSDP(FSDP):
             unit.root.register_forward_hook(lambda m, args, out, u=unit: self._swap_out_and_end(u))
 
     def _begin_and_swap_in(self, unit, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        self._begin_unit(unit)
-        cast = None
-        for k in range(len(unit.entries)):
-            cast = self._swap_in(unit, k, args, kwargs) or cast  # the unit's inputs, cast once
+        # Out of every dispatch mode: selective checkpointing's mode would otherwise count the
+        # gather's ops as the block's and find them different in the re-run (prefetched or not).
+        with _disable_current_modes():
+            self._begin_unit(unit)
+            cast = None
+            for k in range(len(unit.entries)):
+                cast = self._swap_in(unit, k, args, kwargs) or cast  # the unit's inputs, cast once
         return cast
 
     def _swap_out_and_end(self, unit) -> None:
