@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--attention", default="pytorch", help="attention implementation (registry name)")
+    p.add_argument("--checkpoint", default="none", help="activation checkpointing: none, every:K or nested")
+    p.add_argument("--fused-loss", action="store_true", help="fused LM-head + cross-entropy (no logits)")
     p.add_argument("--batch", type=int, default=BATCH_SIZE)
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
@@ -76,7 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
 def make_cases(args: argparse.Namespace) -> list[Case]:
     overrides = tuple((k, getattr(args, k)) for k in OVERRIDES if getattr(args, k) is not None)
     return [
-        Case(size, ctx, mode, dtype, args.compile, args.attention, args.batch, overrides)
+        Case(
+            size,
+            ctx,
+            mode,
+            dtype,
+            args.compile,
+            args.attention,
+            args.batch,
+            overrides,
+            args.checkpoint,
+            args.fused_loss,
+        )
         for size, ctx, dtype, mode in itertools.product(args.size, args.context, args.dtype, args.mode)
     ]
 

@@ -189,9 +189,13 @@ class FusedAdamW(torch.optim.Optimizer):
 def _check_param(p: torch.Tensor, device: torch.device) -> None:
     require_triton_device(p.device, "FusedAdamW")
     if p.device != device:
-        raise ValueError(f"FusedAdamW: all parameters of a group must share a device; got {p.device} and {device}")
+        raise ValueError(
+            f"FusedAdamW: all parameters of a group must share a device; got {p.device} and {device}"
+        )
     if p.dtype != torch.float32 or p.grad.dtype != torch.float32:
-        raise TypeError(f"FusedAdamW keeps float32 parameters; got a {p.dtype} parameter with a {p.grad.dtype} grad")
+        raise TypeError(
+            f"FusedAdamW keeps float32 parameters; got a {p.dtype} parameter with a {p.grad.dtype} grad"
+        )
     if p.grad.is_sparse:
         raise TypeError("FusedAdamW does not support sparse gradients")
     if not (p.is_contiguous() and p.grad.is_contiguous()):

@@ -115,7 +115,9 @@ def _check_inputs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
     if targets.shape != h.shape[:-1]:
         raise ValueError(f"targets {tuple(targets.shape)} must have h's leading shape {tuple(h.shape[:-1])}")
     if h.device != weight.device or h.device != targets.device:
-        raise ValueError(f"h, weight and targets must share a device; got {h.device}, {weight.device}, {targets.device}")
+        raise ValueError(
+            f"h, weight and targets must share a device; got {h.device}, {weight.device}, {targets.device}"
+        )
     require_triton_device(h.device, "fused_linear_cross_entropy")
     if h.dtype not in FLOAT_DTYPES:
         raise TypeError(f"h must be one of {FLOAT_DTYPES}, got {h.dtype}")
@@ -188,6 +190,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         return dh, dw, None, None, None, None
 
 
+@torch.compiler.disable  # inside a compiled model the loss runs eagerly (a graph break), as written
 def fused_linear_cross_entropy(
     h: torch.Tensor,
     weight: torch.Tensor,
