@@ -186,3 +186,25 @@ def test_accounting_asymptotics() -> None:
     assert answer.sqrt_n.memory_order == "sqrt(N)" and answer.log_n.compute_order == "N log N"
     with pytest.raises(ValueError):
         acc.single_level(48, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["sdpa", "flash_triton"])
+def test_gpu_bf16_fused_loss_and_checkpointing(attention: str, generator) -> None:
+    """On the GPU under bf16 autocast: nested checkpointing + fused loss (fp32 masters: the kernel's
+    fp32-output GEMM path for dW) against neither, within bf16 tolerance."""
+    ids, targets = (t.cuda() for t in _batch(generator))
+    config = CFG.with_(attention=attention, num_layers=4)
+    out = []
+    for changes in ({}, {"checkpoint": "nested", "fused_loss": True}):
+        torch.manual_seed(0)
+        model = TransformerLM(config.with_(**changes), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, targets)
+        loss.backward()
+        out.append((loss.detach().float(), {n: p.grad for n, p in model.named_parameters()}))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=2e-2, atol=2e-2)
+    for name, ref in out[0][1].items():
+        got = out[1][1][name]
+        assert got.dtype == torch.float32
+        assert ((got - ref).norm() / ref.norm()).item() < 5e-2, name
