@@ -22,7 +22,7 @@ POLICIES = ["every:1", "every:2", "every:3", "every:8", "nested"]
 
 def _loss_and_grads(config: ModelConfig, ids, targets, compile_backend: str | None = None):
     torch.manual_seed(0)
-    model = TransformerLM(config)
+    model = TransformerLM(config, device=ids.device)
     fn = torch.compile(model, backend=compile_backend) if compile_backend else model
     loss = fn(ids, targets)
     loss.backward()
@@ -73,11 +73,12 @@ def test_every_attention(attention: str, generator) -> None:
     )
 
 
-def test_compiled(generator) -> None:
+def test_compiled(device, generator) -> None:
     # the whole model under torch.compile (aot_eager: the CPU has no compiler to spare) with nested
-    # checkpoints inside it (single-level ones are a special case) and the fused loss's graph break
+    # checkpoints inside it (single-level ones are a special case) and the fused loss's graph break;
+    # on the device fixture, as the fused loss's Triton kernel runs on the CPU only under the interpreter
     policy = "nested"
-    ids, targets = _batch(generator)
+    ids, targets = (t.to(device) for t in _batch(generator))
     config = CFG.with_(num_layers=3, fused_loss=True)
     torch._dynamo.reset()
     compiled = _loss_and_grads(config.with_(checkpoint=policy), ids, targets, compile_backend="aot_eager")
@@ -119,24 +120,24 @@ def test_no_checkpoint_without_grad(generator) -> None:
     assert len(calls) == 3
 
 
-def test_fused_loss_in_model(generator) -> None:
-    ids, targets = _batch(generator)
+def test_fused_loss_in_model(device, generator) -> None:
+    ids, targets = (t.to(device) for t in _batch(generator))
     fused = _loss_and_grads(CFG.with_(fused_loss=True), ids, targets)
     _assert_same(fused, _loss_and_grads(CFG, ids, targets), tol=1e-5)
     torch.manual_seed(0)
-    model = TransformerLM(CFG.with_(fused_loss=True))
+    model = TransformerLM(CFG.with_(fused_loss=True), device=device)
     logits = model(ids)  # without targets: logits, as before
     assert logits.shape == (2, 16, CFG.vocab_size)
     torch.testing.assert_close(model(ids, targets), cross_entropy(logits, targets), rtol=1e-5, atol=1e-5)
 
 
-def test_fused_loss_under_autocast(generator) -> None:
-    ids, targets = _batch(generator)
+def test_fused_loss_under_autocast(device, generator) -> None:
+    ids, targets = (t.to(device) for t in _batch(generator))
     out = {}
     for fused in (False, True):
         torch.manual_seed(0)
-        model = TransformerLM(CFG.with_(fused_loss=fused))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        model = TransformerLM(CFG.with_(fused_loss=fused), device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model(ids, targets)
         loss.backward()
         out[fused] = loss.detach().float(), model.lm_head.weight.grad
