@@ -4,6 +4,8 @@ collectives and sharded FFNs against plain numpy / torch autograd (float64)."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +17,14 @@ from cs336_systems.accounting import simulator as S
 # (N, B, D, D_FF): every size splits evenly the way DP, FSDP and TP need.
 SETS_1D = [(2, 8, 4, 6), (3, 12, 5, 9), (4, 16, 6, 8), (5, 20, 4, 10), (6, 12, 3, 12), (8, 16, 8, 16)]
 # (N_FSDP, N_TP, B, D, D_FF)
-SETS_2D = [(2, 2, 8, 4, 8), (2, 3, 12, 4, 6), (3, 2, 12, 6, 8), (4, 2, 16, 4, 8), (2, 4, 8, 6, 12), (3, 3, 9, 3, 9)]
+SETS_2D = [
+    (2, 2, 8, 4, 8),
+    (2, 3, 12, 4, 6),
+    (3, 2, 12, 6, 8),
+    (4, 2, 16, 4, 8),
+    (2, 4, 8, 6, 12),
+    (3, 3, 9, 3, 9),
+]
 CLOSED = {"DP": P.data_parallel_calcs, "FSDP": P.fsdp_calcs, "TP": P.tp_calcs}
 C, W = 3.0e3, 7.0  # arbitrary units: only C/W matters for the bound, and both must scale the times
 
@@ -127,7 +136,9 @@ def test_sharded_ffn_matches_unsharded(strategy, dims, run) -> None:
     ref = S.run_reference(x, ws, dy).result
     got = run(x, ws, dy).result
     for name in ("y", "dx", "dw1", "dw2", "dw3"):
-        np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-11, atol=1e-11, err_msg=name)
+        np.testing.assert_allclose(
+            getattr(got, name), getattr(ref, name), rtol=1e-11, atol=1e-11, err_msg=name
+        )
 
 
 @pytest.mark.parametrize(("strategy", "dims", "run"), RUNS, ids=[f"{s}-{d}" for s, d, _ in RUNS])
@@ -205,3 +216,63 @@ def test_optimal_split_for_given_n_equals_simulation(network, scan_problem) -> N
     split = P.fsdp_tp_split_for(12, SCAN_B, SCAN_D, SCAN_F, c, W, network)
     assert (split.n_fsdp, split.n_tp) == (best, 12 // best)
     assert split.x_continuous * split.y_continuous == pytest.approx(12)
+
+
+# ------------------------------------------------------------------------------------------ report
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def test_section_renders_with_measured_hardware_and_writes_plot(tmp_path: Path) -> None:
+    from cs336_systems.report import parallelism as R
+
+    rows = R._load_rows([RESULTS / "h200-model-core.json", RESULTS / "h200x4-allreduce-nccl.json"])
+    hw = R.hardware(rows)
+    assert hw.c == pytest.approx(787.53e12, rel=1e-4) and "measured bf16" in hw.c_source  # bf16, not fp32
+    assert hw.w == pytest.approx(323.2e9, rel=1e-3) and "nccl, 2 ranks, 1,024 MiB" in hw.w_source
+    text = R.parallelism_section(rows, tmp_path)
+    plot = tmp_path / "plots" / R.PLOT_NAME
+    assert plot.stat().st_size > 10_000 and f"]({'plots/' + R.PLOT_NAME})" in text
+    assert "787.5 TFLOP/s" in text and "323.2 GB/s" in text
+    for formula in ("2(N-1)/N · S/W", "(N-1) · S/W", "1 + ⌊B·W/C⌋", "1 + ⌊3·D_FF·W/(2C)⌋", "dx = Σᵢ"):
+        assert formula in text
+    # The same rows as the report's Record objects (descriptors / values), and no rows at all.
+    records = [
+        SimpleNamespace(
+            group=r["group"], device="H200", descriptors=r.get("params") or {}, values=r["extra_info"]
+        )
+        for r in rows
+    ]
+    assert R.hardware(records) == R.Hardware(
+        hw.c, hw.w, hw.c_source.replace("NVIDIA H200", "H200"), hw.w_source.replace("NVIDIA H200", "H200")
+    )
+    assert "default: SPEC" in R.parallelism_answer([])
+
+
+def test_plotted_limits_compose() -> None:
+    """2D overlapped is the product of the DP and TP limits; shared lies between the larger one and it."""
+    from cs336_systems.report import parallelism as R
+
+    curves = R.max_devices_curves(R.hardware([]))
+    assert curves["DP"] == curves["FSDP"] and len(set(curves["TP"])) == 1
+    for i, _b in enumerate(R.PLOT_BATCHES):
+        assert curves["2D overlapped"][i] == curves["DP"][i] * curves["TP"][i]
+        assert max(curves["DP"][i], curves["TP"][i]) <= curves["2D shared"][i] <= curves["2D overlapped"][i]
+    assert curves["DP"] == sorted(curves["DP"]) and curves["DP"][-1] > 1000
+
+
+def test_register_adds_section_and_plot() -> None:
+    from cs336_systems.report import parallelism as R
+
+    registered = []
+    fake = SimpleNamespace(
+        Section=lambda **kw: SimpleNamespace(**kw),
+        register_section=registered.append,
+        PLOTS=(("D13", "allreduce.png", None),),
+    )
+    R.register(fake)
+    R.register(fake)  # idempotent on the plot list
+    assert (
+        registered[0].key == "D25" and registered[0].always and "Alternate ring" in registered[0].answer([])
+    )
+    assert [p[0] for p in fake.PLOTS] == ["D13", "D25"]
