@@ -166,7 +166,7 @@ def tp_max_devices(d_ff: int, c: float, w: float, pass_: str = "step") -> int:
     return 1 + _floor(k * d_ff / alpha(c, w))
 
 
-def _check_divides(n: int, **sizes: int) -> None:
+def _check_counts(n: int, **sizes: int) -> None:
     if n < 1:
         raise ValueError(f"device count must be >= 1, got {n}")
     for name, size in sizes.items():
@@ -181,7 +181,7 @@ def data_parallel_calcs(n: int, b: int, d: int, d_ff: int, c: float, w: float) -
     the 3·D·D_FF fp16 gradient values (S = 6·D·D_FF bytes): 2(N−1)/N · 6·D·D_FF/W. Not communication-bound
     while 12·B·D·D_FF/(N·C) ≥ 12(N−1)·D·D_FF/(N·W), i.e. N ≤ 1 + B·W/C (independent of D, D_FF).
     """
-    _check_divides(n, b=b, d=d, d_ff=d_ff)
+    _check_counts(n, b=b, d=d, d_ff=d_ff)
     fwd, bwd = ffn_flops(b, d, d_ff)
     grads = 3 * d * d_ff * FP16
     return StrategyCalcs(
@@ -255,8 +255,8 @@ def fsdp_tp_calcs(
 def _mesh_calcs(
     name: str, x: int, y: int, b: int, d: int, d_ff: int, c: float, w: float, network: Network
 ) -> StrategyCalcs:
-    _check_divides(x, b=b, d=d, d_ff=d_ff)
-    _check_divides(y)
+    _check_counts(x, b=b, d=d, d_ff=d_ff)
+    _check_counts(y)
     n = x * y
     fwd, bwd = ffn_flops(b, d, d_ff)
     shard = 3 * d * d_ff * FP16 / y  # bytes of this device's TP shard of the three weights
@@ -354,7 +354,7 @@ def fsdp_tp_split_for(
     """For a given N, the divisor split X·Y = N with the least communication per compute in the binding
     (forward) pass. Shared network: minimise 3·D_FF·(X−1) + 2·B·(N/X − 1), continuous X* = √(2·B·N/(3·D_FF));
     overlapped: balance 3·D_FF·(X−1) = 2·B·(N/X − 1)."""
-    _check_divides(n)
+    _check_counts(n)
     splits = [(x, n // x) for x in range(1, n + 1) if n % x == 0]
 
     def ratio(xy: tuple[int, int]) -> float:

@@ -213,6 +213,14 @@ def _rows(b: int, parts: int, what: str) -> list[slice]:
     return [slice(i * step, (i + 1) * step) for i in range(parts)]
 
 
+def _replicated(buffers: Buffers, devices: Sequence[int] | range, what: str) -> np.ndarray:
+    """The value every device in ``devices`` holds after a collective (they must agree bitwise)."""
+    first, *rest = devices
+    if not all(np.array_equal(buffers[first], buffers[d]) for d in rest):
+        raise RuntimeError(f"{what}: devices {list(devices)} disagree after the collective")
+    return buffers[first]
+
+
 def run_reference(x: np.ndarray, ws: FFNWeights, dy: np.ndarray, w: float = 1.0) -> ShardedRun:
     """The unsharded FFN on one device."""
     return run_dp(x, ws, dy, 1, w)
@@ -232,14 +240,10 @@ def run_dp(x: np.ndarray, ws: FFNWeights, dy: np.ndarray, n: int, w: float) -> S
         dxs[dev], *dws[dev] = _backward(cl, dev, dy[r], grads[dev], ws.w1, ws.w2, ws.w3)
     group = [list(range(n))]
     summed = [cl.all_reduce({d: dws[d][i] for d in range(n)}, group, "weights") for i in range(3)]
-    for i in range(3):  # every replica must hold the same gradient after the all-reduce
-        assert all(np.array_equal(summed[i][0], summed[i][d]) for d in range(n))
     result = FFNResult(
         np.concatenate([outs[d] for d in range(n)]),
         np.concatenate([dxs[d] for d in range(n)]),
-        summed[0][0],
-        summed[1][0],
-        summed[2][0],
+        *(_replicated(g, range(n), "DP gradient") for g in summed),
     )
     return ShardedRun(result, cl)
 
@@ -309,12 +313,10 @@ def run_fsdp_tp(
         ]
         return np.concatenate(shards, axis=1 if i < 2 else 0)
 
-    for p in range(X):  # TP ranks of a row must agree on y and dx
-        for q in range(Y):
-            assert np.array_equal(y[dev(p, 0)], y[dev(p, q)]) and np.array_equal(dx[dev(p, 0)], dx[dev(p, q)])
+    row = lambda bufs, p, what: _replicated(bufs, [dev(p, q) for q in range(Y)], what)
     result = FFNResult(
-        np.concatenate([y[dev(p, 0)] for p in range(X)]),
-        np.concatenate([dx[dev(p, 0)] for p in range(X)]),
+        np.concatenate([row(y, p, "TP output y") for p in range(X)]),
+        np.concatenate([row(dx, p, "TP input gradient dx") for p in range(X)]),
         assemble(0),
         assemble(1),
         assemble(2),
