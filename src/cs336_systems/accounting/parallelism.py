@@ -18,7 +18,8 @@ The handout's model, and the assumptions we add where it leaves a choice:
 - 2D: N = N_FSDP · N_TP = X · Y devices on an X × Y mesh; the batch is split over X, the weights are
   tensor-parallel over Y and each TP shard is further FSDP-sharded over X. "Overlapped": the FSDP and
   the TP collectives run at the same time without slowing each other (communication time = the larger
-  of the two); "shared": they share the egress W (communication time = their sum).
+  of the two), as when W limits each link rather than a device's total egress (the two axes use
+  disjoint links of the full mesh); "shared": they share the egress W (communication time = their sum).
 
 Symbols in the ``formulas`` strings: S (bytes), N, W, C, B, D, D_FF, X = N_FSDP, Y = N_TP. Every function
 returns numbers; the report prints the formulas next to them.
