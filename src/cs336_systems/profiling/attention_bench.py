@@ -372,6 +372,7 @@ def environment_info(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "fp32_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "torch_threads": torch.get_num_threads(),  # CPU timings depend on it
     }
 
 

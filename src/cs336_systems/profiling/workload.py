@@ -274,4 +274,5 @@ def environment_info(device: torch.device) -> dict[str, Any]:
         "device_name": hardware,
         "torch": torch.__version__,
         "fp32_matmul_precision": torch.get_float32_matmul_precision(),
+        "torch_threads": torch.get_num_threads(),  # CPU timings depend on it
     }
