@@ -14,7 +14,8 @@ import os
 import pytest
 import torch
 
-from cs336_systems.profiling.timing import record_oom, run_benchmark, time_steps
+from cs336_systems.harness.record import record_oom, run_benchmark
+from cs336_systems.profiling.timing import time_steps
 
 CPU = torch.device("cpu")
 WORK = int(os.environ.get("SAMPLE_WORK", "1"))
