@@ -87,7 +87,9 @@ def _only_errors(wanted: dict[str, set[str]], items: list[pytest.Item]) -> list[
             close = difflib.get_close_matches(key, seen, n=1) or [k for k in seen if k.lower() == key.lower()]
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             names = ", ".join(sorted(seen)) or "none: the collected cases are not parametrized"
-            errors.append(f"--only {key}=...: no collected case has a parameter {key!r}{hint}; parameters: {names}")
+            errors.append(
+                f"--only {key}=...: no collected case has a parameter {key!r}{hint}; parameters: {names}"
+            )
         elif unknown := values - seen[key]:
             errors.append(
                 f"--only {key}=...: no collected case has {key} = {', '.join(_sorted(unknown))}; "
