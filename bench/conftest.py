@@ -48,7 +48,7 @@ def _under_xdist(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     if _under_xdist(config) and _benchmarking(config):
-        n = config.getoption("numprocesses", None)
+        n = config.getoption("numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER_COUNT", "N")
         raise pytest.UsageError(
             f"bench/ cannot run under pytest-xdist (-n {n}): pytest-benchmark switches itself off there, "
             "so nothing would be timed and no JSON written. Run the benches serially with -n 0, e.g. "
