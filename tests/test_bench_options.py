@@ -1,6 +1,7 @@
 """bench/conftest.py: the guards of a bench run, in real pytest sessions (subprocesses) over a small
 synthetic bench file: xdist is refused, ``--only`` names unknown parameters and values, and rows that
-were not timed stay out of pytest-benchmark's terminal table but in its JSON."""
+were not timed stay out of pytest-benchmark's terminal table but in its JSON. And the thread count:
+the same for benches and the CLI, recorded in every row."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from cs336_systems.harness.environment import environment_info
 
 BENCH_CONFTEST = Path(__file__).parents[1] / "bench" / "conftest.py"
 
@@ -90,3 +94,34 @@ def test_untimed_rows_stay_out_of_the_table_but_in_the_json(bench_dir: Path) -> 
     rows = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}
     assert rows["test_case[small-64]"]["extra_info"]["reason"] == "no kernel"
     assert len(rows) == 3
+
+
+def test_threads_pinned_only_in_xdist_test_workers() -> None:
+    """The root conftest pins one torch thread per xdist test worker only: a serial bench run keeps
+    torch's default, as the CLI does, so the same case times the same in both."""
+    repo = Path(__file__).parents[1]
+    probe = "import torch; n = torch.get_num_threads(); import conftest; print(n, torch.get_num_threads())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "XDIST"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo / "src"), env.get("PYTHONPATH", "")])
+
+    def threads(**extra: str) -> tuple[int, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=repo,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        default, after = out.stdout.split()
+        return int(default), int(after)
+
+    default, serial = threads()
+    assert serial == default
+    _, worker = threads(PYTEST_XDIST_WORKER="gw0")
+    assert worker == (default if torch.cuda.is_available() else 1)
+
+
+def test_rows_record_the_thread_count() -> None:
+    assert environment_info("cpu")["torch_threads"] == torch.get_num_threads()

@@ -233,6 +233,7 @@ def test_cli_runs_tiny_on_cpu(mode, capsys, tmp_path):
     assert f"tiny-ctx16-fp32-{mode}-eager-b2" in printed and "MFU %" in printed
     (row,) = json.loads(out.read_text())
     assert row["mode"] == mode and row["mean_ms"] > 0 and row["mfu"] > 0
+    assert row["torch_threads"] == torch.get_num_threads()
 
 
 def test_cli_sweeps_the_product(capsys):
