@@ -296,3 +296,13 @@ def test_compare_workflow_and_regression_gate(tmp_path: Path) -> None:
     assert (
         "benchmark 'D20 sharding': 4 tests" in compare.stdout and "test_sharding[sharded]" in compare.stdout
     )
+    # The README's pairing: --group-by=name puts each case of both runs side by side.
+    by_name = subprocess.run(
+        [*cli, "compare", "0001", "0002", "--group-by=name", "--columns=mean,stddev"],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert by_name.returncode == 0 and "benchmark 'test_sharding[sharded]': 2 tests" in by_name.stdout

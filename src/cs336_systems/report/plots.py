@@ -19,7 +19,26 @@ def _line_plot(
     title: str,
     x_base: int = 2,
 ) -> Path | None:
-    """One subplot per panel, one line per series, log-log axes."""
+    """``line_figure`` saved to ``path`` (None, and no file, when there is nothing to draw)."""
+    fig = line_figure(panels, xlabel, ylabel, title, x_base)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def line_figure(
+    panels: dict[str, dict[str, list[tuple[float, float]]]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    x_base: int = 2,
+):
+    """One subplot per panel, one line per series, log-log axes; a series of one point is a marker."""
     panels = {k: v for k, v in panels.items() if any(len(pts) for pts in v.values())}
     if not panels:
         return None
@@ -53,10 +72,7 @@ def _line_plot(
         ax.set_visible(False)
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _plain_ticks(ax) -> None:

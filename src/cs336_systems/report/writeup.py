@@ -58,6 +58,10 @@ class Section:
             raise KeyError(f"section {self.key}: group keys {unknown} are not declared in report/schema.py")
 
 
+# The model group's table sits in D2 (by mode); D4 and D7b show the same rows by precision / compile.
+BY_DTYPE = PivotSpec((("dtype",),), ("mean_ms", STATS_MEAN))
+BY_COMPILE = PivotSpec((("compile",),), ("mean_ms", STATS_MEAN))
+
 _BUILTIN = (
     Section(
         "D2",
@@ -79,8 +83,7 @@ _BUILTIN = (
         "1.1.5 Mixed precision (benchmarking_mixed_precision, D4)",
         "fp32 vs bf16 autocast timings per size.",
         "bench/bench_model.py",
-        groups=(),
-        views=(("model", PivotSpec((("dtype",),), ("mean_ms", STATS_MEAN))),),
+        views=(("model", BY_DTYPE),),
     ),
     Section(
         "D5",
@@ -105,8 +108,7 @@ _BUILTIN = (
         "Compiled whole model (torch_compile (b), D7b)",
         "Vanilla vs torch.compile'd Transformer: forward, and forward+backward+optimizer step.",
         "bench/bench_model.py",
-        groups=(),
-        views=(("model", PivotSpec((("compile",),), ("mean_ms", STATS_MEAN))),),
+        views=(("model", BY_COMPILE),),
     ),
     Section(
         "D11",
@@ -145,7 +147,6 @@ _BUILTIN = (
         "2.4 Communication accounting (communication_accounting, D18)",
         "The XXL model: memory, FSDP shards on TPU v5p, compute-bound batch, and how to shrink the batch.",
         "closed form (accounting.py)",
-        groups=(),
         answer=lambda records: render_d18(),
         always=True,
     ),
