@@ -15,6 +15,7 @@ from cs336_systems.profiling.flops import mfu
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom
 from cs336_systems.profiling.workload import Case, Workload
+from cs336_systems.units import MIB
 
 
 def run_case(
@@ -82,5 +83,5 @@ def _derived(info: dict[str, Any], case: Case, device: torch.device, peak_tflops
     if peak_tflops:
         out["mfu"] = mfu(case.flops, seconds, peak_tflops)
     if device.type == "cuda":
-        out["memory_after_mib"] = torch.cuda.memory_allocated(device) / 2**20  # params (+grads, state)
+        out["memory_after_mib"] = torch.cuda.memory_allocated(device) / MIB  # params (+grads, state)
     return out
