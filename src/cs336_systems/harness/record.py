@@ -178,7 +178,8 @@ def record_times(benchmark: Any, times_ms: list[float], **extra_info: Any) -> No
 def record_not_run(benchmark: Any, status: str, reason: str, **extra_info: Any) -> None:
     """A result row for a case that was deliberately not run (``status`` "unsupported" or "skipped"),
     with the reason, so the table shows it instead of a hole; timing is a no-op like an OOM row.
-    ``skipped`` carries the reason too: the report generator leaves such rows out of plots."""
+    ``skipped`` carries the reason too: the report generator leaves such rows out of plots, and
+    bench/conftest.py out of pytest-benchmark's terminal table (where the no-op would rank fastest)."""
     benchmark.extra_info.update(extra_info, status=status, reason=reason, skipped=reason, oom=False)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
 
