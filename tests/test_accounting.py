@@ -1,7 +1,7 @@
-"""Every closed-form answer of accounting.py against a hand derivation written out here.
+"""Every closed-form answer of cs336_systems.accounting against a hand derivation written out here.
 
 The expected numbers are computed in the test from the handout's constants by hand arithmetic (never
-by calling the function under test again), so a wrong formula in accounting.py fails.
+by calling the function under test again), so a wrong formula in accounting/ fails.
 """
 
 from __future__ import annotations

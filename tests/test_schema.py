@@ -82,3 +82,23 @@ def test_tag_writes_the_routing_fields() -> None:
     assert bench.extra_info == {"group_key": "ddp", "deliverable": "D14-D17"}
     with pytest.raises(KeyError, match=r"declare it in report/schema\.py"):
         group("nosuch")
+
+
+def test_section_modules_are_imported_when_the_writeup_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cs336_systems.report import writeup
+
+    (tmp_path / "extra_section_for_test.py").write_text(
+        "from cs336_systems.report.writeup import Section, register_section\n"
+        'register_section(Section("D99", "Extra (D99)", "asked", "bench", groups=("fsdp",), '
+        'answer=lambda records: f"{len(records)} rows seen", always=True))\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(writeup, "SECTION_MODULES", ["extra_section_for_test"])
+    before = list(SECTIONS)
+    try:
+        text = writeup.build_writeup([], [], {}, tmp_path)
+        assert "## Extra (D99)" in text and "0 rows seen" in text
+    finally:
+        SECTIONS[:] = before

@@ -10,12 +10,14 @@ benchmark group becomes a table file (``.md`` or ``.tex``); ``writeup.md`` is Ma
 schema group keys whose tables it shows (``report/schema.py``: rows are routed on the
 ``extra_info["group_key"]`` that ``schema.tag`` writes, never on group names), further views of groups
 shown elsewhere, and an ``answer(records) -> markdown`` for prose computed from code. Another module
-adds its own section with :func:`register_section`; groups no section claims still appear at the end.
+adds its own section with :func:`register_section` and is listed in :data:`SECTION_MODULES`; groups no
+section claims still appear at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -146,7 +148,7 @@ _BUILTIN = (
         "D18",
         "2.4 Communication accounting (communication_accounting, D18)",
         "The XXL model: memory, FSDP shards on TPU v5p, compute-bound batch, and how to shrink the batch.",
-        "closed form (accounting.py)",
+        "closed form (cs336_systems.accounting)",
         answer=lambda records: render_d18(),
         always=True,
     ),
@@ -163,6 +165,11 @@ _BUILTIN = (
 
 
 SECTIONS: list[Section] = list(_BUILTIN)
+
+# Modules that add sections of their own with register_section (e.g. "cs336_systems.report.parallelism"
+# for D25, an accounting-backed D22/D24 module); imported when a writeup is built, so they may import
+# this module freely. Add a module here to contribute a section.
+SECTION_MODULES: list[str] = []
 
 
 def register_section(section: Section, after: str | None = None) -> None:
@@ -224,7 +231,13 @@ def _section_lines(
     return lines
 
 
+def load_section_modules() -> None:
+    for name in SECTION_MODULES:
+        importlib.import_module(name)
+
+
 def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Path], out: Path) -> str:
+    load_section_modules()
     records = [r for t in tables for r in t.records]
     lines = _runs_header(runs)
     for section in SECTIONS:
