@@ -1,5 +1,5 @@
-"""CPU tests of the attention-bench helpers (cs336_systems.profiling.attention_bench) and a run of the
-CPU variants of bench/bench_attention.py and bench/bench_flash.py."""
+"""CPU tests of the attention-bench helpers (``harness.attention``, ``profiling.flops`` / ``timing``,
+``harness.record``) and a run of the CPU variants of bench/bench_attention.py and bench/bench_flash.py."""
 
 from __future__ import annotations
 

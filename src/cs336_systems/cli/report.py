@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from cs336_systems.report import main
+from cs336_systems.report.writeup import main
 
 if __name__ == "__main__":
     sys.exit(main())

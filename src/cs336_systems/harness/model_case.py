@@ -15,6 +15,7 @@ from cs336_systems.profiling.flops import mfu
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom
 from cs336_systems.profiling.workload import Case, Workload
+from cs336_systems.units import MIB
 
 
 def run_case(
@@ -27,10 +28,12 @@ def run_case(
     peak_tflops: float | None = None,
     compile_backend: str = "inductor",
     after: Callable[[Workload], dict[str, Any] | None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Build the case, time ``rounds`` steps after ``warmup`` (``run_benchmark``), fill extra_info with
     timing, throughput, MFU and memory, run ``after(workload)`` (profiling, snapshots) and free
-    everything. Out-of-memory, in the build or in a step, becomes an OOM row. Returns extra_info."""
+    everything. Out-of-memory, in the build or in a step, becomes an OOM row. Returns extra_info.
+    ``progress`` is ``run_benchmark``'s callback."""
     info = {**case.info(), **environment_info(device)}
     if peak_tflops is not None:
         info["matmul_tflops"] = peak_tflops
@@ -44,7 +47,9 @@ def run_case(
         return benchmark.extra_info
     try:
         info["params"] = sum(p.numel() for p in workload.model.parameters())
-        times = run_benchmark(benchmark, workload.step, device, warmup=warmup, rounds=rounds, **info)
+        times = run_benchmark(
+            benchmark, workload.step, device, warmup=warmup, rounds=rounds, progress=progress, **info
+        )
         if times is not None:
             # first/max: the warm-up study's cold-start signal (with 0 warm-ups the first step pays)
             benchmark.extra_info.update(first_ms=times[0], max_ms=max(times))
@@ -78,5 +83,5 @@ def _derived(info: dict[str, Any], case: Case, device: torch.device, peak_tflops
     if peak_tflops:
         out["mfu"] = mfu(case.flops, seconds, peak_tflops)
     if device.type == "cuda":
-        out["memory_after_mib"] = torch.cuda.memory_allocated(device) / 2**20  # params (+grads, state)
+        out["memory_after_mib"] = torch.cuda.memory_allocated(device) / MIB  # params (+grads, state)
     return out

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T", int, float)
 
 
 def _str(env: Mapping[str, str], name: str, default: str | None) -> str | None:
@@ -23,24 +26,23 @@ def _str(env: Mapping[str, str], name: str, default: str | None) -> str | None:
     return value or default
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def _number(env: Mapping[str, str], name: str, default: T, cast: Callable[[str], T]) -> T:
     value = _str(env, name, None)
     if value is None:
         return default
     try:
-        return int(value)
+        return cast(value)
     except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+        what = "an integer" if cast is int else "a number"
+        raise ValueError(f"environment variable {name} must be {what}, got {value!r}") from None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    return _number(env, name, default, int)
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    value = _str(env, name, None)
-    if value is None:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be a number, got {value!r}") from None
+    return _number(env, name, default, float)
 
 
 def _list(env: Mapping[str, str], name: str, default: str) -> tuple[str, ...]:

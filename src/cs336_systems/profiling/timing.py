@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cs336_systems.units import MIB
+
 
 def synchronize(device: torch.device | str | None = None) -> None:
     device = torch.device(device) if device is not None else None
@@ -54,7 +56,7 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_mib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else None
 
 
 def quantile(values: Sequence[float], q: float) -> float:
