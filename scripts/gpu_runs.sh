@@ -30,9 +30,9 @@ for stage in "$@"; do
       "${BENCH[@]}" bench/bench_model.py -k "xl-ctx512-bf16-train or test_memory" \
         --benchmark-json="$OUT/model-xl-mem.json" 2>&1 | tail -40 ;;
     profile)  # D3 kernel summary + Chrome trace; D5 memory snapshots (gzipped pickles)
-      python3 -m cs336_systems.benchmark --size medium --context 256 --mode train --warmup 2 --steps 3 \
+      python3 -m cs336_systems.cli.benchmark --size medium --context 256 --mode train --warmup 2 --steps 3 \
         --profile "$OUT/profile" 2>&1 | tail -60
-      python3 -m cs336_systems.benchmark --size 2.7B --context 256 --mode fwd train --warmup 1 --steps 2 \
+      python3 -m cs336_systems.cli.benchmark --size 2.7B --context 256 --mode fwd train --warmup 1 --steps 2 \
         --no-mfu --memory-snapshot "$OUT/mem.pickle" 2>&1 | tail -12
       gzip -f "$OUT"/*.pickle ;;
     attention)  # D6 / D7a

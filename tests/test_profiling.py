@@ -17,14 +17,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cs336_systems import benchmark as cli
+from cs336_systems.cli import benchmark as cli
+from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.record import Recorder, run_benchmark
 from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.profiling import workload as workload_mod
 from cs336_systems.profiling.flops import forward_flops, measure_matmul_tflops, mfu, step_flops
 from cs336_systems.profiling.memory import measure_peak, memory_history, memory_stats, snapshot_step
 from cs336_systems.profiling.profiler import RANGES, kernel_category, profile_step, summarize
-from cs336_systems.profiling.timing import Recorder, run_benchmark
-from cs336_systems.profiling.workload import Case, Workload, run_case
+from cs336_systems.profiling.workload import Case, Workload
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -285,7 +286,7 @@ def test_cli_entry_point():
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     args = ["--size", "tiny", "--context", "8", "--batch", "1", "--mode", "fwd", "--steps", "1", "--no-mfu"]
     result = subprocess.run(
-        [sys.executable, "-m", "cs336_systems.benchmark", *args],
+        [sys.executable, "-m", "cs336_systems.cli.benchmark", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -2,7 +2,7 @@
 
 The timing happens inside the spawned ranks; the benchmark fixture lives in the parent. So the
 parent runs one spawn per group of cases (e.g. every DDP variant of one model size: the start-up
-and the process group are paid once) and then records each case with :func:`record_times`, which
+and the process group are paid once) and then records each case with ``harness.record.record_times``, which
 hands the ranks' measured per-step times to pytest-benchmark as its rounds: the JSON's ``stats``
 (mean, stddev, min, max, rounds) are those steps, and ``extra_info`` carries the same figures as
 ``mean_ms`` / ``std_ms`` / ``median_ms`` plus everything the writeup tables need.
@@ -11,7 +11,6 @@ hands the ranks' measured per-step times to pytest-benchmark as its rounds: the 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -19,33 +18,9 @@ import pytest
 import torch
 
 from cs336_systems.distributed.launch import spawn
-from cs336_systems.distributed.train_step import Case, TrainSetup, combine_ranks, run_cases
-
-
-def record_times(benchmark: Any, times_ms: list[float], **extra_info: Any) -> None:
-    """Record externally measured durations (ms) as the benchmark's rounds.
-
-    pytest-benchmark reads its clock once before and once after each round; here the clock is a
-    replay of the measured durations, so round i lasts exactly ``times_ms[i]``. (The fixture's clock
-    is the private ``_timer`` attribute; without it, only ``extra_info`` carries the figures.)
-    """
-    if not times_ms:
-        raise ValueError("record_times needs at least one measured time")
-    benchmark.extra_info.update(extra_info)
-    durations = iter(t / 1e3 for t in times_ms)
-    now = [0.0]
-
-    def replayed_rank_timings() -> float:
-        return now[0]
-
-    def one_measured_step() -> None:
-        now[0] += next(durations, 0.0)
-
-    if hasattr(benchmark, "_timer"):
-        benchmark._timer = replayed_rank_timings
-        benchmark.pedantic(one_measured_step, rounds=len(times_ms), iterations=1, warmup_rounds=0)
-    else:  # pragma: no cover - a pytest-benchmark without the attribute
-        benchmark.pedantic(one_measured_step, rounds=1, iterations=1)
+from cs336_systems.harness.environment import device_name
+from cs336_systems.harness.settings import settings
+from cs336_systems.harness.train_step import TrainCase, TrainSetup, combine_ranks, run_cases
 
 
 def selected_params(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
@@ -88,25 +63,13 @@ class GroupedRuns:
         return self(group, case)
 
 
-def env(name: str, default: str) -> str:
-    value = os.environ.get(name, "").strip()
-    return value or default
-
-
-def env_list(name: str, default: str) -> list[str]:
-    return [v.strip() for v in env(name, default).split(",") if v.strip()]
-
-
 def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def device_name(backend: str) -> str:
-    if backend == "nccl" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+def backend_device_name(backend: str) -> str:
+    """The machine a spawn on ``backend`` runs on: GPU 0 for nccl, the host for gloo."""
+    return device_name("cuda" if backend == "nccl" and torch.cuda.is_available() else "cpu")
 
 
 def gpu_skip_reason(world_size: int) -> str | None:
@@ -121,38 +84,27 @@ def gpu_skip_reason(world_size: int) -> str | None:
 
 
 def train_setup(size: str, ctx: int, dtype: str) -> TrainSetup:
-    """Bench defaults: on GPUs the handout's standard configuration (xl, context 512, global batch 4
-    = 2 per rank on 2 GPUs, fp32, AdamW); on a CPU-only machine a seconds-long gloo smoke run.
-    Overridable by environment: CS336_DDP_BATCH (global batch), CS336_DDP_WARMUP, CS336_DDP_STEPS,
-    CS336_DDP_PROFILE_STEPS (0 = no profiled step), CS336_TRACE_DIR (rank 0's Chrome traces, kept for
-    the variants in CS336_TRACE_VARIANTS, default naive,individual: the handout's two screenshots)."""
-    on_gpu = cuda_count() > 0
-    trace_dir = env("CS336_TRACE_DIR", "docs/results/traces") if on_gpu else os.environ.get("CS336_TRACE_DIR")
+    """Bench defaults (``harness.settings``): on GPUs the handout's standard configuration (xl, context
+    512, global batch 4 = 2 per rank on 2 GPUs, fp32, AdamW); on a CPU-only machine a seconds-long gloo
+    smoke run. CS336_DDP_BATCH / _WARMUP / _STEPS / _PROFILE_STEPS, CS336_TRACE_DIR and
+    CS336_TRACE_VARIANTS (rank 0's Chrome traces; default naive,individual: the handout's screenshots)."""
+    s = settings()
     return TrainSetup(
         preset=size,
         context_length=ctx,
-        global_batch=int(env("CS336_DDP_BATCH", "4")),
+        global_batch=s.ddp_batch,
         dtype=dtype,
-        warmup=int(env("CS336_DDP_WARMUP", "3" if on_gpu else "1")),
-        steps=int(env("CS336_DDP_STEPS", "10" if on_gpu else "3")),
-        profile_steps=int(env("CS336_DDP_PROFILE_STEPS", "1" if on_gpu else "0")),
-        trace_dir=trace_dir,
-        trace_variants=tuple(env_list("CS336_TRACE_VARIANTS", "naive,individual")),
+        warmup=s.ddp_warmup,
+        steps=s.ddp_steps,
+        profile_steps=s.ddp_profile_steps,
+        trace_dir=s.trace_dir,
+        trace_variants=s.trace_variants,
     )
 
 
-def default_sizes() -> list[str]:
-    """CS336_DDP_SIZE (comma list) or xl on GPUs / tiny on CPU."""
-    return env_list("CS336_DDP_SIZE", "xl" if cuda_count() else "tiny")
-
-
-def default_ctx() -> int:
-    return int(env("CS336_DDP_CTX", "512" if cuda_count() else "32"))
-
-
 def spawn_train_cases(
-    setup: TrainSetup, world_size: int, cases: list[Case], timeout: float
-) -> dict[Case, dict]:
+    setup: TrainSetup, world_size: int, cases: list[TrainCase], timeout: float
+) -> dict[TrainCase, dict]:
     """One spawn running ``cases`` in turn; per case the numbers combined over ranks."""
     per_rank = spawn(run_cases, world_size, setup, cases, timeout=timeout)
     return {case: combine_ranks([r[case.key] for r in per_rank]) for case in cases}
@@ -173,26 +125,26 @@ def train_extra_info(
         autocast="bf16" if setup.dtype == "bf16" else None,
         backend=backend,
         world_size=world_size,
-        device_name=device_name(backend),
+        device_name=backend_device_name(backend),
     )
     return info
 
 
 def train_runs(
     request: pytest.FixtureRequest,
-    case_of: Callable[[dict[str, Any]], Case],
+    case_of: Callable[[dict[str, Any]], TrainCase],
     timeout_s: float,
     **setup_changes: Any,
 ) -> GroupedRuns:
     """The module-scoped runner of a training bench: one spawn per (size, ctx, dtype, world_size)
-    runs every selected case of that group; ``case_of`` turns a case's params into a ``Case`` and
+    runs every selected case of that group; ``case_of`` turns a case's params into a ``TrainCase`` and
     ``setup_changes`` override fields of the group's ``TrainSetup``; each spawn gets ``timeout_s``."""
     selected = [p for p in selected_params(request) if gpu_skip_reason(p["world_size"]) is None]
 
-    def cases_of(group: tuple) -> list[Case]:
+    def cases_of(group: tuple) -> list[TrainCase]:
         return [case_of(p) for p in selected if (p["size"], p["ctx"], p["dtype"], p["world_size"]) == group]
 
-    def launch(group: tuple, cases: list[Case]) -> dict:
+    def launch(group: tuple, cases: list[TrainCase]) -> dict:
         size, ctx, dtype, world_size = group
         setup = dataclasses.replace(train_setup(size, ctx, dtype), **setup_changes)
         return spawn_train_cases(setup, world_size, cases, timeout_s)

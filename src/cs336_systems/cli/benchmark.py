@@ -1,12 +1,12 @@
 """End-to-end benchmark of the Transformer LM (handout benchmarking_script, nsys_profile, memory_profiling).
 
-    python -m cs336_systems.benchmark --size xl --context 512 --mode train --dtype bf16 --compile \\
+    python -m cs336_systems.cli.benchmark --size xl --context 512 --mode train --dtype bf16 --compile \\
         --warmup 5 --steps 10 [--attention sdpa] [--profile DIR] [--memory-snapshot FILE]
 
 ``--size``, ``--context``, ``--mode`` and ``--dtype`` take several values; every combination runs in
 this one process (each freed before the next). Timing, OOM handling and the step itself are the same
-code as the bench cases (``cs336_systems.profiling.workload``). Prints a table; ``--json`` also writes
-the rows. NVTX ranges stay in, so ``nsys profile python -m cs336_systems.benchmark ...`` works where
+code as the bench cases (``profiling.workload`` and ``harness.model_case``). Prints a table; ``--json`` also writes
+the rows. NVTX ranges stay in, so ``nsys profile python -m cs336_systems.cli.benchmark ...`` works where
 nsys is installed; ``--profile`` gives the torch.profiler equivalent without it.
 """
 
@@ -24,19 +24,21 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
+from cs336_systems.harness.environment import device_name
+from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.record import Recorder
 from cs336_systems.model import BATCH_SIZE, PRESETS
 from cs336_systems.profiling.flops import MODES, forward_flops
 from cs336_systems.profiling.memory import require_cuda, snapshot_step
 from cs336_systems.profiling.profiler import ProfileSummary, profile_step
-from cs336_systems.profiling.timing import Recorder
-from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES, Case, Workload, peak_rate, run_case
+from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES, Case, Workload, peak_rate
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m cs336_systems.benchmark",
+        prog="python -m cs336_systems.cli.benchmark",
         description="Time forward / forward+backward / training steps of the Transformer LM.",
     )
     p.add_argument("--size", nargs="+", default=["small"], choices=sorted(PRESETS), help="model preset(s)")
@@ -203,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = {"case": case.id, **info}
         rows.append(info)
         print(format_table([info]).splitlines()[-1], flush=True)  # progress for long sweeps
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    gpu = device_name(device)
     rate_note = ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
     print(f"\n{gpu}, torch {torch.__version__}; matmul TFLOP/s: {rate_note or 'not measured'}")
     print(format_table(rows))

@@ -1,4 +1,5 @@
-"""The data-parallel training step every DDP / sharding bench and ``scripts/ddp_train.py`` runs.
+"""The data-parallel training step every DDP / sharding bench and ``scripts/ddp_train.py`` runs (a
+harness: it spawns nothing itself, but it is the measured run of those benches).
 
 ``run_cases(setup, cases)`` is a rank function (call it under ``launch.spawn`` or torchrun): for each
 case it builds the model preset on the rank's device, wraps it in the case's DDP variant, builds
@@ -27,7 +28,6 @@ ZeroRedundancyOptimizer over AdamW).
 from __future__ import annotations
 
 import contextlib
-import gc
 import statistics
 import timeit
 from dataclasses import dataclass
@@ -45,18 +45,18 @@ from cs336_systems.distributed.comm import (
     share_cpu_threads,
     world,
 )
+from cs336_systems.distributed.ddp import DataParallel, make_ddp
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
-from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
-from cs336_systems.distributed.naive_ddp import NaiveDDP
 from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
+from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
+from cs336_systems.units import MIB
 
 VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp")
 BUCKETED = ("bucketed", "torch_ddp")
 OPTIMIZERS = ("adamw", "sharded", "zero")
-MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class TrainSetup:
 
 
 @dataclass(frozen=True)
-class Case:
+class TrainCase:
     variant: str = "bucketed"
     bucket_mb: float | None = None
     optimizer: str = "adamw"
@@ -107,15 +107,11 @@ class Case:
 # -- building blocks -----------------------------------------------------------------------------
 
 
-def wrap_model(model: nn.Module, case: Case, device: torch.device) -> nn.Module:
+def wrap_model(model: nn.Module, case: TrainCase, device: torch.device) -> nn.Module:
     if case.variant == "local":
         return model
-    if case.variant in ("naive", "flat"):
-        return NaiveDDP(model, flat=case.variant == "flat")
-    if case.variant == "individual":
-        return DDPIndividualParameters(model)
-    if case.variant == "bucketed":
-        return DDPBucketed(model, bucket_size_mb=case.bucket_mb)
+    if case.variant != "torch_ddp":
+        return make_ddp(case.variant, model, case.bucket_mb)
     device_ids = [device.index] if device.type == "cuda" else None
     # broadcast_buffers=False: like our wrappers, buffers (the RoPE tables) are synced once at
     # construction, not before every forward; everything else is torch's default configuration.
@@ -146,9 +142,8 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def finish_sync(model: nn.Module) -> None:
-    finish = getattr(model, "finish_gradient_synchronization", None)
-    if finish is not None:
-        finish()
+    if isinstance(model, DataParallel):  # local and torch DDP have nothing to finish
+        model.finish_gradient_synchronization()
 
 
 class StepMarks:
@@ -172,13 +167,6 @@ class StepMarks:
         return (self.points[b] - self.points[a]) * 1e3
 
 
-def free_device(device: torch.device) -> None:
-    # Only the device needs it (the next case's model must fit); a full gc costs ~0.2 s.
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
-
-
 def memory_mib(device: torch.device) -> tuple[float | None, float | None]:
     """(allocated now, peak allocated since the last reset) in MiB; None on CPU."""
     if device.type != "cuda":
@@ -197,9 +185,9 @@ def _batch(setup: TrainSetup, vocab: int, device: torch.device) -> tuple[torch.T
     return local[:, :-1], local[:, 1:]
 
 
-def run_case(setup: TrainSetup, case: Case, device: torch.device) -> dict[str, Any]:
+def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[str, Any]:
     rank, world_size = world()
-    free_device(device)
+    free_device_memory(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     config = get_preset(setup.preset)
@@ -231,7 +219,7 @@ def run_case(setup: TrainSetup, case: Case, device: torch.device) -> dict[str, A
     def step(record_memory: bool = False) -> None:
         marks.mark("start")
         optimizer.zero_grad(set_to_none=True)
-        if isinstance(ddp, DDPBucketed):
+        if isinstance(ddp, DataParallel):
             ddp.on_train_batch_start()
         with autocast:
             loss = cross_entropy(ddp(x), y)
@@ -280,12 +268,12 @@ def run_case(setup: TrainSetup, case: Case, device: torch.device) -> dict[str, A
             trace = Path(setup.trace_dir) / f"{setup.label}-ws{world_size}-{case.key}.json.gz"
             out["trace"] = str(trace)
         out.update(profile_overlap(step, device, setup.profile_steps, trace))
-    if hasattr(ddp, "remove_hooks"):
+    if isinstance(ddp, DataParallel):
         ddp.remove_hooks()
     return out
 
 
-def run_cases(setup: TrainSetup, cases: list[Case]) -> dict[str, dict[str, Any]]:
+def run_cases(setup: TrainSetup, cases: list[TrainCase]) -> dict[str, dict[str, Any]]:
     """Rank function: every case in turn; a case that runs out of device memory becomes
     ``{"oom": True}`` (every rank runs the same shapes, so all ranks hit it at the same point)."""
     require_process_group("run_cases")
@@ -299,7 +287,7 @@ def run_cases(setup: TrainSetup, cases: list[Case]) -> dict[str, dict[str, Any]]
             if not is_oom(exc):
                 raise
             results[case.key] = {"oom": True, "error": str(exc).splitlines()[0]}
-        free_device(device)
+        free_device_memory(device)
         barrier(device)
     return results
 

@@ -10,7 +10,7 @@ mismatch is a bug and not rounding.
 Models and batches live on the rank's device (CPU under gloo, its GPU under nccl). Runnable as the
 handout's script (starts the ranks itself; gloo on CPU, nccl when every rank has a GPU):
 
-    python -m cs336_systems.distributed.toy --nproc 2 --variant naive
+    python -m tests.helpers.toy --nproc 2 --variant naive
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cs336_systems.distributed.comm import rank_device, require_process_group, shard_batch, world
+from cs336_systems.distributed.ddp import VARIANTS, DataParallel, make_ddp
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
-from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
-from cs336_systems.distributed.naive_ddp import NaiveDDP
 
 DTYPE = torch.float64
 IN, HIDDEN, OUT, VOCAB = 10, 16, 5, 20
@@ -108,14 +107,8 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=0.05, weight_decay=0.1)
 
 
-def wrap(variant: str, module: nn.Module, bucket_mb: float | None = None) -> nn.Module:
-    if variant in ("naive", "flat"):
-        return NaiveDDP(module, flat=variant == "flat")
-    if variant == "individual":
-        return DDPIndividualParameters(module)
-    if variant == "bucketed":
-        return DDPBucketed(module, bucket_size_mb=bucket_mb)
-    raise ValueError(f"unknown variant {variant!r}")
+def wrap(variant: str, module: nn.Module, bucket_mb: float | None = None) -> DataParallel:
+    return make_ddp(variant, module, bucket_mb)
 
 
 def default_after_backward(ddp: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -123,8 +116,7 @@ def default_after_backward(ddp: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def default_batch_start(ddp: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    if hasattr(ddp, "on_train_batch_start"):
-        ddp.on_train_batch_start()
+    ddp.on_train_batch_start()
 
 
 @dataclass(frozen=True)
@@ -196,7 +188,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--variant", choices=("naive", "flat", "individual", "bucketed"), default="naive")
+    parser.add_argument("--variant", choices=VARIANTS, default="naive")
     parser.add_argument("--bucket-mb", type=float, default=0.001)
     parser.add_argument("--model", choices=tuple(MODELS), default="toy")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
