@@ -78,7 +78,7 @@ def test_fsdp_step(
     if ddp is not None and not ddp["oom"]:
         info["state_vs_ddp"] = info["state_mib"] / _state_mib(ddp)
     fsdp2 = fsdp_runs.get(group, TrainCase("torch_fsdp2"))
-    if fsdp2 is not None and not fsdp2["oom"]:
+    if variant == "fsdp" and fsdp2 is not None and not fsdp2["oom"]:
         info["time_vs_fsdp2"] = result["mean_ms"] / fsdp2["mean_ms"]
     record_times(benchmark, result["times_ms"], **info)
     assert result["mean_ms"] > 0

@@ -268,6 +268,7 @@ class FSDP(nn.Module):
         ``finish_gradient_synchronization`` (so two backwards before it accumulate)."""
         self._recorded = []
         self._bwd_seen.clear()
+        self.live_gathered_buffers()  # prunes the weak references of freed buffers
         for unit in self._units:
             if unit.bwd_pending is not None:
                 unit.bwd_pending.work.wait()
