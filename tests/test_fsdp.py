@@ -389,12 +389,13 @@ def test_weights_are_sharded(results, world_size: int) -> None:
 def test_fp32_gradients_equal_the_split_sum(results) -> None:
     """The course compares fp32 training with ``torch.equal`` against a full-batch step. FSDP's
     averaged gradient is bitwise the sum of the two half-batch gradients divided by 2, which is what
-    any data-parallel split computes. On this CPU the full-batch weight gradient of a Linear is one
-    fp32 FMA chain over all the batch's rows, while the split computes one chain per half and adds
-    the two partial sums: a different association, so some elements of the matrix gradients (and
-    the norm gains' gradients) differ by an ulp from the full-batch ones (which elements and sums:
-    docs/perf-notes.md, issue 15). The embedding gradient (a scatter-add, one sample per row here in
-    the same order) must match the full batch exactly, and the rest to 1e-6 relative."""
+    any data-parallel split computes. On this CPU the full-batch gradient is one fp32 reduction over
+    all the batch's rows (for a Linear weight a single FMA chain over the rows in order; for the
+    embedding and the norm gains a sum over every token), while the split reduces each half and adds
+    the two partial sums: a different association, so a fraction of the elements of every gradient
+    differ from the full-batch ones in the last bits (which elements and sums: docs/perf-notes.md,
+    issue 15). ``torch.equal`` with the full batch is out of reach for any correct split; the check
+    against it is 1e-6 relative."""
     res = results[2][0][("grads",)]
     assert res["fsdp"].keys() == res["full_batch"].keys()
     for name, g in res["fsdp"].items():
