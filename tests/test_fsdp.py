@@ -325,7 +325,7 @@ CASES = {
     3: [
         ("train", "mixed", "adamw", None),
         ("train", "mixed", "sgd", torch.float16),
-        ("train", "course", "adamw", None, True),
+        ("train", "course_ckpt", "adamw", None, True),  # block units, checkpoint inside the block
     ],
 }
 

@@ -304,6 +304,8 @@ class FSDP(nn.Module):
 
     def _swap_in(self, unit: _Unit, k: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         entry = unit.entries[k]
+        if unit.fwd is None:  # e.g. a checkpoint re-running a block's inner function, not the block
+            self._begin_unit(unit)
         if torch.is_grad_enabled() and entry.shard.requires_grad and not _in_backward():
             unit.expected[k] += 1
         entry.module._parameters["weight"] = _Gather.apply(entry.shard, self, unit, k)
