@@ -330,17 +330,25 @@ CASES = {
 }
 
 
+class _Runs(dict):
+    """Per world size, every rank's results of ``CASES[world_size]``: spawned on first use, once per
+    module (spawning ranks costs seconds), so a ``-k`` selection spawns only what it needs."""
+
+    spawn = None
+
+    def __missing__(self, world_size: int) -> list[dict]:
+        self[world_size] = self.spawn(_rank_suite, world_size, CASES[world_size], backend="gloo", timeout=180)
+        return self[world_size]
+
+
 @pytest.fixture(scope="module")
-def _spawned() -> dict[int, list[dict]]:
-    return {}
+def _spawned() -> _Runs:
+    return _Runs()
 
 
 @pytest.fixture
-def results(run_distributed, _spawned) -> dict[int, list[dict]]:
-    """One spawn per world size for the whole module (spawning ranks costs seconds)."""
-    for ws, cases in CASES.items():
-        if ws not in _spawned:
-            _spawned[ws] = run_distributed(_rank_suite, ws, cases, backend="gloo", timeout=180)
+def results(run_distributed, _spawned: _Runs) -> _Runs:
+    _spawned.spawn = run_distributed
     return _spawned
 
 
