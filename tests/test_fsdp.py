@@ -336,8 +336,21 @@ class _Runs(dict):
 
     spawn = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: dict[int, Exception] = {}
+
     def __missing__(self, world_size: int) -> list[dict]:
-        self[world_size] = self.spawn(_rank_suite, world_size, CASES[world_size], backend="gloo", timeout=180)
+        failed = self.failures.get(world_size)
+        if failed is not None:  # one failed spawn fails every test that needs it, without respawning
+            raise failed
+        try:
+            self[world_size] = self.spawn(
+                _rank_suite, world_size, CASES[world_size], backend="gloo", timeout=180
+            )
+        except Exception as exc:
+            self.failures[world_size] = exc
+            raise
         return self[world_size]
 
 
