@@ -49,7 +49,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-
 from cs336_systems.profiling.attention_bench import (
     IMPLS,
     PASSES,
@@ -72,6 +71,7 @@ from cs336_systems.profiling.attention_bench import (
     sdpa_unsupported_reason,
     tflops,
 )
+
 from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
 
 D11_SEQS = tuple(2**i for i in range(7, 17))  # 128 .. 65536

@@ -86,6 +86,7 @@ class _Entry:
     shard: nn.Parameter
     shape: torch.Size
     offset: int  # element offset inside the unit's per-rank flat buffer
+    extras: dict[str, nn.Parameter] = field(default_factory=dict)  # the layer's other params (bias)
 
     @property
     def rows(self) -> int:
@@ -234,7 +235,8 @@ class FSDP(nn.Module):
             padded[self.rank * rows : (self.rank + 1) * rows].clone(), requires_grad=full.requires_grad
         )
         sub._parameters["weight"] = shard  # the full weight is freed with its last reference
-        return _Entry(sub, name, shard, full.shape, offset)
+        extras = {n: q for n, q in sub._parameters.items() if n != "weight" and q is not None}
+        return _Entry(sub, name, shard, full.shape, offset, extras)
 
     def _register_module_hooks(self) -> None:
         for unit in self._units:
@@ -266,6 +268,7 @@ class FSDP(nn.Module):
         ``finish_gradient_synchronization`` (so two backwards before it accumulate)."""
         self._recorded = []
         self._bwd_seen.clear()
+        self.live_gathered_buffers()  # prunes the weak references of freed buffers
         for unit in self._units:
             if unit.bwd_pending is not None:
                 unit.bwd_pending.work.wait()
@@ -301,16 +304,22 @@ class FSDP(nn.Module):
 
     def _swap_in(self, unit: _Unit, k: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         entry = unit.entries[k]
+        if unit.fwd is None:  # e.g. a checkpoint re-running a block's inner function, not the block
+            self._begin_unit(unit)
         if torch.is_grad_enabled() and entry.shard.requires_grad and not _in_backward():
             unit.expected[k] += 1
         entry.module._parameters["weight"] = _Gather.apply(entry.shard, self, unit, k)
         if self.compute_dtype is None:
             return None
+        for n, q in entry.extras.items():  # e.g. the bias joins the layer's compute dtype
+            if q.is_floating_point():
+                entry.module._parameters[n] = q.to(self.compute_dtype)
         cast = lambda x: x.to(self.compute_dtype) if torch.is_tensor(x) and x.is_floating_point() else x
         return tuple(cast(a) for a in args), {n: cast(v) for n, v in kwargs.items()}
 
     def _swap_out(self, entry: _Entry) -> None:
         entry.module._parameters["weight"] = entry.shard
+        entry.module._parameters.update(entry.extras)
 
     def _end_unit(self, unit: _Unit) -> None:
         if self.trace is not None:
@@ -397,14 +406,9 @@ class FSDP(nn.Module):
         unit.received[k] += 1
         if any(r < x for r, x in zip(unit.received, unit.expected, strict=True)):
             return
-        unit.bwd = None  # every use of the gathered weight has run its backward
-        # A checkpointed forward re-run in the backward stops early (torch's checkpoint early stop) once
-        # it has recomputed what the backward needs, so its post-hooks may not run: put the shards back
-        # and drop the gathered weights here, or they stay in the layers (and in memory) until the next
-        # forward, and named_parameters() would yield a stale gathered weight.
-        unit.fwd = None
-        for e in unit.entries:
-            e.module._parameters["weight"] = e.shard
+        unit.bwd = unit.fwd = None  # every use of the gathered weight has run its backward
+        for e in unit.entries:  # a checkpoint re-run may stop early, before our post-forward hooks
+            self._swap_out(e)
         self._launch_reduce_scatter(unit)
 
     @torch.no_grad()
@@ -453,6 +457,9 @@ class FSDP(nn.Module):
         self._ar_pending.clear()
         incomplete = [u.entries[0].name for u in self._units if any(u.received) and not u.launched]
         for unit in self._units:
+            for e in unit.entries:
+                self._swap_out(e)
+            unit.fwd = None
             if unit.bwd_pending is not None:  # a backward prefetch nobody used
                 unit.bwd_pending.work.wait()
         for unit in self._units:
@@ -468,18 +475,22 @@ class FSDP(nn.Module):
 
     # ---- inspection ---------------------------------------------------------------------------
     @torch.no_grad()
-    def gather_full_params(self) -> dict[str, torch.Tensor]:
-        """Full parameters (fp32 masters, padding dropped) keyed by the unwrapped model's names."""
+    def gather_full_params(self, grads: bool = False) -> dict[str, torch.Tensor]:
+        """Full parameters (fp32 masters, padding dropped) keyed by the unwrapped model's names; with
+        ``grads=True`` their gradients instead (parameters without one are left out). Collective."""
         sharded = {id(e.shard): e for u in self._units for e in u.entries}
         full: dict[str, torch.Tensor] = {}
         for name, p in self.module.named_parameters():
+            t = p.grad if grads else p.detach()
             e = sharded.get(id(p))
-            if e is None:
-                full[name] = p.detach().clone()
-                continue
-            out = p.new_empty((e.rows * self.world_size, *e.shape[1:]))
-            _all_gather(out, p.detach().contiguous())
-            full[name] = out[: e.shape[0]].clone()
+            if e is not None and (not grads or e.shard.requires_grad):
+                if t is None:  # every rank's shard lacks it alike (one backward reached it or not)
+                    continue
+                out = t.new_empty((e.rows * self.world_size, *e.shape[1:]))
+                _all_gather(out, t.contiguous())
+                full[name] = out[: e.shape[0]].clone()
+            elif t is not None:
+                full[name] = t.clone()
         return full
 
     def live_gathered_buffers(self) -> int:
