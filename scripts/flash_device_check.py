@@ -114,6 +114,15 @@ def model_call_overhead() -> dict:
     do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).contiguous()
     do = do.transpose(1, 2)  # the layout autograd hands back through out.transpose(1, 2).reshape(...)
     res = {}
+    outs = {}
+    for name, fn in (("ours", ours), ("flash", sdpa("flash"))):
+        for t in (q, k, v):
+            t.grad = None
+        o = fn(q, k, v, True)
+        o.backward(do)
+        outs[name] = [o.detach(), q.grad, k.grad, v.grad]
+    res["check"] = [rel(a, b) for a, b in zip(outs["ours"], outs["flash"], strict=True)]
+    assert max(res["check"]) < 2e-2, res["check"]
     for name, fn in (("ours", ours), ("flash", sdpa("flash")), ("cudnn", sdpa("cudnn"))):
         step = lambda fn=fn: fn(q, k, v, True).backward(do)
         for _ in range(5):
@@ -129,11 +138,24 @@ def model_call_overhead() -> dict:
     return res
 
 
+def explain_model(attention: str) -> dict:
+    """Graph count and break reasons of the small model (ctx 512, bf16 autocast) under torch.compile."""
+    from cs336_systems.profiling.workload import Case, Workload
+
+    work = Workload(Case("small", 512, "fwd_bwd", "bf16", False, attention), "cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ex = torch._dynamo.explain(work.model)(work.inputs)
+    reasons = sorted({str(b.reason).splitlines()[0][:160] for b in ex.break_reasons})
+    work.close()
+    return {"graphs": ex.graph_count, "breaks": ex.graph_break_count, "reasons": reasons[:8]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default=",".join(map(str, range(len(GRID)))))
     ap.add_argument("--skip-grid", action="store_true")
+    ap.add_argument("--explain", action="store_true", help="graph breaks of the small model, both attentions")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = [GRID[int(i)] for i in args.shapes.split(",")]
@@ -146,6 +168,9 @@ def main() -> None:
     result["cold_tune_and_check_s"] = time.perf_counter() - t0
     print(f"cold compile+tune+check over {len(shapes)} shapes: {result['cold_tune_and_check_s']:.1f} s")
 
+    if args.explain:
+        result["explain"] = {a: explain_model(a) for a in ("flash_triton", "sdpa")}
+        print("explain", result["explain"], flush=True)
     result["model_call"] = model_call_overhead()
     print("model call", result["model_call"], flush=True)
 
@@ -166,7 +191,12 @@ def main() -> None:
             f"{fb(o) / fb(f):.2f} | {fb(o) / fb(c):.2f} | {flops(eval(key)) / fb(o) / 1e9:.0f}"
         )
     for name, r in result["model_call"].items():
-        print(f"model-call {name}: host {r['host_us_fwd_bwd']:.0f} us, device {r['device_ms_fwd_bwd']:.3f} ms")
+        if name == "check":
+            print("model-call check rel err O, dQ, dK, dV:", [f"{e:.1e}" for e in r])
+            continue
+        print(
+            f"model-call {name}: host {r['host_us_fwd_bwd']:.0f} us, device {r['device_ms_fwd_bwd']:.3f} ms"
+        )
     bad = [k for k, c in result["checks"].items() if not c["ok"]]
     print("CHECKS", "FAILED: " + ", ".join(bad) if bad else "all ok", f"({statistics.mean([1])})"[:0])
 
