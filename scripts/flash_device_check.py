@@ -1,13 +1,16 @@
 """One GPU command for the FlashAttention kernels (issue 14): correctness first, then timings.
 
-    python scripts/flash_device_check.py --out DIR [--skip-grid] [--shapes 0,1,2]
+    python scripts/flash_device_check.py --out DIR [--skip-grid] [--shapes 0,1,2] [--explain] [--wide]
 
 1. Every case of the ``attention shapes`` grid (bench/bench_flash.py): ours against SDPA's math-free
    backends on the same bf16 inputs (O, dQ, dK, dV relative error), fresh random data, outputs poisoned.
 2. do_bench medians of fwd / bwd / fwd+bwd: ours, SDPA flash, SDPA cuDNN (per kernel of ours too).
 3. The model's call pattern (xl: (4, 25, 512, 64), q and k contiguous, v a permuted view of qkv): host
    microseconds per call (no sync) next to device time, so per-call Python cost is visible.
-Writes ``flash_check.json`` under --out and prints a compact table last.
+4. With --explain, graph breaks of the small model under torch.compile; with --wide, tuning over the
+   wide candidate sweep (what the short lists were picked from; replaces scripts/flash_tune.py --wide).
+Writes ``flash_check.json`` (with the tuning report: every candidate's time per key) under --out and
+prints a compact table last.
 """
 
 from __future__ import annotations
@@ -156,9 +159,12 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(map(str, range(len(GRID)))))
     ap.add_argument("--skip-grid", action="store_true")
     ap.add_argument("--explain", action="store_true", help="graph breaks of the small model, both attentions")
+    ap.add_argument("--wide", action="store_true", help="tune over the wide candidate sweep (slow)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = [GRID[int(i)] for i in args.shapes.split(",")]
+    if args.wide:
+        kernels.CANDIDATE_SET = "wide"
     result = {"device": torch.cuda.get_device_name(), "checks": {}, "grid": {}}
 
     t0 = time.perf_counter()
