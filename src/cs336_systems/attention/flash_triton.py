@@ -9,12 +9,14 @@ backward of :mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.s
 Under torch.compile the kernels sit behind two torch custom ops, so the graph holds opaque calls with
 known output shapes instead of Triton launch code and the tuning loop. In eager mode the launchers are
 called directly: a custom op's Python dispatch costs more than the launch itself, and the model calls
-attention 2 x layers times per step.
+attention 2 x layers times per step; the forward goes through its op again under a Python dispatch mode
+(selective checkpointing keeps its output by op).
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from cs336_systems.attention.flash_pytorch import (
     check_attention_inputs,
@@ -86,8 +88,10 @@ def _as_4d(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fwd(q, k, v, is_causal):
-    compiling = torch.compiler.is_compiling()
-    return (_flash_fwd_op if compiling else kernels.flash_forward)(q, k, v, is_causal)
+    # Under a Python dispatch mode too (selective activation checkpointing, FlopCounterMode): the mode
+    # then sees one attention op, which it can keep or count, instead of the launcher's inner ops.
+    via_op = torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+    return (_flash_fwd_op if via_op else kernels.flash_forward)(q, k, v, is_causal)
 
 
 def _bwd(q, k, v, o, do, lse, is_causal):
