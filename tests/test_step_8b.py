@@ -17,11 +17,13 @@ import torch.nn.functional as F
 from cs336_systems.harness.step_8b import combine_step_results
 from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.training.step_8b import (
+    ABLATIONS,
     RECIPES,
     StepOptions,
     build_meta_model,
     chunked_linear_cross_entropy,
     model_flops_per_step,
+    recipe,
     run_step,
 )
 
@@ -69,6 +71,14 @@ def test_step_model_is_built_on_meta() -> None:
     model = build_meta_model(StepOptions())
     assert all(p.is_meta for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) == PARAMS_8B  # the loss head is the LM head
+
+
+def test_each_ablation_swaps_one_piece_of_ours() -> None:
+    for swap, change in ABLATIONS.items():
+        assert len(change) == 1, swap
+        ((field, value),) = change.items()
+        assert RECIPES["ours"][field] != value, swap
+        recipe("ours", **change)  # a valid configuration
 
 
 @pytest.mark.parametrize(
