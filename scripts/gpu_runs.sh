@@ -5,6 +5,7 @@
 #   bash scripts/gpu_runs.sh attention flash                (single GPU)
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes model-attention   (single GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
+#   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 # Output (JSON, logs, traces) goes to $OUT (default runs/gpu). Each stage fits a 10-minute command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +75,22 @@ for stage in "$@"; do
         --benchmark-json="$OUT/ddp.json" 2>&1 | tail -30 ;;
     sharding)  # D20 + torch ZeroRedundancyOptimizer, xl, 2 GPUs
       CUDA_VISIBLE_DEVICES=0,1 "${BENCH[@]}" bench/bench_sharding.py --benchmark-json="$OUT/sharding.json" 2>&1 | tail -20 ;;
+    leaderboard-2026)  # D26: the 8B step, ours vs torch's built-ins, eager and block-compiled (~7 min)
+      CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026.jsonl "${BENCH[@]}" -s \
+        bench/bench_leaderboard_2026.py -k "not ablation" --benchmark-json="$OUT/leaderboard_2026.json" \
+        > "$OUT/leaderboard_2026.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/leaderboard_2026.log" | tail -8
+      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
+    leaderboard-2026-ablation)  # D26: ours with one piece swapped for torch's, eager (~4 min)
+      CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026.jsonl "${BENCH[@]}" -s \
+        bench/bench_leaderboard_2026.py -k "ours-eager or ablation" \
+        --benchmark-json="$OUT/leaderboard_2026_ablation.json" > "$OUT/leaderboard_2026_ablation.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/leaderboard_2026_ablation.log" | tail -8
+      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
+    fsdp)  # D23/D24(b): xl ctx 512, ours vs FSDP2 vs DDP (individual), fp32 and bf16, 2 GPUs (~2 min)
+      CUDA_VISIBLE_DEVICES=0,1 "${BENCH[@]}" bench/bench_fsdp.py --benchmark-json="$OUT/fsdp.json" 2>&1 | tail -20 ;;
+    tests-fsdp)  # the GPU-marked FSDP tests (nccl, 2 GPUs)
+      CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
     tests-nccl)
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
