@@ -41,7 +41,7 @@ def combine_step_results(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         if rates:
             combined["matmul_tflops"] = min(rates)
             combined["mfu"] = combined["tflops_per_gpu"] / min(rates)
-    for key in ("peak_allocated_mib", "peak_reserved_mib"):
+    for key in ("peak_allocated_mib", "peak_reserved_mib", "peak_first_steps_mib"):
         if combined.get(key) is not None:
             combined[key.replace("_mib", "_gib")] = combined[key] / 1024
     return combined

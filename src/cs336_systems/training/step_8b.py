@@ -574,7 +574,8 @@ def run_step(options: StepOptions) -> dict[str, Any]:
         for _ in range(options.warmup):
             losses.append(train_step(model, optimizer, tokens, targets).item())
     synchronize(device)
-    if device.type == "cuda":
+    if device.type == "cuda":  # the peak of the first steps (autotuning, compilation) on its own
+        out["peak_first_steps_mib"] = torch.cuda.max_memory_allocated(device) / MIB
         torch.cuda.reset_peak_memory_stats(device)
     if distributed:
         barrier(device)
