@@ -26,6 +26,7 @@ imported, process group up) to the end of the first step, cold caches (the cours
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -33,7 +34,7 @@ import torch
 
 from cs336_systems.harness.record import log_case, record_not_run, record_oom, record_times
 from cs336_systems.harness.settings import settings
-from cs336_systems.harness.step_8b import run_case
+from cs336_systems.harness.step_8b import format_summary, run_case
 from cs336_systems.report.schema import tag
 from cs336_systems.training.step_8b import ABLATIONS, StepOptions, recipe
 
@@ -88,8 +89,7 @@ def _record(benchmark: Any, options: StepOptions, result: dict[str, Any], **more
     else:
         record_times(benchmark, result["times_ms"], **info)
     log_case(benchmark)
-    if result.get("profile"):
-        print(f"\n{options.label}: top kernels of one step (rank 0)\n{result['profile']}")
+    print(f"\n[{time.strftime('%H:%M:%S')}] {format_summary(result | {'label': options.label})}", flush=True)
     if result.get("error") and not result.get("oom"):
         pytest.fail(f"{options.label}: {result['error']}")
 

@@ -80,6 +80,8 @@ def format_summary(result: dict[str, Any]) -> str:
     """A few lines a person reads: the configuration and the figures."""
     if result.get("oom"):
         return f"{result.get('label', '')}\nOOM: {result.get('error')}"
+    if result.get("error"):
+        return f"{result.get('label', '')}\nfailed: {result['error']}"
     lines = [
         result["label"],
         f"world size {result['world_size']}, {result['tokens_per_rank']} tokens per rank, "
@@ -102,7 +104,8 @@ def format_summary(result: dict[str, Any]) -> str:
         )
     if result.get("peak_allocated_gib") is not None:
         lines.append(
-            f"peak GiB per GPU: allocated {result['peak_allocated_gib']:.1f}, reserved {result['peak_reserved_gib']:.1f}"
+            f"peak GiB per GPU: allocated {result['peak_allocated_gib']:.1f}, reserved "
+            f"{result['peak_reserved_gib']:.1f} (timed steps); first steps {result['peak_first_steps_gib']:.1f}"
         )
     lines.append(
         f"first finished step after {result['first_step_s']:.1f} s "
