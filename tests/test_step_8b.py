@@ -152,3 +152,47 @@ def test_saving_attention_skips_its_rerun_and_changes_nothing(monkeypatch) -> No
     assert runs[True]["losses"] == runs[False]["losses"]
     for name, value in runs[False]["params"].items():
         torch.testing.assert_close(runs[True]["params"][name], value, rtol=0, atol=0, msg=name)
+
+
+def full_layer_weights_alive_at_most(fsdps: list[str]) -> list[tuple[int, int]]:
+    """Rank function: for each FSDP, shard the small model (meta -> this rank) and return (the most
+    Linear/Embedding layers that held their full weight at once, the number of such layers)."""
+    from cs336_systems.distributed.fsdp import is_sharded_layer
+    from cs336_systems.training import step_8b
+
+    def local_shape(weight: torch.Tensor) -> tuple[int, ...]:
+        return tuple(weight.to_local().shape if hasattr(weight, "to_local") else weight.shape)
+
+    out = []
+    materialize = step_8b.materialize_
+    for fsdp in fsdps:
+        options = small_options(fsdp=fsdp)
+        model = step_8b.build_meta_model(options)
+        layers = [m for m in model.modules() if is_sharded_layer(m)]
+        full_shape = {id(m): tuple(m.weight.shape) for m in layers}
+        most = 0
+
+        def spy(*args, layers=layers, full_shape=full_shape, **kwargs) -> None:
+            nonlocal most
+            materialize(*args, **kwargs)
+            full = [m for m in layers if not m.weight.is_meta and local_shape(m.weight) == full_shape[id(m)]]
+            most = max(most, len(full))
+
+        step_8b.materialize_ = spy
+        try:
+            step_8b.shard_model(model, options, torch.device("cpu"))
+        finally:
+            step_8b.materialize_ = materialize
+        out.append((most, len(layers)))
+    return out
+
+
+@pytest.mark.distributed
+def test_materialization_holds_one_unit_at_a_time(run_distributed) -> None:
+    # Ours materializes a layer right before cutting its shard; FSDP2 a whole unit (a block: 5 layers)
+    # before fully_shard. Never the model: SMALL has 2 blocks of 5 + embedding + head = 12 layers.
+    for per_fsdp in run_distributed(full_layer_weights_alive_at_most, 2, ["ours", "torch"], backend="gloo"):
+        (ours, layers), (fsdp2, _) = per_fsdp
+        assert layers == 5 * SMALL["num_layers"] + 2
+        assert ours == 1
+        assert fsdp2 == 5
