@@ -17,9 +17,10 @@ import itertools
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from tabulate import tabulate
@@ -52,10 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--attention", default="pytorch", help="attention implementation (registry name)")
+    p.add_argument("--checkpoint", default="none", help="activation checkpointing: none, every:K or nested")
+    p.add_argument("--fused-loss", action="store_true", help="fused LM-head + cross-entropy (no logits)")
     p.add_argument("--batch", type=int, default=BATCH_SIZE)
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
     for name in OVERRIDES:
         p.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the preset's {name}"
@@ -72,13 +77,121 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA memory-history pickle of one step (for pytorch.org/memory_viz); several cases: FILE gets the case id",
     )
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the result rows as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     return p
+
+
+def parse_device(parser: argparse.ArgumentParser, spec: str | None) -> torch.device:
+    """``--device`` as a torch device this machine has; anything else is an argparse error."""
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        parser.error(f"--device {spec!r} is not a device; use cpu, cuda or cuda:N")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device {spec!r}: this CLI runs on cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            parser.error(
+                f"--device {spec!r}: no CUDA GPU is available here (torch {torch.__version__}, "
+                "torch.cuda.is_available() is False); use --device cpu"
+            )
+        if device.index is not None and device.index >= count:
+            parser.error(f"--device {spec!r}: only {count} CUDA GPU(s) here (cuda:0 to cuda:{count - 1})")
+    return device
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[torch.device, list[Case]]:
+    """Every check that can fail before a case runs, as argparse errors (exit 2): the device, step
+    counts, output paths, the compile backend and the cases themselves."""
+    device = parse_device(parser, args.device)
+    if args.warmup < 0 or args.steps < 1:
+        parser.error(f"need --warmup >= 0 and --steps >= 1, got {args.warmup} and {args.steps}")
+    if args.profile_steps < 1:
+        parser.error(f"need --profile-steps >= 1, got {args.profile_steps}")
+    if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
+        parser.error(f"--profile {args.profile}: is a file; it names the directory for the traces")
+    if args.json is not None and args.json.is_dir():
+        parser.error(f"--json {args.json}: is a directory; give the file to write")
+    if args.compile and args.compile_backend not in torch._dynamo.list_backends(exclude_tags=None):
+        backends = ", ".join(torch._dynamo.list_backends())
+        parser.error(
+            f"--compile-backend {args.compile_backend!r} is not a torch.compile backend; try {backends}"
+        )
+    if "bf16" in args.dtype and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        parser.error(f"--dtype bf16: {device_name(device)} does not support bf16")
+    try:
+        if args.memory_snapshot is not None:
+            require_cuda(device, "--memory-snapshot")
+        return device, make_cases(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+class Progress:
+    """What the CLI is doing, on stderr (stdout keeps the tables): the matmul-rate probe, then per
+    case the build, the warm-up steps (the first step of a compiled model compiles it) and the timed
+    steps, with the elapsed time. On a terminal one line is rewritten in place; elsewhere (logs, CI)
+    each update is a line of its own."""
+
+    def __init__(self, total: int, enabled: bool = True, stream: TextIO | None = None):
+        self.total, self.enabled = total, enabled
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.prefix, self.compiling = "", False
+        self.start = self.last = time.perf_counter()
+
+    def _write(self, text: str, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write(f"\r\x1b[K{text}" + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        self._write(text, final=True)
+
+    def case(self, index: int, case: Case) -> None:
+        self.prefix, self.compiling = f"[{index}/{self.total}] {case.id}", case.compile
+        self.start = time.perf_counter()
+        self._write(f"{self.prefix}: building the model")
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        """``run_benchmark``'s callback: ``phase`` is "warm-up" or "step", ``done`` of ``total`` are
+        finished (0: the phase starts)."""
+        now = time.perf_counter()
+        if not self.tty and 0 < done < total and now - self.last < 1.0:
+            return  # logs get a line per phase boundary and at most one a second in between
+        self.last = now
+        if done:
+            self.compiling = False
+        note = " (the first step compiles the model)" if self.compiling else ""
+        bar = "#" * round(20 * done / total)
+        self._write(f"{self.prefix}: {phase} {done}/{total} [{bar:<20}] {now - self.start:.1f} s{note}")
+
+    def done(self) -> None:
+        self._write(f"{self.prefix}: done in {time.perf_counter() - self.start:.1f} s", final=True)
 
 
 def make_cases(args: argparse.Namespace) -> list[Case]:
     overrides = tuple((k, getattr(args, k)) for k in OVERRIDES if getattr(args, k) is not None)
     return [
-        Case(size, ctx, mode, dtype, args.compile, args.attention, args.batch, overrides)
+        Case(
+            size,
+            ctx,
+            mode,
+            dtype,
+            args.compile,
+            args.attention,
+            args.batch,
+            overrides,
+            args.checkpoint,
+            args.fused_loss,
+        )
         for size, ctx, dtype, mode in itertools.product(args.size, args.context, args.dtype, args.mode)
     ]
 
@@ -178,20 +291,16 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.warmup < 0 or args.steps < 1:
-        parser.error(f"need --warmup >= 0 and --steps >= 1, got {args.warmup} and {args.steps}")
-    try:
-        if args.memory_snapshot is not None:
-            require_cuda(device, "--memory-snapshot")
-        cases = make_cases(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    device, cases = check_args(parser, args)
+    progress = Progress(len(cases), enabled=not args.no_progress)
     rates: dict[str, float] = {}
     rows = []
-    for case in cases:
+    for index, case in enumerate(cases, 1):
+        if not args.no_mfu and case.dtype not in rates:
+            progress.note(f"measuring the {case.dtype} matmul rate on {device} (the MFU denominator)")
         rate = None if args.no_mfu else peak_rate(device, case.dtype, rates)
         after = make_after(args, case, device, many=len(cases) > 1)
+        progress.case(index, case)
         info = run_case(
             Recorder(),
             case,
@@ -201,7 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             peak_tflops=rate,
             compile_backend=args.compile_backend,
             after=after,
+            progress=progress,
         )
+        progress.done()
         info = {"case": case.id, **info}
         rows.append(info)
         print(format_table([info]).splitlines()[-1], flush=True)  # progress for long sweeps

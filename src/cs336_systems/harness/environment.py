@@ -29,4 +29,5 @@ def environment_info(device: torch.device | str) -> dict[str, Any]:
         "triton": triton.__version__,
         "fp32_matmul_precision": torch.get_float32_matmul_precision(),
         "fp32_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "torch_threads": torch.get_num_threads(),  # CPU timings depend on it (see the root conftest.py)
     }

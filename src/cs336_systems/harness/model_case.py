@@ -28,10 +28,12 @@ def run_case(
     peak_tflops: float | None = None,
     compile_backend: str = "inductor",
     after: Callable[[Workload], dict[str, Any] | None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Build the case, time ``rounds`` steps after ``warmup`` (``run_benchmark``), fill extra_info with
     timing, throughput, MFU and memory, run ``after(workload)`` (profiling, snapshots) and free
-    everything. Out-of-memory, in the build or in a step, becomes an OOM row. Returns extra_info."""
+    everything. Out-of-memory, in the build or in a step, becomes an OOM row. Returns extra_info.
+    ``progress`` is ``run_benchmark``'s callback."""
     info = {**case.info(), **environment_info(device)}
     if peak_tflops is not None:
         info["matmul_tflops"] = peak_tflops
@@ -45,7 +47,9 @@ def run_case(
         return benchmark.extra_info
     try:
         info["params"] = sum(p.numel() for p in workload.model.parameters())
-        times = run_benchmark(benchmark, workload.step, device, warmup=warmup, rounds=rounds, **info)
+        times = run_benchmark(
+            benchmark, workload.step, device, warmup=warmup, rounds=rounds, progress=progress, **info
+        )
         if times is not None:
             # first/max: the warm-up study's cold-start signal (with 0 warm-ups the first step pays)
             benchmark.extra_info.update(first_ms=times[0], max_ms=max(times))

@@ -41,13 +41,17 @@ def run_benchmark(
     warmup: int,
     rounds: int,
     setup: Callable[[], Any] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
     **extra_info: Any,
 ) -> list[float] | None:
     """Time ``step`` into pytest-benchmark, ``rounds`` synchronized rounds after ``warmup`` ones.
 
     Returns the per-round times in ms, or None when the case ran out of device memory (then recorded
     as an OOM row). ``setup`` runs before every round, untimed (e.g. to zero gradients).
+    ``progress(phase, done, total)`` ("warm-up" / "step") is told when a phase starts and after
+    each of its steps (the CLI's progress lines).
     """
+    report = progress or (lambda phase, done, total: None)
     times: list[float] = []
     # pytest-benchmark's fixture may be used once: an OOM raised inside pedantic() (a timed round)
     # would make record_oom's own pedantic() call fail with FixtureAlreadyUsed. So rounds catch OOM
@@ -71,6 +75,7 @@ def run_benchmark(
             step()
             synchronize(device)
             times.append((timeit.default_timer() - start) * 1e3)
+            report("step", len(times), rounds)
 
         guarded(run)
 
@@ -81,16 +86,20 @@ def run_benchmark(
 
     reset_peak_memory(device)
     try:
-        for _ in range(warmup):
+        for i in range(warmup):
+            report("warm-up", i, warmup)
             warmed_setup()
             step()
             synchronize(device)
+        if warmup:
+            report("warm-up", warmup, warmup)
     except Exception as exc:  # torch raises OOM as several exception types across backends
         if not is_oom(exc):
             raise
         record_oom(benchmark, **extra_info)
         return None
     times.clear()
+    report("step", 0, rounds)
     benchmark.pedantic(
         timed, setup=lambda: guarded(warmed_setup), rounds=rounds, iterations=1, warmup_rounds=0
     )
@@ -169,7 +178,8 @@ def record_times(benchmark: Any, times_ms: list[float], **extra_info: Any) -> No
 def record_not_run(benchmark: Any, status: str, reason: str, **extra_info: Any) -> None:
     """A result row for a case that was deliberately not run (``status`` "unsupported" or "skipped"),
     with the reason, so the table shows it instead of a hole; timing is a no-op like an OOM row.
-    ``skipped`` carries the reason too: the report generator leaves such rows out of plots."""
+    ``skipped`` carries the reason too: the report generator leaves such rows out of plots, and
+    bench/conftest.py out of pytest-benchmark's terminal table (where the no-op would rank fastest)."""
     benchmark.extra_info.update(extra_info, status=status, reason=reason, skipped=reason, oom=False)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
 

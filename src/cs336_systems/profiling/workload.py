@@ -66,6 +66,8 @@ class Case:
     attention: str = "pytorch"
     batch: int = BATCH_SIZE
     overrides: tuple[tuple[str, int], ...] = field(default=())  # e.g. (("num_layers", 2),)
+    checkpoint: str = "none"  # activation checkpointing policy (ModelConfig.checkpoint)
+    fused_loss: bool = False  # loss through the fused LM-head + cross-entropy kernel
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", normalize_mode(self.mode))
@@ -86,6 +88,8 @@ class Case:
         return preset.with_(
             attention=self.attention,
             context_length=max(self.ctx, preset.context_length),
+            checkpoint=self.checkpoint,
+            fused_loss=self.fused_loss,
             **dict(self.overrides),
         )
 
@@ -101,6 +105,10 @@ class Case:
         if self.batch != BATCH_SIZE:
             parts.append(f"b{self.batch}")
         parts += [f"{k}{v}" for k, v in self.overrides]
+        if self.checkpoint != "none":
+            parts.append("ckpt" + self.checkpoint.replace(":", ""))
+        if self.fused_loss:
+            parts.append("fusedloss")
         return "-".join(parts)
 
     @property
@@ -118,6 +126,8 @@ class Case:
             "compiled": self.compile,
             "attention": self.attention,
             "batch": self.batch,
+            "checkpoint": self.checkpoint,
+            "fused_loss": self.fused_loss,
             "model_flops": self.flops,
         }
 
@@ -160,6 +170,9 @@ class Workload:
             return self.forward_fn(self.inputs)
 
     def loss(self) -> torch.Tensor:
+        if self.case.fused_loss:  # the model returns the loss itself: logits are never materialized
+            with annotate("forward"), self._precision():
+                return self.forward_fn(self.inputs, self.targets)
         logits = self.forward()
         with annotate("loss"), self._precision():
             return cross_entropy(logits, self.targets)
