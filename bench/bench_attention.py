@@ -68,6 +68,7 @@ def test_attention_eager_vs_compiled(
     passes = settings().d6_passes if device.type == "cuda" else 5
     warmup = 5 if device.type == "cuda" else 1
     info = dict(
+        deliverable="D6" if impl == "pytorch" else "D7a",  # per row, finer than the group's "D6/D7a"
         impl=impl,
         d=d,
         seq=seq,

@@ -90,9 +90,9 @@ def test_section_modules_are_imported_when_the_writeup_is_built(
     from cs336_systems.report import writeup
 
     (tmp_path / "extra_section_for_test.py").write_text(
-        "from cs336_systems.report.writeup import Section, register_section\n"
-        'register_section(Section("D99", "Extra (D99)", "asked", "bench", groups=("fsdp",), '
-        'answer=lambda records: f"{len(records)} rows seen", always=True))\n'
+        "def register(writeup):\n"
+        '    writeup.register_section(writeup.Section("D99", "Extra (D99)", "asked", "bench", '
+        'groups=("fsdp",), answer=lambda records: f"{len(records)} rows seen", always=True))\n'
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(writeup, "SECTION_MODULES", ["extra_section_for_test"])

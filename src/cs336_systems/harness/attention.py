@@ -136,6 +136,11 @@ class StaticCompileCache:
     code object and stops recompiling after ``recompile_limit`` (8) shapes, falling back to eager; so
     when the shape key changes, dynamo is reset and a fresh compile starts. Cases of the same shape
     (the fwd / bwd / fwd_bwd passes) run back to back and share one compile.
+
+    Donated buffers are off for these graphs: the ``bwd`` pass calls ``backward(retain_graph=True)``
+    on one retained forward, which a backward compiled with donated buffers refuses (torch >= 2.6
+    raises "compiled with non-empty donated buffers"). The flag is read when AOTAutograd compiles,
+    i.e. on the first call, so every call runs under it.
     """
 
     def __init__(self) -> None:
@@ -146,7 +151,13 @@ class StaticCompileCache:
         full_key = (fn, key)
         if self._compiled is None or full_key != self._key:
             torch._dynamo.reset()
-            self._compiled = torch.compile(fn, dynamic=False)
+            compiled = torch.compile(fn, dynamic=False)
+
+            def without_donated_buffers(*args: Any, **kwargs: Any) -> Any:
+                with torch._functorch.config.patch(donated_buffer=False):
+                    return compiled(*args, **kwargs)
+
+            self._compiled = without_donated_buffers
             self._key = full_key
         return self._compiled
 

@@ -10,8 +10,8 @@ benchmark group becomes a table file (``.md`` or ``.tex``); ``writeup.md`` is Ma
 schema group keys whose tables it shows (``report/schema.py``: rows are routed on the
 ``extra_info["group_key"]`` that ``schema.tag`` writes, never on group names), further views of groups
 shown elsewhere, and an ``answer(records) -> markdown`` for prose computed from code. Another module
-adds its own section with :func:`register_section` and is listed in :data:`SECTION_MODULES`; groups no
-section claims still appear at the end.
+adds its own section from a ``register(writeup)`` function that calls :func:`register_section`, and
+is listed in :data:`SECTION_MODULES`; groups no section claims still appear at the end.
 """
 
 from __future__ import annotations
@@ -161,15 +161,38 @@ _BUILTIN = (
         groups=("sharding",),
         answer=d20_answer,
     ),
+    # The 2026 parts: tables routed here now; their owners replace a section (same key) through
+    # SECTION_MODULES to add the closed-form answers and plots.
+    Section(
+        "D22",
+        "2026: activation checkpointing (D22)",
+        "Peak memory and step time with and without activation checkpointing.",
+        "bench/bench_memory.py",
+        groups=("checkpointing",),
+    ),
+    Section(
+        "D24",
+        "2026: FSDP (D23, D24)",
+        "FSDP step time and memory per rank next to torch's fully_shard; the memory accounting.",
+        "bench/bench_fsdp.py",
+        groups=("fsdp",),
+    ),
+    Section(
+        "D26",
+        "2026: the 8B training step and its kernels (D26)",
+        "Fused LM-head cross-entropy and fused AdamW against torch, the leaderboard step and its ablation.",
+        "bench/bench_memory.py and the 2026 leaderboard bench",
+        groups=("fused_loss", "fused_adamw", "leaderboard_2026", "leaderboard_2026_ablation"),
+    ),
 )
 
 
 SECTIONS: list[Section] = list(_BUILTIN)
 
-# Modules that add sections of their own with register_section (e.g. "cs336_systems.report.parallelism"
-# for D25, an accounting-backed D22/D24 module); imported when a writeup is built, so they may import
-# this module freely. Add a module here to contribute a section.
-SECTION_MODULES: list[str] = []
+# Modules that contribute sections: each defines ``register(writeup)``, which calls
+# ``writeup.register_section(...)`` (and may append to ``writeup.PLOTS``). They are imported and
+# registered when a report is written, so they may import this module freely. Add yours here.
+SECTION_MODULES: list[str] = ["cs336_systems.report.parallelism"]
 
 
 def register_section(section: Section, after: str | None = None) -> None:
@@ -232,8 +255,10 @@ def _section_lines(
 
 
 def load_section_modules() -> None:
+    """Import every module of SECTION_MODULES and call its ``register(writeup)`` (idempotent)."""
+    this = sys.modules[__name__]
     for name in SECTION_MODULES:
-        importlib.import_module(name)
+        importlib.import_module(name).register(this)
 
 
 def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Path], out: Path) -> str:
@@ -258,6 +283,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, fmt: str = "md") 
     if out.exists() and not out.is_dir():
         raise ReportInputError(f"--out {out} is a file; give a directory")
     runs, records = load(paths)
+    load_section_modules()  # before the plots: a contributed section may add one
     tables = build_tables(records)
     table_dir = out / "tables"
     table_dir.mkdir(parents=True, exist_ok=True)
