@@ -58,6 +58,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+
+from cs336_systems.kernels import flash_attention as kernels
 from cs336_systems.profiling.attention_bench import (
     IMPLS,
     PASSES,
@@ -80,7 +82,6 @@ from cs336_systems.profiling.attention_bench import (
     sdpa_unsupported_reason,
     tflops,
 )
-
 from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
 from cs336_systems.report.schema import tag
 
@@ -398,6 +399,8 @@ def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: s
             times = _SHAPE_TIMES.setdefault((shape, pass_), {})
             times[impl] = timing["do_bench_ms"]
             sdpa_times = {name: ms for name, ms in times.items() if name in SDPA_BACKENDS}
+            if impl == "flash_triton":
+                info["configs"] = kernels.chosen_configs(b * h, nq, nk, d, causal, torch.bfloat16)
             if impl == "flash_triton" and sdpa_times:
                 for name, ms in sdpa_times.items():
                     info[f"ratio_to_{name}"] = timing["do_bench_ms"] / ms

@@ -549,6 +549,18 @@ def tuning_report() -> dict[str, Any]:
     return {"keys": report, "build_errors": dict(_TUNE.errors), "tune_seconds": _TUNE.tune_seconds}
 
 
+def chosen_configs(
+    batch_heads: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype
+) -> dict[str, str]:
+    """The config each kernel uses for this case (tuned, forced or default), for bench rows."""
+    out = {}
+    for kernel in ("fwd", "dq", "dkdv"):
+        key = _tune_key(kernel, batch_heads, n_q, n_k, d, causal, dtype)
+        cfg = _TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidate_configs(kernel, d, dtype)[0]
+        out[kernel] = str(cfg)
+    return out
+
+
 def clear_tuning_cache() -> None:
     _TUNE.cache.clear()
     _TUNE.timings.clear()
