@@ -19,7 +19,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     # pytest-xdist runs one worker per core; torch's own intra-op threads on top only oversubscribe.
-    torch.set_num_threads(1)
+    # Only there: benches run serially (bench/conftest.py refuses xdist) with torch's default thread
+    # count, as the CLI does, so both time the same thing; rows record it as "torch_threads".
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 from cs336_systems.distributed.launch import find_free_port, spawn
 from cs336_systems.model import PRESETS, ModelConfig

@@ -20,19 +20,15 @@ from __future__ import annotations
 import pytest
 
 from cs336_systems.distributed.allreduce import SIZES, allreduce_sweep
-from cs336_systems.distributed.bench_support import (
-    GroupedRuns,
-    cuda_count,
-    device_name,
-    env,
-    record_times,
-    selected_params,
-)
 from cs336_systems.distributed.launch import spawn
+from cs336_systems.harness.distributed import GroupedRuns, backend_device_name, cuda_count, selected_params
+from cs336_systems.harness.record import record_times
+from cs336_systems.harness.settings import settings
+from cs336_systems.report.schema import tag
 
 BACKENDS = ("gloo", "nccl")
 WORLD_SIZES = (2, 4, 6)
-GLOO_MAX_MB = float(env("CS336_GLOO_MAX_MB", "10"))
+GLOO_MAX_MB = settings().gloo_max_mb
 SPAWN_TIMEOUT_S = 600.0
 
 
@@ -72,9 +68,9 @@ def allreduce_runs(request: pytest.FixtureRequest) -> GroupedRuns:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 120)
-@pytest.mark.benchmark(group="D13 all-reduce")
 @pytest.mark.parametrize("backend,world_size,nbytes", CASES)
 def test_allreduce(benchmark, allreduce_runs, backend: str, world_size: int, nbytes: str) -> None:
+    tag(benchmark, "allreduce")
     reason = skip_reason(backend, world_size, nbytes)
     if reason:
         pytest.skip(reason)
@@ -85,7 +81,7 @@ def test_allreduce(benchmark, allreduce_runs, backend: str, world_size: int, nby
         times,
         **result,
         bytes=SIZES[nbytes],
-        device_name=device_name(backend),
+        device_name=backend_device_name(backend),
         oom=False,
     )
     assert result["busbw_gbps"] > 0

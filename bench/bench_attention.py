@@ -31,17 +31,13 @@ import timeit
 import pytest
 import torch
 
-from cs336_systems.profiling.attention_bench import (
-    env_int,
-    environment_info,
-    log_case,
-    make_grad,
-    make_qkv,
-    memory_allocated_mib,
-    release_memory,
-    resolve_impl,
-)
-from cs336_systems.profiling.timing import is_oom, record_oom, run_benchmark, synchronize
+from cs336_systems.harness.attention import make_grad, make_qkv, resolve_impl
+from cs336_systems.harness.environment import environment_info
+from cs336_systems.harness.record import log_case, record_oom, run_benchmark
+from cs336_systems.harness.settings import settings
+from cs336_systems.profiling.memory import free_device_memory, memory_allocated_mib
+from cs336_systems.profiling.timing import is_oom, synchronize
+from cs336_systems.report.schema import tag
 
 D6_BATCH = 8
 D6_DS = (16, 32, 64, 128)
@@ -64,15 +60,14 @@ def _cases() -> list:
     return cases
 
 
-@pytest.mark.benchmark(group="D6/D7a attention eager vs compiled")
 @pytest.mark.parametrize(("impl", "d", "seq", "dtype"), _cases())
 def test_attention_eager_vs_compiled(
     benchmark, device: torch.device, impl: str, d: int, seq: int, dtype: str
 ) -> None:
-    passes = env_int("CS336_D6_PASSES", 100) if device.type == "cuda" else 5
+    tag(benchmark, "attention")
+    passes = settings().d6_passes if device.type == "cuda" else 5
     warmup = 5 if device.type == "cuda" else 1
     info = dict(
-        deliverable="D6" if impl == "pytorch" else "D7a",
         impl=impl,
         d=d,
         seq=seq,
@@ -83,7 +78,7 @@ def test_attention_eager_vs_compiled(
         warmup_rounds=warmup,
         **environment_info(device),
     )
-    release_memory(device, collect=True)  # 40 cases of up to GiBs each: start each from a clean pool
+    free_device_memory(device)  # 40 cases of up to GiBs each: start each from a clean pool
     fwd_ms: list[float] = []
     bwd_ms: list[float] = []
     mem: dict[str, float | None] = {}

@@ -8,7 +8,7 @@ with no communication: the floor), ``naive`` (D14, one all-reduce per gradient a
 ``flat`` (D15, one flattened all-reduce), ``individual`` (D16, async per-gradient all-reduce from
 hooks), ``bucketed`` (D17, bucket_mb 1/10/100/1000) and ``torch_ddp`` (bucket_cap_mb 1/10/100/1000).
 
-Numbers (``cs336_systems.distributed.train_step``): the step time is the host clock around one full
+Numbers (``cs336_systems.harness.train_step``): the step time is the host clock around one full
 step ending in a device synchronize, max over ranks per step; pytest-benchmark's rounds and
 ``extra_info`` ``mean_ms`` / ``std_ms`` / ``median_ms`` are those steps (``warmup_steps`` untimed before).
 ``comm_ms``: time after backward waiting for gradient communication (all of it for naive/flat, the
@@ -31,20 +31,18 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.distributed.bench_support import (
+from cs336_systems.distributed.process_group import default_backend
+from cs336_systems.harness.distributed import (
     GroupedRuns,
-    default_ctx,
-    default_sizes,
-    env_list,
     gpu_skip_reason,
-    record_times,
     train_extra_info,
     train_runs,
     train_setup,
 )
-from cs336_systems.distributed.process_group import default_backend
-from cs336_systems.distributed.train_step import Case
-from cs336_systems.profiling.timing import record_oom
+from cs336_systems.harness.record import record_oom, record_times
+from cs336_systems.harness.settings import settings
+from cs336_systems.harness.train_step import TrainCase
+from cs336_systems.report.schema import tag
 
 SPAWN_TIMEOUT_S = 1500.0
 BUCKETS_MB = (1, 10, 100, 1000)
@@ -56,7 +54,7 @@ VARIANTS: list[tuple[str, int | None]] = [
     *(("bucketed", b) for b in BUCKETS_MB),
     *(("torch_ddp", b) for b in BUCKETS_MB),
 ]
-CTX = default_ctx()
+CTX = settings().ddp_ctx
 CASES = [
     pytest.param(
         size,
@@ -67,36 +65,36 @@ CASES = [
         bucket,
         id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}" + (f"-{bucket}MB" if bucket else ""),
     )
-    for size in default_sizes()
-    for dtype in env_list("CS336_DDP_DTYPES", "fp32")
-    for ws in env_list("CS336_DDP_WORLD_SIZES", "2")
+    for size in settings().ddp_size
+    for dtype in settings().ddp_dtypes
+    for ws in settings().ddp_world_sizes
     for variant, bucket in VARIANTS
 ]
 
 
 @pytest.fixture(scope="module")
 def ddp_runs(request: pytest.FixtureRequest) -> GroupedRuns:
-    return train_runs(request, lambda p: Case(p["variant"], p["bucket_mb"]), SPAWN_TIMEOUT_S)
+    return train_runs(request, lambda p: TrainCase(p["variant"], p["bucket_mb"]), SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 300)
-@pytest.mark.benchmark(group="D14-D17 DDP")
 @pytest.mark.parametrize("size,ctx,dtype,world_size,variant,bucket_mb", CASES)
 def test_ddp_step(
     benchmark, ddp_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str, bucket_mb: int | None
 ) -> None:
+    tag(benchmark, "ddp")
     reason = gpu_skip_reason(world_size)
     if reason:
         pytest.skip(reason)
     group = (size, ctx, dtype, world_size)
-    result = ddp_runs(group, Case(variant, bucket_mb))
+    result = ddp_runs(group, TrainCase(variant, bucket_mb))
     info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, default_backend(world_size))
     info.update(variant=variant, bucket_mb=bucket_mb, optimizer="adamw")
     if result["oom"]:
         record_oom(benchmark, **info)
         return
-    local = ddp_runs.get(group, Case("local"))
+    local = ddp_runs.get(group, TrainCase("local"))
     if local is not None and not local["oom"] and variant != "local":
         info["overhead_ms"] = result["mean_ms"] - local["mean_ms"]
     record_times(benchmark, result["times_ms"], **info)

@@ -1,5 +1,5 @@
 """End-to-end model benchmarks: D2 (benchmarking_script), D4 (bf16 autocast), D5 (2.7B peak memory)
-and D7b (torch.compile'd whole model), all through ``cs336_systems.profiling.workload`` (the CLI's code).
+and D7b (torch.compile'd whole model), all through ``profiling.workload`` and ``harness.model_case`` (the CLI's code).
 
 Groups (one per size so a table stays readable; the report pivots ``mode`` into columns):
 - ``D2/D4/D7b model <size>``: Table 1 size × ctx {128, 256, 512, 1024} × dtype {fp32, bf16 autocast}
@@ -34,16 +34,18 @@ Subsets that fit a 10-minute GPU command (``--only`` from bench/conftest.py)::
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 
 import pytest
 import torch
 
+from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.settings import settings
 from cs336_systems.model import TABLE1_SIZES
 from cs336_systems.profiling.flops import MODES
 from cs336_systems.profiling.workload import DTYPES as WORKLOAD_DTYPES
-from cs336_systems.profiling.workload import Case, run_case
+from cs336_systems.profiling.workload import Case
+from cs336_systems.report.schema import tag
 
 CONTEXTS = (128, 256, 512, 1024)
 DTYPES = tuple(WORKLOAD_DTYPES)
@@ -54,7 +56,7 @@ CPU_CTX = 32
 ON_GPU = torch.cuda.is_available()
 # Each whole-model compile costs ~20 s (small) to ~90 s (xl) of device time: a plain `pytest bench/`
 # compiles only the must-show cases; the other ~110 compiled cases run on request.
-FULL_GRID = os.environ.get("CS336_FULL_GRID") == "1"
+FULL_GRID = settings().full_grid
 FULL_GRID_REASON = (
     "compiled case outside the must-show set; set CS336_FULL_GRID=1 to run (~1 min compile each)"
 )
@@ -103,7 +105,7 @@ def _model_cases() -> list:
 @pytest.mark.parametrize(*_model_cases())
 def test_model(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compile, attention) -> None:
     case = Case(size, ctx, mode, dtype, compile == "compiled", attention)
-    benchmark.group = f"D2/D4/D7b model {size}"
+    tag(benchmark, "model", size)
     warmup, rounds = _steps()
     info = run_case(
         benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=matmul_tflops(case.torch_dtype)
@@ -132,7 +134,7 @@ def _warmup_cases() -> list:
 def test_warmup(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compile, warmup) -> None:
     """D2 (c): the same case with 0, 1, 2, 5 warm-up steps; std_ms and max vs mean show the cold start."""
     case = Case(size, ctx, mode, dtype, compile == "compiled")
-    benchmark.group = f"D2 warm-up {size} ctx{ctx}"
+    tag(benchmark, "warmup", f"{size} ctx{ctx}")
     rounds = _steps()[1]
     info = run_case(
         benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=matmul_tflops(case.torch_dtype)
@@ -153,6 +155,6 @@ def _memory_cases() -> list:
 def test_memory(benchmark, device, size, ctx, dtype, mode) -> None:
     """D5 (b)(c): peak memory of the 2.7B model, forward (inference) and full training step."""
     case = Case(size, ctx, mode, dtype)
-    benchmark.group = f"D5 memory {size}"
+    tag(benchmark, "memory", size)
     info = run_case(benchmark, case, device, warmup=1, rounds=3)
     assert info["oom"] or info["peak_memory_mib"] > 0

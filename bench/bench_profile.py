@@ -22,10 +22,12 @@ import itertools
 import pytest
 import torch
 
+from cs336_systems.harness.model_case import run_case
 from cs336_systems.model import TABLE1_SIZES
 from cs336_systems.profiling.flops import forward_flops
 from cs336_systems.profiling.profiler import profile_step
-from cs336_systems.profiling.workload import Case, Workload, run_case
+from cs336_systems.profiling.workload import Case, Workload
+from cs336_systems.report.schema import tag
 
 ON_GPU = torch.cuda.is_available()
 
@@ -52,7 +54,7 @@ def _d3(workload: Workload) -> dict:
 @pytest.mark.parametrize(*_cases())
 def test_profile(benchmark, device, matmul_tflops, size, ctx, dtype, mode) -> None:
     case = Case(size, ctx, mode, dtype)
-    benchmark.group = "D3 profile"
+    tag(benchmark, "profile")
     warmup, rounds = (2, 5) if ON_GPU else (1, 2)
     rate = matmul_tflops(case.torch_dtype)
     info = run_case(benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=rate, after=_d3)

@@ -23,36 +23,34 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.distributed.bench_support import (
+from cs336_systems.distributed.process_group import default_backend
+from cs336_systems.harness.distributed import (
     GroupedRuns,
-    default_ctx,
-    default_sizes,
-    env_list,
     gpu_skip_reason,
-    record_times,
     train_extra_info,
     train_runs,
     train_setup,
 )
-from cs336_systems.distributed.process_group import default_backend
-from cs336_systems.distributed.train_step import Case
-from cs336_systems.profiling.timing import record_oom
+from cs336_systems.harness.record import record_oom, record_times
+from cs336_systems.harness.settings import settings
+from cs336_systems.harness.train_step import TrainCase
+from cs336_systems.report.schema import tag
 
 SPAWN_TIMEOUT_S = 900.0
 BUCKET_MB = 100
 OPTIMIZER_OF = {"unsharded": "adamw", "sharded": "sharded", "torch_zero": "zero"}
-CTX = default_ctx()
+CTX = settings().ddp_ctx
 CASES = [
     pytest.param(size, CTX, dtype, int(ws), variant, id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}")
-    for size in default_sizes()
-    for dtype in env_list("CS336_DDP_DTYPES", "fp32")
-    for ws in env_list("CS336_DDP_WORLD_SIZES", "2")
+    for size in settings().ddp_size
+    for dtype in settings().ddp_dtypes
+    for ws in settings().ddp_world_sizes
     for variant in OPTIMIZER_OF
 ]
 
 
-def case_of(variant: str) -> Case:
-    return Case("bucketed", BUCKET_MB, OPTIMIZER_OF[variant])
+def case_of(variant: str) -> TrainCase:
+    return TrainCase("bucketed", BUCKET_MB, OPTIMIZER_OF[variant])
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +61,11 @@ def sharding_runs(request: pytest.FixtureRequest) -> GroupedRuns:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 300)
-@pytest.mark.benchmark(group="D20 sharding")
 @pytest.mark.parametrize("size,ctx,dtype,world_size,variant", CASES)
 def test_sharding_step(
     benchmark, sharding_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str
 ) -> None:
+    tag(benchmark, "sharding")
     reason = gpu_skip_reason(world_size)
     if reason:
         pytest.skip(reason)

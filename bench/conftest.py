@@ -1,13 +1,26 @@
-"""Options for the bench suite; fixtures shared with tests live in the root conftest.py.
+"""Options and guards for the bench suite; fixtures shared with tests live in the root conftest.py.
 
 Subset selection works on parameter names, the same for every bench file: ``--only size=small,xl
 --only ctx=256`` keeps the cases whose parameter ``size`` is small or xl and whose ``ctx`` is 256
-(cases without such a parameter are kept). ``-k`` on the case ids works too.
+(cases without such a parameter are kept). A name or value that no collected case has is a usage
+error that lists the valid ones. ``-k`` on the case ids works too.
+
+Benches run serially: pytest-benchmark switches itself off under pytest-xdist (``-n``), so such a
+run would pass without timing anything and write no JSON; it is refused instead.
+
+Rows that were not timed (out of memory, unsupported, skipped: ``extra_info`` ``oom`` or ``skipped``,
+the report's own test) stay in the JSON with their reason but are left out of pytest-benchmark's
+terminal table, where their no-op timing would rank as the fastest baseline.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
+
 import pytest
+
+_UNTIMED = pytest.StashKey[int]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -21,6 +34,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _benchmarking(config: pytest.Config) -> bool:
+    """Whether this run would time benchmarks (pytest-benchmark's own options)."""
+    if config.getoption("benchmark_skip", False):
+        return False
+    return not config.getoption("benchmark_disable", False) or config.getoption("benchmark_enable", False)
+
+
+def _under_xdist(config: pytest.Config) -> bool:
+    # The test pytest-benchmark applies before it disables itself.
+    return config.getoption("dist", "no") != "no" or bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _under_xdist(config) and _benchmarking(config):
+        n = config.getoption("numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER_COUNT", "N")
+        raise pytest.UsageError(
+            f"bench/ cannot run under pytest-xdist (-n {n}): pytest-benchmark switches itself off there, "
+            "so nothing would be timed and no JSON written. Run the benches serially with -n 0, e.g. "
+            "`pytest bench/ -n 0 --benchmark-json=out.json`, or add --benchmark-disable to run them "
+            "untimed as smoke tests."
+        )
+
+
 def _parse_only(values: list[str]) -> dict[str, set[str]]:
     wanted: dict[str, set[str]] = {}
     for value in values:
@@ -31,15 +67,75 @@ def _parse_only(values: list[str]) -> dict[str, set[str]]:
     return wanted
 
 
+def _params(item: pytest.Item) -> dict[str, object]:
+    return getattr(getattr(item, "callspec", None), "params", {})
+
+
+def _sorted(values: set[str]) -> list[str]:
+    return sorted(values, key=lambda v: (0, int(v), v) if v.lstrip("-").isdigit() else (1, 0, v))
+
+
+def _only_errors(wanted: dict[str, set[str]], items: list[pytest.Item]) -> list[str]:
+    """Every --only name or value that no collected case has, with the valid ones."""
+    seen: dict[str, set[str]] = {}
+    for item in items:
+        for key, value in _params(item).items():
+            seen.setdefault(key, set()).add(str(value))
+    errors = []
+    for key, values in wanted.items():
+        if key not in seen:
+            close = difflib.get_close_matches(key, seen, n=1) or [k for k in seen if k.lower() == key.lower()]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            names = ", ".join(sorted(seen)) or "none: the collected cases are not parametrized"
+            errors.append(
+                f"--only {key}=...: no collected case has a parameter {key!r}{hint}; parameters: {names}"
+            )
+        elif unknown := values - seen[key]:
+            errors.append(
+                f"--only {key}=...: no collected case has {key} = {', '.join(_sorted(unknown))}; "
+                f"{key} takes {', '.join(_sorted(seen[key]))}"
+            )
+    return errors
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Runs before -k / -m deselection (pytest's own hook runs last), so names and values are
+    # checked against every collected case.
     wanted = _parse_only(config.getoption("--only"))
     if not wanted:
         return
+    errors = _only_errors(wanted, items)
+    if errors:
+        raise pytest.UsageError("\n".join(errors))
     keep, drop = [], []
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
+        params = _params(item)
         ok = all(str(params[k]) in v for k, v in wanted.items() if k in params)
         (keep if ok else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _untimed(bench: dict) -> bool:
+    extra = bench.get("extra_info") or {}
+    return bool(extra.get("oom") or extra.get("skipped"))
+
+
+@pytest.hookimpl(wrapper=True, optionalhook=True)
+def pytest_benchmark_group_stats(config: pytest.Config, benchmarks: list[dict], group_by: str):
+    groups = yield
+    if config is not None:  # None from the `pytest-benchmark compare` CLI
+        config.stash[_UNTIMED] = sum(_untimed(b) for b in benchmarks)
+    kept = [(name, [b for b in rows if not _untimed(b)]) for name, rows in groups]
+    return [(name, rows) for name, rows in kept if rows]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    untimed = config.stash.get(_UNTIMED, 0)
+    if untimed:
+        terminalreporter.write_line(
+            f"{untimed} row(s) not timed (OOM / unsupported / skipped) are left out of the benchmark "
+            "table; the JSON keeps them with their reason."
+        )

@@ -5,7 +5,7 @@ Under torchrun (one process per GPU, also across nodes):
 Without torchrun it starts the ranks itself (gloo on CPU when there are too few GPUs):
     python scripts/ddp_train.py --nproc 2 --preset tiny --ctx 32 --variant naive
 
-Prints one JSON object on rank 0: the numbers of ``cs336_systems.distributed.train_step`` combined
+Prints one JSON object on rank 0: the numbers of ``cs336_systems.harness.train_step`` combined
 over ranks (step times are per-step max over ranks).
 """
 
@@ -19,10 +19,10 @@ import torch.distributed as dist
 
 from cs336_systems.distributed.launch import spawn
 from cs336_systems.distributed.process_group import init_distributed, shutdown
-from cs336_systems.distributed.train_step import (
+from cs336_systems.harness.train_step import (
     OPTIMIZERS,
     VARIANTS,
-    Case,
+    TrainCase,
     TrainSetup,
     combine_ranks,
     run_cases,
@@ -46,7 +46,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def run(setup: TrainSetup, case: Case) -> dict:
+def run(setup: TrainSetup, case: TrainCase) -> dict:
     mine = run_cases(setup, [case])[case.key]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -56,7 +56,9 @@ def run(setup: TrainSetup, case: Case) -> dict:
 def main() -> None:
     args = parse_args()
     bucket = args.bucket_mb if args.bucket_mb is not None else 100.0
-    case = Case(args.variant, bucket if args.variant in ("bucketed", "torch_ddp") else None, args.optimizer)
+    case = TrainCase(
+        args.variant, bucket if args.variant in ("bucketed", "torch_ddp") else None, args.optimizer
+    )
     setup = TrainSetup(
         preset=args.preset,
         context_length=args.ctx,

@@ -21,6 +21,12 @@ for stage in "$@"; do
       python3 -m pytest tests -p no:cacheprovider -q -m gpu --ignore=tests/test_flash_attention.py 2>&1 | tail -15 ;;
     tests-attention)
       python3 -m pytest tests/test_flash_attention.py tests/test_weighted_sum.py -p no:cacheprovider -q -n 4 2>&1 | tail -8 ;;
+    memory)  # issue 16: the fused kernels' tests on the GPU, then D22 checkpointing, fused loss, fused AdamW
+      python3 -m pytest tests/test_fused_cross_entropy.py tests/test_fused_adamw.py tests/test_checkpointing.py \
+        -p no:cacheprovider -q -k "not compiled and not every_attention" 2>&1 | tail -8
+      "${BENCH[@]}" bench/bench_memory.py --benchmark-json="$OUT/memory.json" > "$OUT/memory.log" 2>&1
+      tail -4 "$OUT/memory.log"
+      python3 -c "import sys; from cs336_systems import report as r; [print(r.render_group_markdown(t)) for t in r.build_tables(r.load(sys.argv[1:])[1])]" "$OUT/memory.json" ;;
     model-core)  # D2/D4/D7b: small and medium at ctx 256, every mode/dtype, eager and compiled; warm-up study
       "${BENCH[@]}" bench/bench_model.py::test_model bench/bench_model.py::test_warmup \
         --only size=small,medium --only ctx=256 --benchmark-json="$OUT/model-core.json" 2>&1 | tail -60
@@ -31,9 +37,9 @@ for stage in "$@"; do
       "${BENCH[@]}" bench/bench_model.py -k "xl-ctx512-bf16-train or test_memory" \
         --benchmark-json="$OUT/model-xl-mem.json" 2>&1 | tail -40 ;;
     profile)  # D3 kernel summary + Chrome trace; D5 memory snapshots (gzipped pickles)
-      python3 -m cs336_systems.benchmark --size medium --context 256 --mode train --warmup 2 --steps 3 \
+      python3 -m cs336_systems.cli.benchmark --size medium --context 256 --mode train --warmup 2 --steps 3 \
         --profile "$OUT/profile" 2>&1 | tail -60
-      python3 -m cs336_systems.benchmark --size 2.7B --context 256 --mode fwd train --warmup 1 --steps 2 \
+      python3 -m cs336_systems.cli.benchmark --size 2.7B --context 256 --mode fwd train --warmup 1 --steps 2 \
         --no-mfu --memory-snapshot "$OUT/mem.pickle" 2>&1 | tail -12
       gzip -f "$OUT"/*.pickle ;;
     attention)  # D6 / D7a

@@ -1,7 +1,7 @@
-"""Every closed-form answer of accounting.py against a hand derivation written out here.
+"""Every closed-form answer of cs336_systems.accounting against a hand derivation written out here.
 
 The expected numbers are computed in the test from the handout's constants by hand arithmetic (never
-by calling the function under test again), so a wrong formula in accounting.py fails.
+by calling the function under test again), so a wrong formula in accounting/ fails.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 
 from cs336_systems import accounting as acc
 from cs336_systems.model import PRESETS
+from cs336_systems.report import answers
 
 # ---------------------------------------------------------------- D5d / D5e
 
@@ -74,7 +75,7 @@ def test_smallest_oom_case_on_a_small_card() -> None:
 
 
 def test_render_d6_mentions_the_measured_case() -> None:
-    text = acc.render_d6(measured_oom=(16384, 32))
+    text = answers.render_d6(measured_oom=(16384, 32))
     assert "seq 16384, d 32" in text and "8,192.0 MiB" in text
 
 
@@ -199,12 +200,12 @@ def test_sharding_communication_xl_two_ranks() -> None:
 
 
 def test_renderers_produce_the_numbers() -> None:
-    assert "20 MiB" in acc.render_d5()
-    d18 = acc.render_d18()
+    assert "20 MiB" in answers.render_d5()
+    d18 = answers.render_d18()
     assert "**44 H100 80GB**" in d18 and "**N_FSDP = 38**" in d18 and "396 tokens" in d18
     assert "25,344" in d18
-    d17 = acc.render_d17(1e9, 1e11, 1e-4, "hand case")
+    d17 = answers.render_d17(1e9, 1e11, 1e-4, "hand case")
     assert "n_b* = 10.0" in d17 and "overhead* = 2.00 ms" in d17
-    d20 = acc.render_d20()
+    d20 = answers.render_d20()
     assert "1,998,235,200" in d20 and "11.99 GB" in d20 and "7.99 GB" in d20
     assert math.isclose(acc.XXL().state_bytes / 1e12, 3.5176, rel_tol=1e-4)

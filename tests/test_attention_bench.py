@@ -1,5 +1,5 @@
-"""CPU tests of the attention-bench helpers (cs336_systems.profiling.attention_bench) and a run of the
-CPU variants of bench/bench_attention.py and bench/bench_flash.py."""
+"""CPU tests of the attention-bench helpers (``harness.attention``, ``profiling.flops`` / ``timing``,
+``harness.record``) and a run of the CPU variants of bench/bench_attention.py and bench/bench_flash.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cs336_systems import report
 from cs336_systems.attention import get_attention_fn
-from cs336_systems.profiling import attention_bench as ab
+from cs336_systems.harness import attention as ab
+from cs336_systems.harness import record
+from cs336_systems.harness.settings import Settings
+from cs336_systems.profiling import flops, timing
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,12 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_attention_flops_hand_count() -> None:
     # batch 2, 3 heads, 8 queries x 8 keys, d 4: Q K^T and P V are 2*3*8*8*4 = 1536 multiply-adds each.
-    assert ab.attention_flops(2, 8, 4, heads=3, causal=False) == 2 * 1536 * 2
-    assert ab.attention_flops(2, 8, 4, heads=3, causal=True) == 1536 * 2
-    assert ab.attention_flops(1, 8, 4, causal=False, n_keys=16) == 4 * 8 * 16 * 4
-    fwd = ab.attention_flops(1, 64, 16)
-    assert ab.attention_flops(1, 64, 16, pass_="bwd") == 2.5 * fwd
-    assert ab.attention_flops(1, 64, 16, pass_="fwd_bwd") == 3.5 * fwd
+    assert flops.attention_flops(2, 8, 4, heads=3, causal=False) == 2 * 1536 * 2
+    assert flops.attention_flops(2, 8, 4, heads=3, causal=True) == 1536 * 2
+    assert flops.attention_flops(1, 8, 4, causal=False, n_keys=16) == 4 * 8 * 16 * 4
+    fwd = flops.attention_flops(1, 64, 16)
+    assert flops.attention_flops(1, 64, 16, pass_="bwd") == 2.5 * fwd
+    assert flops.attention_flops(1, 64, 16, pass_="fwd_bwd") == 3.5 * fwd
 
 
 def test_attention_flops_matches_flop_counter() -> None:
@@ -47,21 +50,21 @@ def test_attention_flops_matches_flop_counter() -> None:
         out = attention(q, k, v, False)
     with FlopCounterMode(display=False) as bwd_counter:
         out.backward(torch.ones_like(out))
-    fwd = ab.attention_flops(batch, seq, d, causal=False)
+    fwd = flops.attention_flops(batch, seq, d, causal=False)
     assert fwd_counter.get_total_flops() == fwd
-    assert bwd_counter.get_total_flops() + fwd / 2 == ab.attention_flops(
+    assert bwd_counter.get_total_flops() + fwd / 2 == flops.attention_flops(
         batch, seq, d, causal=False, pass_="bwd"
     )
 
 
 def test_attention_flops_rejects_unknown_pass() -> None:
     with pytest.raises(ValueError, match="unknown pass 'both'"):
-        ab.attention_flops(1, 8, 4, pass_="both")
+        flops.attention_flops(1, 8, 4, pass_="both")
 
 
 def test_tflops() -> None:
-    assert ab.tflops(2e12, 1000.0) == pytest.approx(2.0)
-    assert ab.tflops(1e9, 1.0) == pytest.approx(1.0)
+    assert flops.tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert flops.tflops(1e9, 1.0) == pytest.approx(1.0)
 
 
 # -------------------------------------------------------------------------------------------- inputs
@@ -93,14 +96,11 @@ def test_bad_dtype_is_named() -> None:
         ab.make_qkv(1, 8, 4, "fp8", "cpu")
 
 
-def test_env_int(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CS336_TEST_KNOB", raising=False)
-    assert ab.env_int("CS336_TEST_KNOB", 7) == 7
-    monkeypatch.setenv("CS336_TEST_KNOB", "12")
-    assert ab.env_int("CS336_TEST_KNOB", 7) == 12
-    monkeypatch.setenv("CS336_TEST_KNOB", "many")
-    with pytest.raises(ValueError, match="CS336_TEST_KNOB must be an integer"):
-        ab.env_int("CS336_TEST_KNOB", 7)
+def test_settings_read_integer_knobs() -> None:
+    assert Settings.from_env({}).d6_passes == 100
+    assert Settings.from_env({"CS336_D6_PASSES": "12"}).d6_passes == 12
+    with pytest.raises(ValueError, match="CS336_D6_PASSES must be an integer"):
+        Settings.from_env({"CS336_D6_PASSES": "many"})
 
 
 # ------------------------------------------------------------------------------------ implementations
@@ -199,7 +199,7 @@ def test_device_time_on_cpu_uses_host_clock() -> None:
         grads_seen.append(q.grad is None)
         (q * k).sum().backward()
 
-    result = ab.device_time(step, torch.device("cpu"), warmup_ms=1, rep_ms=5, grad_to_none=[q])
+    result = timing.device_time(step, torch.device("cpu"), warmup_ms=1, rep_ms=5, grad_to_none=[q])
     assert result["timer"] == "host"
     assert 1 <= result["do_bench_reps"] <= 100
     assert 0 < result["do_bench_min_ms"] <= result["do_bench_p20_ms"] <= result["do_bench_ms"]
@@ -209,15 +209,15 @@ def test_device_time_on_cpu_uses_host_clock() -> None:
 
 
 def test_rounds_for_is_bounded() -> None:
-    assert ab.rounds_for(0.001) == 20
-    assert ab.rounds_for(10.0) == 10
-    assert ab.rounds_for(500.0) == 3
+    assert timing.rounds_for(0.001) == 20
+    assert timing.rounds_for(10.0) == 10
+    assert timing.rounds_for(500.0) == 3
 
 
 def test_record_not_run_makes_a_row() -> None:
     calls = []
     fake = SimpleNamespace(extra_info={}, pedantic=lambda fn, **kw: calls.append(kw) or fn())
-    ab.record_not_run(fake, "unsupported", "no fp32 kernel", impl="sdpa_flash")
+    record.record_not_run(fake, "unsupported", "no fp32 kernel", impl="sdpa_flash")
     assert fake.extra_info == {
         "impl": "sdpa_flash",
         "status": "unsupported",
@@ -272,9 +272,9 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
             assert info["do_bench_ms"] > 0 and info["timer"] == (
                 "do_bench" if torch.cuda.is_available() else "host"
             )
-            expected_flops = ab.attention_flops(1, 128, 16, pass_=pass_)
+            expected_flops = flops.attention_flops(1, 128, 16, pass_=pass_)
             assert info["flops"] == expected_flops
-            assert info["tflops"] == pytest.approx(ab.tflops(expected_flops, info["do_bench_ms"]))
+            assert info["tflops"] == pytest.approx(flops.tflops(expected_flops, info["do_bench_ms"]))
             assert info["mean_ms"] > 0  # pytest-benchmark rounds ran too
     logged = [json.loads(line) for line in out_jsonl.read_text().splitlines()]
     assert len(logged) == len(rows)

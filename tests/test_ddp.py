@@ -1,6 +1,6 @@
 """D14-D17: every DDP variant trains to the same weights as one process on the whole batch.
 
-CPU + gloo, 2 and 4 ranks, float64 toy models (``cs336_systems.distributed.toy``) with a frozen
+CPU + gloo, 2 and 4 ranks, float64 toy models (``tests/helpers/toy.py``) with a frozen
 layer, a buffer, tied weights and a layer that some steps leave without a gradient; SGD with
 momentum and AdamW; several bucket sizes; ``zero_grad`` in both styles. The overlapping wrappers
 are driven through the grading hooks of ``tests/adapters.py``. Spawning ranks costs seconds here,
@@ -26,14 +26,14 @@ from cs336_systems.distributed.comm import shard_batch
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed, assign_buckets
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.naive_ddp import NaiveDDP
-from cs336_systems.distributed.toy import (
+
+from . import adapters
+from .helpers.toy import (
     EquivalenceCase,
     ToyModel,
     compare_with_single_process,
     make_model,
 )
-
-from . import adapters
 
 TOL = 1e-10  # float64
 
@@ -151,7 +151,8 @@ def test_ddp_variants_match_single_process_nccl(run_distributed) -> None:
 
 
 def _lm_driver_suite() -> dict:
-    from cs336_systems.distributed.train_step import Case, TrainSetup, run_cases
+    from cs336_systems.harness.train_step import TrainCase as Case
+    from cs336_systems.harness.train_step import TrainSetup, run_cases
 
     setup = TrainSetup(preset="tiny", context_length=16, global_batch=4, warmup=1, steps=2)
     cases = [
@@ -301,7 +302,7 @@ def test_record_times_become_the_benchmark_rounds(tmp_path: Path) -> None:
     """In a real pytest-benchmark session (a subprocess: the outer run may have benchmarks disabled
     by xdist), the recorded per-step times are the JSON's rounds and stats."""
     (tmp_path / "test_replay.py").write_text(
-        "from cs336_systems.distributed.bench_support import record_times\n"
+        "from cs336_systems.harness.record import record_times\n"
         "def test_case(benchmark):\n"
         "    record_times(benchmark, [1.0, 2.0, 6.0], mean_ms=3.0)\n"
     )

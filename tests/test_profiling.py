@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +18,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cs336_systems import benchmark as cli
+from cs336_systems.cli import benchmark as cli
+from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.record import Recorder, run_benchmark
 from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.profiling import workload as workload_mod
 from cs336_systems.profiling.flops import forward_flops, measure_matmul_tflops, mfu, step_flops
 from cs336_systems.profiling.memory import measure_peak, memory_history, memory_stats, snapshot_step
 from cs336_systems.profiling.profiler import RANGES, kernel_category, profile_step, summarize
-from cs336_systems.profiling.timing import Recorder, run_benchmark
-from cs336_systems.profiling.workload import Case, Workload, run_case
+from cs336_systems.profiling.workload import Case, Workload
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -231,6 +233,7 @@ def test_cli_runs_tiny_on_cpu(mode, capsys, tmp_path):
     assert f"tiny-ctx16-fp32-{mode}-eager-b2" in printed and "MFU %" in printed
     (row,) = json.loads(out.read_text())
     assert row["mode"] == mode and row["mean_ms"] > 0 and row["mfu"] > 0
+    assert row["torch_threads"] == torch.get_num_threads()
 
 
 def test_cli_sweeps_the_product(capsys):
@@ -255,13 +258,44 @@ def test_cli_compiled_train_runs(capsys):
         ("--attention nope --device cpu", "unknown attention"),
         ("--steps 0 --device cpu", "--steps >= 1"),
         ("--size huge", "invalid choice"),
+        ("--device gpu0", "--device 'gpu0' is not a device; use cpu, cuda or cuda:N"),
+        ("--device mps", "runs on cpu, cuda or cuda:N"),
+        ("--device cuda:99", "--device 'cuda:99': "),  # no GPU here, or fewer than 100
+        ("--profile-steps 0 --profile prof --device cpu", "--profile-steps >= 1"),
+        ("--json . --device cpu", "is a directory"),
+        ("--compile --compile-backend nosuch --device cpu", "not a torch.compile backend"),
     ],
 )
-def test_cli_rejects_bad_input(args, message, capsys):
+def test_cli_rejects_bad_input(args, message, capsys, monkeypatch):
+    # Rejected before anything runs: no rate probe, no case.
+    monkeypatch.setattr(cli, "peak_rate", lambda *a, **k: pytest.fail("probed before checking arguments"))
+    monkeypatch.setattr(cli, "run_case", lambda *a, **k: pytest.fail("ran a case before checking arguments"))
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--size", "tiny", *args.split()])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_device_cuda_without_a_gpu_is_an_argparse_error(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine, on any machine
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--size", "tiny", "--device", "cuda"])
+    assert exit_info.value.code == 2
+    assert "--device 'cuda': no CUDA GPU is available here" in capsys.readouterr().err
+
+
+def test_cli_reports_progress_on_stderr(capsys):
+    args = "--size tiny --context 8 --batch 1 --mode fwd --warmup 2 --steps 3 --device cpu"
+    assert cli.main(args.split()) == 0
+    printed = capsys.readouterr()
+    err = printed.err.splitlines()
+    case = "[1/1] tiny-ctx8-fp32-fwd-eager-b1"
+    assert err[0] == "measuring the fp32 matmul rate on cpu (the MFU denominator)"
+    assert err[1] == f"{case}: building the model"
+    phases = [re.match(rf"{re.escape(case)}: (.+?) \[#* *\] [\d.]+ s$", line)[1] for line in err[2:-1]]
+    assert phases[0] == "warm-up 0/2" and phases[-1] == "step 3/3" and "warm-up 2/2" in phases
+    assert err[-1].startswith(f"{case}: done in ")
+    assert "building the model" not in printed.out  # stdout keeps only the tables
 
 
 def test_cli_profile_writes_summary_and_trace(tmp_path, capsys):
@@ -285,7 +319,7 @@ def test_cli_entry_point():
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     args = ["--size", "tiny", "--context", "8", "--batch", "1", "--mode", "fwd", "--steps", "1", "--no-mfu"]
     result = subprocess.run(
-        [sys.executable, "-m", "cs336_systems.benchmark", *args],
+        [sys.executable, "-m", "cs336_systems.cli.benchmark", *args],
         capture_output=True,
         text=True,
         env=env,

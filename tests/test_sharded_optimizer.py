@@ -4,7 +4,7 @@ Every rank computes the same gradients (the full batch), so the sharded optimize
 the wrapped optimizer class exactly: AdamW and SGD with momentum over several steps, parameter
 groups with their own lr / weight decay, ``add_param_group`` after training started, tied weights,
 frozen parameters, an LR scheduler, and checkpoints (its own per-rank state dict, and an unsharded
-one). Float64 toy models from ``cs336_systems.distributed.toy``; one spawn per world size.
+one). Float64 toy models from ``tests/helpers/toy.py``; one spawn per world size.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch.distributed as dist
 
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_owners
-from cs336_systems.distributed.toy import loss_fn, make_batch, make_model
 
 from . import adapters
+from .helpers.toy import loss_fn, make_batch, make_model
 
 TOL = 1e-12
 

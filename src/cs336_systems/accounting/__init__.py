@@ -1,7 +1,7 @@
 """Closed-form answers of the handout's accounting questions (D5d, D6, D17b, D18, D20c).
 
 Every answer is a small function whose docstring carries the derivation and whose result is plain
-numbers; ``render_*`` turns them into the Markdown the writeup stitches in. Units: bytes unless a name
+numbers (dataclasses and floats, no prose: ``report.answers`` writes the Markdown). Units: bytes unless a name
 says otherwise; MiB = 2**20 bytes, GiB = 2**30 bytes, GB = 1e9 bytes (the handout's "80GB" / "95GB"
 device sizes are read as decimal GB, and the text says where that choice matters).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from cs336_systems.distributed.sharded_optimizer import assign_owners
-from cs336_systems.model import BATCH_SIZE, PRESETS, ModelConfig, TransformerLM
+from cs336_systems.model import BATCH_SIZE, ModelConfig, TransformerLM
 
 MiB = 2**20
 GiB = 2**30
@@ -25,14 +25,6 @@ D6_BATCH = 8
 D6_HEAD_DIMS = (16, 32, 64, 128)
 D6_SEQ_LENS = (256, 1024, 4096, 8192, 16384)
 H100_BYTES = 80 * GiB  # the "80 GB" card: 80 GiB of HBM3 (torch reports ~79.2 GiB usable)
-
-
-def _mib(n: float) -> str:
-    return f"{n / MiB:,.1f} MiB"
-
-
-def _gb(n: float) -> str:
-    return f"{n / GB:,.2f} GB"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -71,35 +63,6 @@ def largest_forward_tensors(
         "QKV projection (one layer)": b * t * 3 * config.d_model * e,
     }
     return dict(sorted(sizes.items(), key=lambda kv: -kv[1]))
-
-
-def render_d5(config: ModelConfig | None = None, contexts: Sequence[int] = (128, 256, 512)) -> str:
-    config = config or PRESETS["2.7B"]
-    rows = [
-        f"| {t} | {BATCH_SIZE}·{t}·{config.d_model}·4 = {residual_stream_bytes(config, t):,} B | "
-        f"{residual_stream_bytes(config, t) / MiB:g} MiB |"
-        for t in contexts
-    ]
-    big = largest_forward_tensors(config, max(contexts))
-    big_rows = [f"| {name} | {_mib(n)} |" for name, n in big.items()]
-    return "\n".join(
-        [
-            f"**(d) Residual-stream activation of the {config.name} model (fp32).** A residual-stream tensor "
-            f"has shape (batch, ctx, d_model) = ({BATCH_SIZE}, ctx, {config.d_model}); in single precision "
-            "it takes batch·ctx·d_model·4 bytes:",
-            "",
-            "| ctx | bytes | size |",
-            "| --- | --- | --- |",
-            *rows,
-            "",
-            f"**(e) Largest single tensors of a forward pass** at ctx {max(contexts)} (batch {BATCH_SIZE}, "
-            "fp32), which are the allocations memory_viz keeps at a low Detail level:",
-            "",
-            "| tensor | size |",
-            "| --- | --- |",
-            *big_rows,
-        ]
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -199,56 +162,6 @@ def first_oom_seq(
     return attention_memory(seq, d, batch, causal=causal)
 
 
-def render_d6(
-    capacity_bytes: int = H100_BYTES, measured_oom: tuple[int, int] | None = None, causal: bool = False
-) -> str:
-    """Markdown: the accounting of the smallest OOM case (measured if given as (seq, d), else
-    predicted), how the saved memory grows with seq, and the way out."""
-    predicted = smallest_oom_case(capacity_bytes, causal=causal)
-    if measured_oom is not None:
-        case, origin = (
-            attention_memory(*measured_oom, causal=causal),
-            "the smallest case that ran out in the run",
-        )
-    elif predicted is not None:
-        case, origin = predicted, "the smallest grid case predicted to run out"
-    else:
-        case = first_oom_seq(capacity_bytes, causal=causal)
-        origin = (
-            f"no grid case is predicted to run out on the {capacity_bytes / GiB:g} GiB card; the first that "
-            "would is one doubling past the grid"
-        )
-    b, t, d = case.batch, case.seq, case.d
-    growth = "\n".join(
-        f"| {s} | {_mib(attention_memory(s, 16, b).score_matrix)} | "
-        f"{_mib(attention_memory(s, 16, b).saved_for_backward)} | {_mib(attention_memory(s, 16, b).peak)} |"
-        for s in D6_SEQ_LENS
-    )
-    return "\n".join(
-        [
-            f"**Memory accounting (batch {b}, seq {t}, d {d}, fp32): {origin}.** One score matrix is "
-            f"batch·seq²·4 = {b}·{t}²·4 B = {_mib(case.score_matrix)}; a (batch, seq, d) tensor is "
-            f"{_mib(case.vector_tensor)}.",
-            "",
-            f"- saved for backward: P + q, k, v = {_mib(case.saved_for_backward)} "
-            f"(with the output O, {_mib(case.before_backward)} in use when backward starts);",
-            f"- forward peak: S and P (or S and S/√d) alive together = {_mib(case.forward_peak)};",
-            f"- backward peak: P, dP and dS alive together in softmax backward = {_mib(case.backward_peak)} "
-            f"vs {capacity_bytes / GiB:g} GiB on the card.",
-            "",
-            "Saved-for-backward memory grows quadratically with seq (×4 per doubling), and barely with d:",
-            "",
-            "| seq | one score matrix | saved for backward (d 16) | predicted peak (d 16) |",
-            "| --- | --- | --- | --- |",
-            growth,
-            "",
-            "To remove the seq² cost, never materialize P: compute attention tile by tile with an online "
-            "softmax and keep only the row logsumexp L (batch·seq floats) for backward, recomputing P "
-            "tile by tile there (FlashAttention-2, D9–D10); memory becomes O(batch·seq·d).",
-        ]
-    )
-
-
 # --------------------------------------------------------------------------------------------------
 # D17b: DDP overhead with buckets
 # --------------------------------------------------------------------------------------------------
@@ -318,36 +231,6 @@ def fit_allreduce_cost(nbytes: Sequence[float], seconds: Sequence[float]) -> tup
     return max(my - slope * mx, 0.0), 1.0 / slope
 
 
-def render_d17(s: float, w: float, o: float, source: str) -> str:
-    n_star = optimal_bucket_count(s, w, o)
-    b_star = optimal_bucket_bytes(s, w, o)
-    rows = "\n".join(
-        f"| {mb:g} | {max(1, math.ceil(s / (mb * MiB)))} | "
-        f"{ddp_overhead_s(s, w, o, max(1, math.ceil(s / (mb * MiB)))) * 1e3:.2f} |"
-        for mb in (1, 10, 100, 1000)
-    )
-    return "\n".join(
-        [
-            "**(b) Overhead model.** With s model bytes, w all-reduce algorithm bandwidth, o seconds per "
-            "call and n_b equal buckets, bucket i is ready at i·s/(n_b·w) (computing a bucket takes as long "
-            "as moving it) and the all-reduces run back to back, each s/(n_b·w) + o, so the last ends "
-            "s/(n_b·w) + n_b·o after backward:",
-            "",
-            "    overhead(n_b) = s / (n_b · w) + n_b · o",
-            "    n_b* = sqrt(s / (w · o)),   b* = s / n_b* = sqrt(s · w · o),   overhead* = 2 · sqrt(s · o / w)",
-            "",
-            f"Numbers ({source}): s = {_gb(s)}, w = {w / GB:.1f} GB/s, o = {o * 1e6:.1f} µs ⇒ "
-            f"n_b* = {n_star:.1f} buckets, b* = {b_star / MiB:,.0f} MiB, "
-            f"overhead* = {minimal_ddp_overhead_s(s, w, o) * 1e3:.2f} ms (vs s/w + o = "
-            f"{ddp_overhead_s(s, w, o, 1) * 1e3:.2f} ms with one bucket after backward).",
-            "",
-            "| bucket size (MiB) | buckets | modelled overhead (ms) |",
-            "| --- | --- | --- |",
-            rows,
-        ]
-    )
-
-
 # --------------------------------------------------------------------------------------------------
 # D18: the XXL model (communication_accounting)
 # --------------------------------------------------------------------------------------------------
@@ -404,7 +287,7 @@ class XXL:
         room = device_bytes - a / 2
         if room <= 0:
             raise ValueError(
-                f"the replicated half of the activations ({_gb(a / 2)}) alone exceeds the device"
+                f"the replicated half of the activations ({a / 2 / GB:.1f} GB) alone exceeds the device"
             )
         return math.floor((self.state_bytes + a / 2) / room) + 1
 
@@ -450,64 +333,6 @@ def fsdp_tp_compute_bound(
     per_device = batch / n
     per_device_int = math.ceil(per_device)
     return ComputeBound(alpha, batch, per_device, per_device_int, per_device_int * n)
-
-
-def render_d18(model: XXL | None = None) -> str:
-    m = model or XXL()
-    cb = fsdp_tp_compute_bound(d_ff=m.d_ff)
-    tokens_examples = (0, 1024, 4096, 8192)
-    fsdp_rows = "\n".join(
-        f"| {t:,} | {_gb(m.activations(t))} | {m.min_fsdp(tokens=t)} | "
-        f"{m.fsdp_bytes_per_device(m.min_fsdp(tokens=t), t) / GB:.3f} GB |"
-        for t in tokens_examples
-    )
-    return "\n".join(
-        [
-            f"Assumptions: P = 2·d_model·d_ff·blocks = 2·{m.d_model}·{m.d_ff}·{m.num_blocks} = {m.params:,} "
-            "parameters; fp32 master weights (4 B), fp32 accumulated gradients (4 B) and AdamW's two fp32 "
-            "moments (8 B) = 16 B per parameter; bf16 activations; saved for backward are the inputs of "
-            "both linears of every block (no activation function, no checkpointing); 80 GB = 80·10⁹ B, "
-            "95 GB = 95·10⁹ B.",
-            "",
-            f"**(a)** Weights + gradients + optimizer state = 16·P = {m.state_bytes:,} B ≈ "
-            f"{m.state_bytes / 1e12:.2f} TB ({m.state_bytes / GiB:,.0f} GiB), which is "
-            f"{m.state_bytes / (80 * GB):.2f} → **{m.devices_to_hold()} H100 80GB** worth of memory "
-            f"({m.state_bytes / H100_BYTES:.2f} cards of 80 GiB). Saved for backward: "
-            f"(d_model + d_ff)·blocks·2 B = {m.activation_bytes_per_token:,} B ≈ "
-            f"{m.activation_bytes_per_token / 1e6:.1f} MB per token (e.g. {_gb(m.activations(1024))} per 1,024 "
-            f"tokens, {m.activations(1024) / (80 * GB):.2f} more H100s).",
-            "",
-            "**(b)** With state and half the activations sharded over N_FSDP devices and the other half "
-            "replicated: memory per device = (16·P + A/2)/N_FSDP + A/2, A = activation bytes of the batch. "
-            f"Ignoring activations, 16·P/N < 95 GB needs N_FSDP > {m.state_bytes / (95 * GB):.2f}, so "
-            f"**N_FSDP = {m.min_fsdp()}**; the activations raise it:",
-            "",
-            "| tokens per batch | activations A | smallest N_FSDP | memory per device |",
-            "| --- | --- | --- | --- |",
-            fsdp_rows,
-            "",
-            "**(c)** Forward pass, X = 16 (FSDP, M_X = 2), Y = 4 (TP, M_Y = 1), C = 4.6·10¹⁴ FLOP/s, "
-            f"W_ici = 2·9·10¹⁰ B/s, α = C/W_ici = {cb.alpha:,.1f}. Per layer T_math = 4·B·D·F/(N·C), "
-            "T_FSDP = 4·D·F/(Y·W·M_X), T_TP = 4·B·D/(X·W·M_Y); compute bound while T_FSDP + T_TP ≤ T_math, "
-            f"i.e. B ≥ (X·α/M_X)/(1 − Y·α/(F·M_Y)) = {16 * cb.alpha / 2:,.0f}/(1 − {4 * cb.alpha / m.d_ff:.4f}) "
-            f"= {cb.batch_tokens:,.0f} tokens. **Per device: B/64 ≥ {cb.per_device_tokens:.1f} → "
-            f"{cb.per_device_tokens_int} tokens; overall batch {cb.batch_tokens_int:,} tokens** "
-            f"(X·α/M_X = {16 * cb.alpha / 2:,.0f} tokens if each communication only had to fit alone).",
-            "",
-            "**(d)** To keep the chips compute bound at a smaller batch, cut the bytes each FLOP needs or "
-            "hide them: (1) the FSDP term does not depend on B, so the floor is B/N ≥ α/(M_X·Y)/(1−…): "
-            "more tensor parallelism (larger Y, up to F/Y ≳ α/M_Y) or more mesh axes for FSDP (larger M_X) "
-            "lowers it, and the Scaling Book's optimal X/Y split reaches B/N ≈ 2α²/F (~245 tokens here); "
-            "(2) pipeline parallelism over a further axis: only activations of the stage boundaries move "
-            "(2·B·D bytes per boundary), weights stay local, and micro-batches with an interleaved or "
-            "zero-bubble schedule keep the bubble small (Narayanan et al. 2021; DeepSeek-V3's DualPipe); "
-            "(3) communicate fewer bytes: all-gather weights in fp8 instead of bf16 halves T_FSDP and so "
-            "the batch floor (DeepSeek-V3 uses fp8 communication); (4) prefetch the next layer's weights "
-            "while computing the current one so FSDP traffic overlaps fully (what the sum condition "
-            "assumes); (5) for MoE models, expert parallelism moves tokens rather than weights. Gradient "
-            "accumulation does not help: it raises the batch instead of lowering it.",
-        ]
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -588,39 +413,3 @@ def sharding_communication(num_params: int, world_size: int, bytes_per_element: 
     phi = num_params * bytes_per_element
     f = (world_size - 1) / world_size
     return ShardingComm(ddp=2 * phi * f, ours=3 * phi * f, zero1=2 * phi * f)
-
-
-def render_d20(config: ModelConfig | None = None, world_size: int = 2) -> str:
-    config = config or PRESETS["xl"]
-    n = sum(parameter_numels(config))
-    full = model_memory(config)
-    ours = model_memory(config, world_size, sharded=True)
-    comm = sharding_communication(n, world_size)
-
-    def row(name: str, mem: ModelMemory) -> str:
-        return f"| {name} | {_mib(mem.params)} | {_mib(mem.grads)} | {_mib(mem.optim_state)} | {_mib(mem.total)} |"
-
-    return "\n".join(
-        [
-            f"**Expected memory per rank, {config.name} (Φ = {n:,} parameters), fp32 with AdamW, "
-            f"{world_size} ranks.** Peak after init = parameters; right before the step (steady state) = "
-            "parameters + gradients + optimizer state; activations are freed by then.",
-            "",
-            "| setting | parameters (= after init) | gradients | optimizer state | total (= before step) |",
-            "| --- | --- | --- | --- | --- |",
-            row("unsharded (DDP)", full),
-            row(f"sharded over {world_size} (ours, ZeRO-1)", ours),
-            "",
-            f"**(c) Ours vs ZeRO stage 1.** Memory: both keep full fp32 parameters and gradients on every "
-            f"rank and 1/N of the AdamW state (4Φ + 4Φ + 8Φ/N bytes; {_mib(ours.total)} vs {_mib(full.total)} "
-            "unsharded). ZeRO-1 splits one flat buffer evenly, we assign whole tensors (slightly uneven "
-            f"shards: largest {max(greedy_shards(parameter_numels(config), world_size)):,} of {n:,} elements); "
-            "with mixed precision ZeRO-1 also shards the fp32 master copy (K = 12 bytes/param of state), which "
-            "we do not have. Communication per rank and step (ring algorithms, Φ bytes of fp32): plain "
-            f"DDP all-reduces gradients, 2Φ(N−1)/N = {_gb(comm.ddp)}; ZeRO-1 reduce-scatters the "
-            "gradients and all-gathers the updated parameters, Φ(N−1)/N each = "
-            f"{_gb(comm.zero1)}, the same as DDP; ours all-reduces the full gradients and then broadcasts "
-            f"each owner's parameters, 3Φ(N−1)/N = {_gb(comm.ours)}, 1.5× as much, and every rank "
-            "receives averaged gradients for parameters it never updates.",
-        ]
-    )

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from cs336_systems.distributed.comm import barrier, rank_device, require_process_group, world
+from cs336_systems.units import MIB
 
-MB = 2**20
+MB = MIB  # the labels say MB; the sizes are MiB (units.py)
 SIZES = {"1MB": MB, "10MB": 10 * MB, "100MB": 100 * MB, "1GB": 1024 * MB}
 
 

@@ -14,6 +14,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from cs336_systems.units import mb_to_bytes
+
 
 def world() -> tuple[int, int]:
     """(rank, world_size) of the default process group; (0, 1) when none is initialized."""
@@ -78,7 +80,7 @@ def flat_chunks(tensors: Iterable[torch.Tensor], chunk_mb: float = CHUNK_MB) -> 
     """Tensors packed in order into chunks of one (device, dtype) and at most ``chunk_mb`` MiB (a
     larger tensor gets a chunk of its own), each to travel as one flat buffer: few calls, and the
     extra memory for the flat copies stays bounded by the chunk size instead of the model size."""
-    cap = chunk_mb * 2**20
+    cap = mb_to_bytes(chunk_mb)
     chunks: list[list[torch.Tensor]] = []
     for group in group_by_dtype_device(tensors).values():
         size = cap + 1

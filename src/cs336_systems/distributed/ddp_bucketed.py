@@ -23,19 +23,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from cs336_systems.distributed.comm import (
-    broadcast_module,
-    parameter_names,
-    require_process_group,
-    trainable_parameters,
-    world,
-)
+from cs336_systems.distributed.comm import trainable_parameters
+from cs336_systems.distributed.ddp import DataParallel
+from cs336_systems.units import mb_to_bytes
 
 
 @dataclass
@@ -74,7 +69,7 @@ def assign_buckets(params: list[nn.Parameter], bucket_size_mb: float) -> list[Bu
     device/dtype changes."""
     if not bucket_size_mb > 0:
         raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb}")
-    cap = bucket_size_mb * 2**20
+    cap = mb_to_bytes(bucket_size_mb)
     buckets: list[list[nn.Parameter]] = []
     size = 0.0
     for p in reversed(params):
@@ -93,7 +88,7 @@ def assign_buckets(params: list[nn.Parameter], bucket_size_mb: float) -> list[Bu
     return [Bucket(b) for b in buckets]
 
 
-class DDPBucketed(nn.Module):
+class DDPBucketed(DataParallel):
     """``DDPBucketed(module, bucket_size_mb)``; ``.module`` is the wrapped model, ``forward`` delegates.
 
     Per step: ``on_train_batch_start()`` (optional; resets per-step state), forward, backward,
@@ -101,24 +96,15 @@ class DDPBucketed(nn.Module):
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float):
-        super().__init__()
-        require_process_group(type(self).__name__)
-        self.module = module
+        super().__init__(module)
         self.bucket_size_mb = bucket_size_mb
-        self.world_size = world()[1]
-        broadcast_module(module)
-        self._names = parameter_names(module)
         params = trainable_parameters(module)
         self.buckets = assign_buckets(params, bucket_size_mb)
         self._where = {
             id(p): (b, i) for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)
         }
-        self._seen: set[int] = set()
         self._next = 0  # index of the next bucket to launch
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        return self.module(*inputs, **kwargs)
+        self._hook_gradients(params)
 
     @property
     def bucket_names(self) -> list[list[str]]:
@@ -145,12 +131,6 @@ class DDPBucketed(nn.Module):
         self._next = 0
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        if id(param) in self._seen:
-            raise RuntimeError(
-                f"parameter {self._names.get(id(param), '?')!r} got a second gradient before "
-                "finish_gradient_synchronization(); call it after every backward pass"
-            )
-        self._seen.add(id(param))
         b, _ = self._where[id(param)]
         self.buckets[b].ready += 1
         while self._next < len(self.buckets) and self.buckets[self._next].complete:
@@ -206,8 +186,3 @@ class DDPBucketed(nn.Module):
         for i, p in enumerate(bucket.params):
             if bucket.missing[i] and used[i] > 0:
                 p.grad = views[i].clone()
-
-    def remove_hooks(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()

@@ -9,22 +9,15 @@ communication of late layers runs while autograd still computes the early ones.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from cs336_systems.distributed.comm import (
-    broadcast_module,
-    parameter_names,
-    require_process_group,
-    trainable_parameters,
-    world,
-)
+from cs336_systems.distributed.comm import trainable_parameters
+from cs336_systems.distributed.ddp import DataParallel
 
 
-class DDPIndividualParameters(nn.Module):
+class DDPIndividualParameters(DataParallel):
     """``DDPIndividualParameters(module)``: ``.module`` is the wrapped model; ``forward`` delegates.
 
     Frozen parameters (``requires_grad=False``) get no hook and are only broadcast at construction.
@@ -34,28 +27,11 @@ class DDPIndividualParameters(nn.Module):
     """
 
     def __init__(self, module: nn.Module):
-        super().__init__()
-        require_process_group(type(self).__name__)
-        self.module = module
-        self.world_size = world()[1]
-        broadcast_module(module)
-        self._names = parameter_names(module)
+        super().__init__(module)
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
-        self._launched: set[int] = set()
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in trainable_parameters(module)
-        ]
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        return self.module(*inputs, **kwargs)
+        self._hook_gradients(trainable_parameters(module))
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        if id(param) in self._launched:
-            raise RuntimeError(
-                f"parameter {self._names.get(id(param), '?')!r} got a second gradient before "
-                "finish_gradient_synchronization(); call it after every backward pass"
-            )
-        self._launched.add(id(param))
         grad = param.grad
         self._pending.append((dist.all_reduce(grad, async_op=True), grad))
 
@@ -68,10 +44,4 @@ class DDPIndividualParameters(nn.Module):
         if self._pending:
             torch._foreach_div_([grad for _, grad in self._pending], self.world_size)
         self._pending.clear()
-        self._launched.clear()
-
-    def remove_hooks(self) -> None:
-        """Detach from the module (e.g. to wrap it again with another DDP variant)."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
+        self._seen.clear()

@@ -19,20 +19,14 @@ whole backward pass, so every byte of communication adds to the step time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from cs336_systems.distributed.comm import (
-    broadcast_module,
-    group_by_dtype_device,
-    require_process_group,
-    trainable_parameters,
-    world,
-)
+from cs336_systems.distributed.comm import group_by_dtype_device, trainable_parameters, world
+from cs336_systems.distributed.ddp import DataParallel
 
 
 @torch.no_grad()
@@ -60,27 +54,14 @@ def allreduce_gradients(params: Sequence[torch.Tensor], flat: bool = False) -> i
     return calls
 
 
-class NaiveDDP(nn.Module):
+class NaiveDDP(DataParallel):
     """Broadcasts rank 0's parameters and buffers at construction; ``finish_gradient_synchronization``
     all-reduces every gradient after backward (per tensor, or flattened when ``flat=True``)."""
 
     def __init__(self, module: nn.Module, flat: bool = False):
-        super().__init__()
-        require_process_group(type(self).__name__)
-        self.module = module
+        super().__init__(module)
         self.flat = flat
         self._params = trainable_parameters(module)
-        broadcast_module(module)
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        return self.module(*inputs, **kwargs)
 
     def finish_gradient_synchronization(self) -> None:
         allreduce_gradients(self._params, flat=self.flat)
-
-
-class FlatDDP(NaiveDDP):
-    """D15: ``NaiveDDP`` with one flattened all-reduce per step."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__(module, flat=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from cs336_systems.model.checkpointing import parse_checkpoint
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -16,12 +18,17 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     attention: str = "pytorch"  # a name from cs336_systems.attention.attention_names()
     name: str = "custom"
+    checkpoint: str = (
+        "none"  # activation checkpointing: "none", "every:K" or "nested" (model/checkpointing.py)
+    )
+    fused_loss: bool = False  # forward(ids, targets) through the fused LM-head + cross-entropy kernel
 
     def __post_init__(self) -> None:
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
         if self.d_head % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {self.d_head}")
+        parse_checkpoint(self.checkpoint)  # raises on a policy outside the grammar
 
     @property
     def d_head(self) -> int:

@@ -10,7 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cs336_systems.attention import get_attention_fn
+from cs336_systems.kernels.fused_cross_entropy import fused_linear_cross_entropy
+from cs336_systems.model.checkpointing import run_blocks
 from cs336_systems.model.config import ModelConfig
+from cs336_systems.model.loss import cross_entropy
 from cs336_systems.nvtx import annotate
 
 
@@ -26,6 +29,28 @@ class Linear(nn.Linear):
 
     def reset_parameters(self) -> None:
         _trunc_normal_(self.weight, math.sqrt(2.0 / (self.in_features + self.out_features)))
+
+
+class LMHead(Linear):
+    """The output projection. Given targets it returns the mean (or summed) cross-entropy through the
+    fused chunked kernel instead of the logits, computed here from ``self.weight`` so that whatever
+    wraps this module's forward (FSDP's all-gather hooks) sees the weight used."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        if torch.is_autocast_enabled(x.device.type):
+            # Autocast does not reach inside an autograd Function: take its precision explicitly. The
+            # kernel casts the fp32 weight for its GEMMs and returns an fp32 gradient for it.
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        with torch.autocast(x.device.type, enabled=False):
+            return fused_linear_cross_entropy(x, self.weight, targets, ignore_index, reduction)
 
 
 class Embedding(nn.Embedding):
@@ -122,16 +147,21 @@ class TransformerLM(nn.Module):
             TransformerBlock(config, self.rope, device=device, dtype=dtype) for _ in range(config.num_layers)
         )
         self.ln_final = RMSNorm(config.d_model, device=device, dtype=dtype)
-        self.lm_head = Linear(config.d_model, config.vocab_size, device=device, dtype=dtype)
+        self.lm_head = LMHead(config.d_model, config.vocab_size, device=device, dtype=dtype)
 
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (batch, seq, vocab); given targets (batch, seq), the mean cross-entropy instead."""
         seq = token_ids.shape[-1]
         if seq > self.config.context_length:
             raise ValueError(f"sequence length {seq} exceeds context_length {self.config.context_length}")
         x = self.token_embeddings(token_ids)
-        for layer in self.layers:
-            x = layer(x)
-        return self.lm_head(self.ln_final(x))
+        x = run_blocks(self.layers, x, self.config.checkpoint)
+        x = self.ln_final(x)
+        if targets is None:
+            return self.lm_head(x)
+        if self.config.fused_loss:
+            return self.lm_head(x, targets)
+        return cross_entropy(self.lm_head(x), targets)
 
 
 def count_parameters(config: ModelConfig) -> int:

@@ -118,3 +118,34 @@ def measure_matmul_tflops(
         synchronize(device)
         best = min(best, (timeit.default_timer() - start) / iters)
     return 2 * n**3 / best / 1e12
+
+
+# Attention alone (the attention benches, D6/D11/D12). Backward does 2.5x the forward's matmul FLOPs
+# (5 matmuls against 2, with P recomputed in FA2), the convention of the FlashAttention papers.
+PASS_FLOP_FACTOR: dict[str, float] = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+
+def attention_flops(
+    batch: int,
+    seq: int,
+    d: int,
+    *,
+    heads: int = 1,
+    causal: bool = True,
+    pass_: str = "fwd",
+    n_keys: int | None = None,
+) -> float:
+    """Matmul FLOPs of attention: forward = 2 matmuls (Q K^T and P V) of seq x n_keys x d multiply-adds,
+    2 FLOPs each, i.e. 4 * seq * n_keys * d per (batch, head); causal halves it (half the tiles are
+    masked); backward = 2.5 x forward. Softmax and masking are not counted (they are not matmuls)."""
+    if pass_ not in PASS_FLOP_FACTOR:
+        raise ValueError(f"unknown pass {pass_!r}; choose one of {list(PASS_FLOP_FACTOR)}")
+    n_keys = seq if n_keys is None else n_keys
+    fwd = 4.0 * batch * heads * seq * n_keys * d
+    if causal:
+        fwd *= 0.5
+    return fwd * PASS_FLOP_FACTOR[pass_]
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12

@@ -1,4 +1,4 @@
-"""Synchronized step timing and the glue that records a case into pytest-benchmark.
+"""Synchronized step timing on the host clock, and device timing with ``triton.testing.do_bench``.
 
 Device work is asynchronous, so every timed step ends with a device synchronize (handout 1.1.3):
 the host clock then measures the step on the device, launch overhead included. Warm-up steps run
@@ -7,13 +7,15 @@ before timing so compilation, autotuning and allocator growth stay out of the nu
 
 from __future__ import annotations
 
-import gc
 import statistics
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
+
+from cs336_systems.units import MIB
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -48,131 +50,83 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def free_device_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_mib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else None
 
 
-def record_oom(benchmark: Any, **extra_info: Any) -> None:
-    """Record an out-of-memory case as a result row: ``extra_info['oom'] = True`` and a no-op timing,
-    so the case still appears in the JSON (and as "OOM" in the tables) and the sweep goes on."""
-    free_device_memory()
-    benchmark.extra_info.update(extra_info, oom=True)
-    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+def quantile(values: Sequence[float], q: float) -> float:
+    return float(np.quantile(np.asarray(values, dtype=float), q))
 
 
-def run_benchmark(
-    benchmark: Any,
-    step: Callable[[], Any],
+def host_bench(
+    fn: Callable[[], Any],
     device: torch.device,
     *,
-    warmup: int,
-    rounds: int,
-    setup: Callable[[], Any] | None = None,
-    **extra_info: Any,
-) -> list[float] | None:
-    """Time ``step`` into pytest-benchmark, ``rounds`` synchronized rounds after ``warmup`` ones.
-
-    Returns the per-round times in ms, or None when the case ran out of device memory (then recorded
-    as an OOM row). ``setup`` runs before every round, untimed (e.g. to zero gradients).
-    """
-    times: list[float] = []
-    # pytest-benchmark's fixture may be used once: an OOM raised inside pedantic() (a timed round)
-    # would make record_oom's own pedantic() call fail with FixtureAlreadyUsed. So rounds catch OOM
-    # themselves, the remaining rounds become no-ops, and the row is marked OOM afterwards.
-    ran_out = False
-
-    def guarded(fn: Callable[[], Any]) -> None:
-        nonlocal ran_out
-        if ran_out:
-            return
-        try:
-            fn()
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            ran_out = True
-
-    def timed() -> None:
-        def run() -> None:
-            start = timeit.default_timer()
-            step()
-            synchronize(device)
-            times.append((timeit.default_timer() - start) * 1e3)
-
-        guarded(run)
-
-    def warmed_setup() -> None:
-        if setup is not None:
-            setup()
+    warmup_ms: float,
+    rep_ms: float,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+    max_reps: int = 100,
+) -> list[float]:
+    """do_bench's protocol with a host clock and a synchronize per rep, for devices without a Triton
+    driver (the CPU variants): one call, an estimate of 5, warm-up and reps sized by time. Reps are
+    capped at ``max_reps`` because a busy shared CPU makes the 5-call estimate unreliable."""
+    fn()
+    synchronize(device)
+    start = timeit.default_timer()
+    for _ in range(5):
+        fn()
+    synchronize(device)
+    estimate_ms = max((timeit.default_timer() - start) * 1e3 / 5, 1e-6)
+    for _ in range(min(max_reps, max(1, int(warmup_ms / estimate_ms)))):
+        fn()
+    times = []
+    for _ in range(min(max_reps, max(1, int(rep_ms / estimate_ms)))):
+        for t in grad_to_none or ():
+            t.grad = None
+        start = timeit.default_timer()
+        fn()
         synchronize(device)
-
-    reset_peak_memory(device)
-    try:
-        for _ in range(warmup):
-            warmed_setup()
-            step()
-            synchronize(device)
-    except Exception as exc:  # torch raises OOM as several exception types across backends
-        if not is_oom(exc):
-            raise
-        record_oom(benchmark, **extra_info)
-        return None
-    times.clear()
-    benchmark.pedantic(
-        timed, setup=lambda: guarded(warmed_setup), rounds=rounds, iterations=1, warmup_rounds=0
-    )
-    if ran_out:
-        free_device_memory()
-        benchmark.extra_info.update(extra_info, oom=True)
-        return None
-    benchmark.extra_info.update(extra_info, **summarize_ms(times), oom=False)
-    peak = peak_memory_mib(device)
-    if peak is not None:
-        benchmark.extra_info["peak_memory_mib"] = peak
+        times.append((timeit.default_timer() - start) * 1e3)
     return times
 
 
-class Recorder:
-    """A stand-in for pytest-benchmark's ``benchmark`` fixture outside pytest (the CLI, tests).
+def device_time(
+    fn: Callable[[], Any],
+    device: torch.device,
+    *,
+    warmup_ms: float,
+    rep_ms: float,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """Device time of ``fn`` per call: ``triton.testing.do_bench`` on CUDA (CUDA events around each rep,
+    L2 flushed between reps, grads of ``grad_to_none`` reset), the host-clock twin elsewhere. The median
+    is the authoritative number (``do_bench_ms``); 20/80 % quantiles and min go alongside."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
 
-    Implements the part ``run_benchmark`` / ``record_oom`` use: ``extra_info`` and ``pedantic``
-    (setup untimed before each round, ``warmup_rounds`` untimed rounds first). ``stats`` keeps the
-    host-clock time of each round in seconds, as pytest-benchmark would.
-    """
+        times = do_bench(
+            fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(grad_to_none or []), return_mode="all"
+        )
+        timer = "do_bench"
+    else:
+        times = host_bench(fn, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none)
+        timer = "host"
+    return {
+        "timer": timer,
+        "do_bench_ms": statistics.median(times),
+        "do_bench_p20_ms": quantile(times, 0.2),
+        "do_bench_p80_ms": quantile(times, 0.8),
+        "do_bench_min_ms": min(times),
+        "do_bench_reps": len(times),
+    }
 
-    def __init__(self, group: str | None = None):
-        self.group = group
-        self.extra_info: dict[str, Any] = {}
-        self.stats: list[float] = []
 
-    def pedantic(
-        self,
-        target: Callable[..., Any],
-        args: tuple = (),
-        kwargs: dict | None = None,
-        setup: Callable[[], Any] | None = None,
-        rounds: int = 1,
-        iterations: int = 1,
-        warmup_rounds: int = 0,
-    ) -> Any:
-        result = None
-        for i in range(warmup_rounds + rounds):
-            if setup is not None:
-                setup()
-            start = timeit.default_timer()
-            for _ in range(iterations):
-                result = target(*args, **(kwargs or {}))
-            if i >= warmup_rounds:
-                self.stats.append((timeit.default_timer() - start) / iterations)
-        return result
+def rounds_for(ms: float, budget_ms: float = 100.0, lo: int = 3, hi: int = 20) -> int:
+    """How many synchronized pytest-benchmark rounds to add after do_bench: about ``budget_ms`` of work,
+    at least ``lo`` (so stddev exists), at most ``hi``."""
+    return int(min(hi, max(lo, budget_ms // max(ms, 1e-6))))

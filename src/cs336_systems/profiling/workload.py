@@ -1,6 +1,7 @@
-"""One end-to-end benchmark case: model + random batch + the step of a mode, and its timing.
+"""One end-to-end benchmark case: model + random batch + the step of a mode (timed by
+``harness.model_case.run_case``).
 
-Shared by the CLI (``python -m cs336_systems.benchmark``) and the bench cases (``bench/bench_model.py``,
+Shared by the CLI (``python -m cs336_systems.cli.benchmark``) and the bench cases (``bench/bench_model.py``,
 ``bench/bench_profile.py``), so both time exactly the same code.
 
 Modes (handout 1.1.3):
@@ -33,8 +34,8 @@ from cs336_systems.model import (
     get_preset,
 )
 from cs336_systems.nvtx import annotate
-from cs336_systems.profiling.flops import MODES, measure_matmul_tflops, mfu, step_flops
-from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
+from cs336_systems.profiling.flops import MODES, measure_matmul_tflops, step_flops
+from cs336_systems.profiling.memory import free_device_memory
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MODE_ALIASES = {
@@ -65,6 +66,8 @@ class Case:
     attention: str = "pytorch"
     batch: int = BATCH_SIZE
     overrides: tuple[tuple[str, int], ...] = field(default=())  # e.g. (("num_layers", 2),)
+    checkpoint: str = "none"  # activation checkpointing policy (ModelConfig.checkpoint)
+    fused_loss: bool = False  # loss through the fused LM-head + cross-entropy kernel
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", normalize_mode(self.mode))
@@ -85,6 +88,8 @@ class Case:
         return preset.with_(
             attention=self.attention,
             context_length=max(self.ctx, preset.context_length),
+            checkpoint=self.checkpoint,
+            fused_loss=self.fused_loss,
             **dict(self.overrides),
         )
 
@@ -100,6 +105,10 @@ class Case:
         if self.batch != BATCH_SIZE:
             parts.append(f"b{self.batch}")
         parts += [f"{k}{v}" for k, v in self.overrides]
+        if self.checkpoint != "none":
+            parts.append("ckpt" + self.checkpoint.replace(":", ""))
+        if self.fused_loss:
+            parts.append("fusedloss")
         return "-".join(parts)
 
     @property
@@ -117,6 +126,8 @@ class Case:
             "compiled": self.compile,
             "attention": self.attention,
             "batch": self.batch,
+            "checkpoint": self.checkpoint,
+            "fused_loss": self.fused_loss,
             "model_flops": self.flops,
         }
 
@@ -159,6 +170,9 @@ class Workload:
             return self.forward_fn(self.inputs)
 
     def loss(self) -> torch.Tensor:
+        if self.case.fused_loss:  # the model returns the loss itself: logits are never materialized
+            with annotate("forward"), self._precision():
+                return self.forward_fn(self.inputs, self.targets)
         logits = self.forward()
         with annotate("loss"), self._precision():
             return cross_entropy(logits, self.targets)
@@ -200,78 +214,3 @@ def peak_rate(device: torch.device, dtype: str, cache: dict[str, float] | None =
     if cache is not None:
         cache[dtype] = rate
     return rate
-
-
-def run_case(
-    benchmark: Any,
-    case: Case,
-    device: torch.device,
-    *,
-    warmup: int = 5,
-    rounds: int = 10,
-    peak_tflops: float | None = None,
-    compile_backend: str = "inductor",
-    after: Callable[[Workload], dict[str, Any] | None] | None = None,
-) -> dict[str, Any]:
-    """Build the case, time ``rounds`` steps after ``warmup`` (``run_benchmark``), fill extra_info with
-    timing, throughput, MFU and memory, run ``after(workload)`` (profiling, snapshots) and free
-    everything. Out-of-memory, in the build or in a step, becomes an OOM row. Returns extra_info."""
-    info = {**case.info(), **environment_info(device)}
-    if peak_tflops is not None:
-        info["matmul_tflops"] = peak_tflops
-    benchmark.extra_info.update(warmup=warmup, rounds=rounds)
-    try:
-        workload = Workload(case, device, compile_backend=compile_backend)
-    except Exception as exc:
-        if not is_oom(exc):
-            raise
-        record_oom(benchmark, **info)  # frees device memory itself
-        return benchmark.extra_info
-    try:
-        info["params"] = sum(p.numel() for p in workload.model.parameters())
-        times = run_benchmark(benchmark, workload.step, device, warmup=warmup, rounds=rounds, **info)
-        if times is not None:
-            # first/max: the warm-up study's cold-start signal (with 0 warm-ups the first step pays)
-            benchmark.extra_info.update(first_ms=times[0], max_ms=max(times))
-            benchmark.extra_info.update(_derived(benchmark.extra_info, case, device, peak_tflops))
-            if after is not None:
-                benchmark.extra_info.update(_guarded(after, workload))
-    finally:
-        workload.close()
-        del workload
-        free_device_memory()
-    return benchmark.extra_info
-
-
-def _guarded(after: Callable[[Workload], dict[str, Any] | None], workload: Workload) -> dict[str, Any]:
-    # The timing is already recorded; an extra pass (profiler, snapshot) that runs out of memory only
-    # marks the row instead of turning it into an OOM row.
-    try:
-        return after(workload) or {}
-    except Exception as exc:
-        if not is_oom(exc):
-            raise
-        return {"after_oom": True}
-
-
-def _derived(info: dict[str, Any], case: Case, device: torch.device, peak_tflops: float | None) -> dict:
-    seconds = info["mean_ms"] / 1e3
-    out: dict[str, Any] = {
-        "tokens_per_s": case.batch * case.ctx / seconds,
-        "tflops": case.flops / seconds / 1e12,
-    }
-    if peak_tflops:
-        out["mfu"] = mfu(case.flops, seconds, peak_tflops)
-    if device.type == "cuda":
-        out["memory_after_mib"] = torch.cuda.memory_allocated(device) / 2**20  # params (+grads, state)
-    return out
-
-
-def environment_info(device: torch.device) -> dict[str, Any]:
-    # Not named "device": run_benchmark takes that as its own argument.
-    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {
-        "device_name": hardware,
-        "torch": torch.__version__,
-        "fp32_matmul_precision": torch.get_float32_matmul_precision(),
-    }

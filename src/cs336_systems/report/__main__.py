@@ -1,5 +1,5 @@
-"""``python -m cs336_systems.report``: benchmark JSON -> tables, plots and writeup.md."""
+"""``python -m cs336_systems.report``: the same as ``python -m cs336_systems.cli.report``."""
 
-from cs336_systems.report import main
+from cs336_systems.report.writeup import main
 
 raise SystemExit(main())

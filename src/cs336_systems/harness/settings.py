@@ -1,0 +1,120 @@
+"""Every ``CS336_*`` knob of the benches, read from the environment once, typed and validated.
+
+Benches and harness code call :func:`settings` instead of ``os.environ``; a bad value fails with the
+variable's name. Defaults that differ between a GPU machine and a CPU-only one (the DDP bench's model,
+steps and traces) are resolved here too, so a bench sees final values.
+
+Not here: ``CS336_FLASH_AUTOTUNE`` / ``CS336_FLASH_TUNE_CACHE`` / ``CS336_FLASH_CANDIDATES``, read by
+``kernels/flash_attention.py`` when it is imported (a kernel module may not import the harness).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T", int, float)
+
+
+def _str(env: Mapping[str, str], name: str, default: str | None) -> str | None:
+    value = env.get(name, "").strip()
+    return value or default
+
+
+def _number(env: Mapping[str, str], name: str, default: T, cast: Callable[[str], T]) -> T:
+    value = _str(env, name, None)
+    if value is None:
+        return default
+    try:
+        return cast(value)
+    except ValueError:
+        what = "an integer" if cast is int else "a number"
+        raise ValueError(f"environment variable {name} must be {what}, got {value!r}") from None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    return _number(env, name, default, int)
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    return _number(env, name, default, float)
+
+
+def _list(env: Mapping[str, str], name: str, default: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in (_str(env, name, default) or "").split(",") if v.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The bench knobs (README "Knobs"); field ``x_y`` is variable ``CS336_X_Y``."""
+
+    # bench_model.py: compile every model case, not only the must-show ones (~1 min of compile each)
+    full_grid: bool = False
+    # bench_allreduce.py: largest gloo message in MiB (10: a laptop stays fast; 1024: the full table)
+    gloo_max_mb: float = 10.0
+    # bench_attention.py: forward+backward passes per D6 case on a GPU
+    d6_passes: int = 100
+    # bench_flash.py: do_bench budgets (ms) of the sweep and the leaderboard case; naive seq cap
+    do_bench_warmup_ms: int = 10
+    do_bench_rep_ms: int = 50
+    leaderboard_warmup_ms: int = 200
+    leaderboard_rep_ms: int = 2000
+    naive_max_seq: int = 65536
+    # the attention benches append every finished row to this JSONL file (None: no log)
+    bench_jsonl: str | None = None
+    # bench_ddp.py / bench_sharding.py: model, shapes, steps and traces of the training step
+    ddp_size: tuple[str, ...] = ("tiny",)
+    ddp_ctx: int = 32
+    ddp_batch: int = 4  # global batch
+    ddp_dtypes: tuple[str, ...] = ("fp32",)
+    ddp_world_sizes: tuple[int, ...] = (2,)
+    ddp_warmup: int = 1
+    ddp_steps: int = 3
+    ddp_profile_steps: int = 0  # 0: no profiled step
+    trace_dir: str | None = None  # rank 0's Chrome traces go here...
+    trace_variants: tuple[str, ...] = ("naive", "individual")  # ...for these DDP variants
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, on_gpu: bool | None = None) -> Settings:
+        """Read ``env`` (default ``os.environ``); ``on_gpu`` (default: CUDA present) picks the defaults
+        of the DDP benches: the handout's xl / ctx 512 / 3+10 steps with a profiled step and traces on
+        GPUs, a seconds-long tiny run on gloo otherwise."""
+        env = os.environ if env is None else env
+        gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+        world_sizes = _list(env, "CS336_DDP_WORLD_SIZES", "2")
+        try:
+            ws = tuple(int(w) for w in world_sizes)
+        except ValueError:
+            raise ValueError(f"CS336_DDP_WORLD_SIZES must be integers, got {world_sizes}") from None
+        return cls(
+            full_grid=_str(env, "CS336_FULL_GRID", "0") == "1",
+            gloo_max_mb=_float(env, "CS336_GLOO_MAX_MB", 10.0),
+            d6_passes=_int(env, "CS336_D6_PASSES", 100),
+            do_bench_warmup_ms=_int(env, "CS336_DO_BENCH_WARMUP_MS", 10),
+            do_bench_rep_ms=_int(env, "CS336_DO_BENCH_REP_MS", 50),
+            leaderboard_warmup_ms=_int(env, "CS336_LEADERBOARD_WARMUP_MS", 200),
+            leaderboard_rep_ms=_int(env, "CS336_LEADERBOARD_REP_MS", 2000),
+            naive_max_seq=_int(env, "CS336_NAIVE_MAX_SEQ", 65536),
+            bench_jsonl=_str(env, "CS336_BENCH_JSONL", None),
+            ddp_size=_list(env, "CS336_DDP_SIZE", "xl" if gpu else "tiny"),
+            ddp_ctx=_int(env, "CS336_DDP_CTX", 512 if gpu else 32),
+            ddp_batch=_int(env, "CS336_DDP_BATCH", 4),
+            ddp_dtypes=_list(env, "CS336_DDP_DTYPES", "fp32"),
+            ddp_world_sizes=ws,
+            ddp_warmup=_int(env, "CS336_DDP_WARMUP", 3 if gpu else 1),
+            ddp_steps=_int(env, "CS336_DDP_STEPS", 10 if gpu else 3),
+            ddp_profile_steps=_int(env, "CS336_DDP_PROFILE_STEPS", 1 if gpu else 0),
+            trace_dir=_str(env, "CS336_TRACE_DIR", "docs/results/traces" if gpu else None),
+            trace_variants=_list(env, "CS336_TRACE_VARIANTS", "naive,individual"),
+        )
+
+
+@functools.cache
+def settings() -> Settings:
+    """The process's settings, read on first use (not at import) and then fixed."""
+    return Settings.from_env()

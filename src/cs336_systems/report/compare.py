@@ -1,0 +1,48 @@
+"""Two runs side by side: rows paired by benchmark name (and group), with the ratio of their times.
+
+pytest-benchmark's own ``pytest-benchmark compare A B`` lists rows per group without pairing them;
+``--group-by=name`` (or ``fullname``) pairs them there. This mode pairs rows of any two results files
+the report reads and prints one Markdown table: name, time in A, time in B, B / A.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cs336_systems.report.load import STATS_MEAN, Record, load
+from cs336_systems.report.tables import format_number
+
+
+def _time_ms(r: Record) -> float | None:
+    for key in ("mean_ms", "do_bench_ms", STATS_MEAN):
+        if key in r.values:
+            return r.values[key]
+    return None
+
+
+def compare_runs(a: str | Path, b: str | Path) -> str:
+    """Markdown table of the rows present in both runs (by group and name), then the unpaired ones."""
+    _, rows_a = load([a])
+    _, rows_b = load([b])
+    by_name_b = {(r.group_key or r.group, r.name): r for r in rows_b}
+    lines = ["| group | name | A (ms) | B (ms) | B / A |", "| --- | --- | --- | --- | --- |"]
+    paired = set()
+    for ra in rows_a:
+        key = (ra.group_key or ra.group, ra.name)
+        rb = by_name_b.get(key)
+        if rb is None:
+            continue
+        paired.add(key)
+        ta, tb = _time_ms(ra), _time_ms(rb)
+        cells = [
+            "OOM" if r.oom else format_number("mean_ms", t) if t is not None else "—"
+            for r, t in ((ra, ta), (rb, tb))
+        ]
+        ratio = f"{tb / ta:.3f}×" if ta and tb and not (ra.oom or rb.oom) else "—"
+        lines.append(f"| {ra.group} | {ra.name} | {cells[0]} | {cells[1]} | {ratio} |")
+    only_a = [r.name for r in rows_a if (r.group_key or r.group, r.name) not in paired]
+    only_b = [r.name for r in rows_b if (r.group_key or r.group, r.name) not in paired]
+    out = [f"A = {a}, B = {b}: {len(paired)} paired rows", "", *lines]
+    if only_a or only_b:
+        out += ["", f"only in A: {len(only_a)} rows; only in B: {len(only_b)} rows"]
+    return "\n".join(out)

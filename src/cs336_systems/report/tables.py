@@ -1,0 +1,258 @@
+"""Rows of one benchmark group -> tables: cell formatting, the long table and the handout-shaped pivot."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from cs336_systems.report.load import (
+    FRACTION_KEYS,
+    MISSING,
+    PARAM_ORDER,
+    STATS_MEAN,
+    VALUE_LABELS,
+    Record,
+    _std_key,
+)
+from cs336_systems.units import parse_size
+
+
+def format_size(nbytes: float) -> str:
+    for unit, base in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= base and nbytes % base == 0:
+            return f"{nbytes / base:g} {unit}"
+    for unit, base in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if nbytes >= base:
+            return f"{nbytes / base:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def format_number(key: str, value: float) -> str:
+    if math.isnan(value):
+        return MISSING
+    if key in FRACTION_KEYS or "share" in key:
+        return f"{100 * value:.1f}%"
+    if value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    if key == "model_flops":
+        return f"{value:.3g}"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    size = abs(value)
+    if size >= 1000:
+        return f"{value:,.0f}"
+    if size >= 100:
+        return f"{value:.1f}"
+    if size >= 10:
+        return f"{value:.2f}"
+    if size >= 1 or size == 0:
+        return f"{value:.3f}"
+    return f"{value:.3g}"
+
+
+def format_param(key: str, value: Any) -> str:
+    if value is None:
+        return MISSING
+    if isinstance(value, float) and key not in PARAM_ORDER:
+        return format_number(key, value)
+    if key == "nbytes" and isinstance(value, int | float):  # a label like "1MB" stays as the bench wrote it
+        return format_size(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# Values that read better in pipeline order than alphabetically.
+VALUE_ORDER = {"fwd": 0, "bwd": 1, "fwd_bwd": 2, "train": 3, "eager": 0, "compiled": 1, "fp32": 0, "bf16": 1}
+
+
+def _sort_key(key: str, value: Any) -> tuple[int, Any, str]:
+    if key == "nbytes" and parse_size(value) is not None:
+        return (0, parse_size(value), "")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1, VALUE_ORDER.get(str(value), len(VALUE_ORDER)), str(value))
+
+
+def _header(key: str) -> str:
+    return {"pass_": "pass"}.get(key, key)
+
+
+@dataclass(frozen=True)
+class PivotSpec:
+    """A handout-shaped view of a group: ``columns`` parameters spread across, ``values`` shown."""
+
+    columns: tuple[tuple[str, ...], ...]  # each entry: alternative parameter names, first present wins
+    values: tuple[str, ...]  # value keys, the present ones shown
+
+
+# schema group key -> the view the handout asks for
+PIVOTS: dict[str, PivotSpec] = {
+    "warmup": PivotSpec((("warmup",),), ("mean_ms", STATS_MEAN)),
+    "model": PivotSpec((("mode", "pass_"),), ("mean_ms", STATS_MEAN)),
+    "memory": PivotSpec((("mode", "pass_"),), ("peak_memory_mib",)),
+    "attention": PivotSpec((("impl",),), ("fwd_ms", "bwd_ms", "mem_before_bwd_mib")),
+    "flash_sweep": PivotSpec((("impl",), ("pass_", "mode")), ("do_bench_ms",)),
+    "allreduce": PivotSpec((("nbytes",),), ("mean_ms", "max_ms")),
+}
+
+
+@dataclass
+class GroupTable:
+    """The tables of one benchmark group, as DataFrames of strings."""
+
+    group: str
+    group_key: str | None
+    long: pd.DataFrame
+    pivot: pd.DataFrame | None
+    fixed: dict[str, Any]  # descriptors constant across the group
+    records: list[Record]
+    index_columns: int = 0  # the leading columns of ``long`` that name the case
+    varying: list[str] = field(default_factory=list)
+    value_keys: list[str] = field(default_factory=list)
+
+    def view(self, spec: PivotSpec) -> pd.DataFrame | None:
+        """Another pivot of the same rows (a group serving several deliverables, e.g. D2/D4/D7b)."""
+        return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.group.lower()).strip("-") or "group"
+
+    @property
+    def caption(self) -> str:
+        fixed = ", ".join(f"{_header(k)}={format_param(k, v)}" for k, v in self.fixed.items())
+        return f"{self.group}" + (f" (fixed: {fixed})" if fixed else "")
+
+
+def _value_keys(records: list[Record]) -> list[str]:
+    """Value columns of a group: the known keys in VALUE_LABELS order, then unknown ones by name; keys
+    that are the std of another key are shown inside that key's cell, not as columns."""
+    present = {key for r in records for key in (*r.values, *r.texts)}
+    std_keys = {std for r in records for key in r.values if (std := _std_key(key, r.values))}
+    known = [k for k in VALUE_LABELS if k in present and k not in std_keys]
+    unknown = sorted(k for k in present if k not in VALUE_LABELS and k not in std_keys)
+    return known + unknown
+
+
+def _constant_setup(records: list[Record], keys: list[str]) -> dict[str, Any]:
+    """Unknown value keys with one value across a group of several rows (warm-up steps, global batch,
+    a status): shown once in the caption instead of as a column."""
+    if len(records) < 2:
+        return {}
+    fixed = {}
+    for key in keys:
+        if key in VALUE_LABELS:
+            continue
+        seen = {repr(r.values.get(key, r.texts.get(key))) for r in records if not r.oom}
+        if len(seen) == 1:
+            first = next(r for r in records if not r.oom)
+            fixed[key] = first.texts[key] if key in first.texts else first.values.get(key)
+    return fixed
+
+
+def _cell(record: Record, key: str) -> str:
+    if record.oom:
+        return "OOM"
+    status = record.texts.get("status", "ok")
+    if record.skipped or (status != "ok" and key not in record.texts):
+        # A case that did not run ("unsupported", "skipped", "error"): every cell says so, and why.
+        label = status if status != "ok" else "skipped"
+        reason = record.skipped or record.texts.get("reason")
+        return f"{label}: {reason}" if reason else label
+    if key in record.texts:
+        return record.texts[key]
+    if key not in record.values:
+        return MISSING
+    text = format_number(key, record.values[key])
+    std = _std_key(key, record.values)
+    if std:
+        text += f" ± {format_number(key, record.values[std])}"
+    return text
+
+
+def _ordered_descriptors(records: list[Record]) -> list[str]:
+    keys: dict[str, None] = {}
+    for r in records:
+        keys.update(dict.fromkeys(r.descriptors))
+    order = {k: i for i, k in enumerate(PARAM_ORDER)}
+    return sorted(keys, key=lambda k: (order.get(k, len(order)), k))
+
+
+def build_group_table(group: str, records: list[Record]) -> GroupTable:
+    descriptors = _ordered_descriptors(records)
+    fixed, varying = {}, []
+    for key in descriptors:
+        seen = {repr(r.descriptors.get(key)) for r in records}
+        if len(seen) == 1:
+            fixed[key] = records[0].descriptors.get(key)
+        else:
+            varying.append(key)
+    records = sorted(records, key=lambda r: tuple(_sort_key(k, r.descriptors.get(k)) for k in varying))
+    value_keys = _value_keys(records)
+    setup = _constant_setup(records, value_keys)
+    value_keys = [k for k in value_keys if k not in setup]
+    fixed.update({k: v for k, v in setup.items() if v is not None})
+    notes = any(r.skipped for r in records)
+    rows = []
+    for r in records:
+        row = {_header(k): format_param(k, r.descriptors.get(k)) for k in varying}
+        row.update({VALUE_LABELS.get(k, k): _cell(r, k) for k in value_keys})
+        if notes:
+            row["note"] = r.skipped or ""
+        rows.append(row)
+    long = pd.DataFrame(rows) if rows else pd.DataFrame()
+    key = records[0].group_key if records else None
+    pivot = _pivot(key, records, varying, value_keys)
+    return GroupTable(group, key, long, pivot, fixed, records, len(varying), varying, value_keys)
+
+
+def _pivot(
+    group_key: str | None,
+    records: list[Record],
+    varying: list[str],
+    value_keys: list[str],
+    spec: PivotSpec | None = None,
+) -> pd.DataFrame | None:
+    """The handout-shaped view of a group: ``spec``, or the PIVOTS entry of its schema key."""
+    spec = spec or PIVOTS.get(group_key or "")
+    if spec is None:
+        return None
+    columns = [next((c for c in alts if c in varying), None) for alts in spec.columns]
+    columns = [c for c in columns if c is not None]
+    values = [v for v in spec.values if v in value_keys]
+    if not columns or not values:
+        return None
+    index = [k for k in varying if k not in columns]
+    cells: dict[tuple, dict[str, str]] = {}
+    col_order: dict[str, tuple] = {}  # label -> sort key: value first, then the spread parameters
+    for r in records:  # already sorted by the varying descriptors: rows come out in order
+        row_key = tuple(format_param(k, r.descriptors.get(k)) for k in index)
+        col_key = " / ".join(format_param(k, r.descriptors.get(k)) for k in columns)
+        col_sort = tuple(_sort_key(k, r.descriptors.get(k)) for k in columns)
+        row = cells.setdefault(row_key, {})
+        for i, v in enumerate(values):
+            label = col_key if len(values) == 1 else f"{VALUE_LABELS.get(v, v)}: {col_key}"
+            row[label] = _cell(r, v)
+            col_order[label] = (i, col_sort)
+    col_order = dict(sorted(col_order.items(), key=lambda kv: kv[1]))
+    rows = []
+    for row_key, row in cells.items():
+        out = {_header(k): v for k, v in zip(index, row_key, strict=True)}
+        out.update({c: row.get(c, MISSING) for c in col_order})
+        rows.append(out)
+    frame = pd.DataFrame(rows)
+    what = ", ".join(VALUE_LABELS.get(v, v) for v in values)
+    frame.attrs["title"] = f"{what} by {' / '.join(_header(c) for c in columns)}"
+    return frame
+
+
+def build_tables(records: list[Record]) -> list[GroupTable]:
+    groups: dict[str, list[Record]] = {}
+    for r in records:
+        groups.setdefault(r.group, []).append(r)
+    return [build_group_table(g, rs) for g, rs in groups.items()]

@@ -1,0 +1,312 @@
+"""The writeup: results files -> ``DIR/tables/``, ``DIR/plots/`` and ``DIR/writeup.md`` (D21), and the
+``--compare`` mode that pairs the rows of two runs.
+
+    python -m cs336_systems.report out.json [more.json ...] [--format md|latex] [--out DIR]
+    python -m cs336_systems.report --compare before.json after.json
+
+Several JSON files (one per GPU kind, say) are merged; every row keeps the device it ran on. Each
+benchmark group becomes a table file (``.md`` or ``.tex``); ``writeup.md`` is Markdown whatever
+``--format`` says. The writeup is a list of :class:`Section` s in :data:`SECTIONS`: each names the
+schema group keys whose tables it shows (``report/schema.py``: rows are routed on the
+``extra_info["group_key"]`` that ``schema.tag`` writes, never on group names), further views of groups
+shown elsewhere, and an ``answer(records) -> markdown`` for prose computed from code. Another module
+adds its own section with :func:`register_section` and is listed in :data:`SECTION_MODULES`; groups no
+section claims still appear at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cs336_systems.report.answers import (
+    d6_answer,
+    d17_answer,
+    d20_answer,
+    flash_speedups,
+    render_d5,
+    render_d18,
+)
+from cs336_systems.report.load import STATS_MEAN, Record, ReportInputError, Run, load
+from cs336_systems.report.plots import PLOTS
+from cs336_systems.report.render import render_group_latex, render_group_markdown, to_markdown
+from cs336_systems.report.schema import GROUPS
+from cs336_systems.report.tables import GroupTable, PivotSpec, build_tables
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of the writeup. ``groups``: schema keys whose tables sit here; ``views``: (key, pivot)
+    of groups whose own table sits in another section; ``answer``: Markdown computed from all rows
+    (closed forms, fits, checks); ``always``: shown even with no rows (a pure closed-form answer)."""
+
+    key: str
+    title: str
+    asks: str
+    bench: str  # where the numbers come from
+    groups: tuple[str, ...] = ()
+    views: tuple[tuple[str, PivotSpec], ...] = ()
+    answer: Callable[[list[Record]], str] | None = None
+    always: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in (*self.groups, *(k for k, _ in self.views)) if k not in GROUPS]
+        if unknown:
+            raise KeyError(f"section {self.key}: group keys {unknown} are not declared in report/schema.py")
+
+
+# The model group's table sits in D2 (by mode); D4 and D7b show the same rows by precision / compile.
+BY_DTYPE = PivotSpec((("dtype",),), ("mean_ms", STATS_MEAN))
+BY_COMPILE = PivotSpec((("compile",),), ("mean_ms", STATS_MEAN))
+
+_BUILTIN = (
+    Section(
+        "D2",
+        "1.1.3 End-to-end benchmarking (benchmarking_script, D2)",
+        "Forward and forward+backward time per Table 1 size (5 warm-ups, 10 timed steps, mean ± std), and "
+        "the effect of 0 / 1 / 2 warm-up steps.",
+        "bench/bench_model.py",
+        groups=("model", "warmup"),
+    ),
+    Section(
+        "D3",
+        "1.1.4 Nsight Systems profile (nsys_profile, D3)",
+        "Top kernels of forward and of training step, matmul share, softmax vs matmul inside attention.",
+        "bench/bench_profile.py or `python -m cs336_systems.cli.benchmark --profile DIR`",
+        groups=("profile",),
+    ),
+    Section(
+        "D4",
+        "1.1.5 Mixed precision (benchmarking_mixed_precision, D4)",
+        "fp32 vs bf16 autocast timings per size.",
+        "bench/bench_model.py",
+        views=(("model", BY_DTYPE),),
+    ),
+    Section(
+        "D5",
+        "1.1.6 Memory profiling (memory_profiling, D5)",
+        "Peak memory of the 2.7B model per context length, forward and full training step, fp32 and bf16; "
+        "the residual-stream tensor size.",
+        "bench/bench_model.py",
+        groups=("memory",),
+        answer=lambda records: render_d5(),
+    ),
+    Section(
+        "D6",
+        "1.2.1 PyTorch attention and torch.compile'd attention (pytorch_attention, torch_compile (a); D6, D7a)",
+        "Timings of 100 forward and 100 backward passes, memory before backward, OOM cases, the memory "
+        "accounting of the smallest OOM case.",
+        "bench/bench_attention.py",
+        groups=("attention",),
+        answer=d6_answer,
+    ),
+    Section(
+        "D7b",
+        "Compiled whole model (torch_compile (b), D7b)",
+        "Vanilla vs torch.compile'd Transformer: forward, and forward+backward+optimizer step.",
+        "bench/bench_model.py",
+        views=(("model", BY_COMPILE),),
+    ),
+    Section(
+        "D11",
+        "1.3.2 FlashAttention-2 benchmark (flash_benchmarking, D11)",
+        "Forward, backward and end-to-end latencies of our Triton FlashAttention-2 vs PyTorch, batch 1, "
+        "causal, seq 128..65536, d 16..128, bf16 and fp32 (triton.testing.do_bench).",
+        "bench/bench_flash.py",
+        groups=("flash_sweep",),
+        answer=flash_speedups,
+    ),
+    Section(
+        "D12",
+        "1.3.3 Leaderboard case (D12)",
+        "batch 1 × 16 heads, seq 16384, d_head 64, bf16, causal, forward+backward.",
+        "bench/bench_flash.py",
+        groups=("leaderboard", "attention_shapes"),
+    ),
+    Section(
+        "D13",
+        "2.1 All-reduce (distributed_communication_single_node, D13)",
+        "All-reduce latency for gloo+CPU and nccl+GPU, 1 MB–1 GB, 2/4/6 processes.",
+        "bench/bench_allreduce.py",
+        groups=("allreduce",),
+    ),
+    Section(
+        "D14",
+        "2.2–2.3 DDP variants (naive, flat, overlapped, bucketed; D14–D17)",
+        "Time per training step and time communicating gradients, xl, 2 GPUs; bucket sizes 1–1000 MB; the "
+        "overhead model of 2.3.3(b).",
+        "bench/bench_ddp.py",
+        groups=("ddp",),
+        answer=d17_answer,
+    ),
+    Section(
+        "D18",
+        "2.4 Communication accounting (communication_accounting, D18)",
+        "The XXL model: memory, FSDP shards on TPU v5p, compute-bound batch, and how to shrink the batch.",
+        "closed form (cs336_systems.accounting)",
+        answer=lambda records: render_d18(),
+        always=True,
+    ),
+    Section(
+        "D20",
+        "3 Optimizer state sharding (optimizer_state_sharding_accounting, D20)",
+        "Peak memory after init / before / after the step with and without sharding, time per step, and "
+        "how our sharding differs from ZeRO stage 1.",
+        "bench/bench_sharding.py",
+        groups=("sharding",),
+        answer=d20_answer,
+    ),
+)
+
+
+SECTIONS: list[Section] = list(_BUILTIN)
+
+# Modules that add sections of their own with register_section (e.g. "cs336_systems.report.parallelism"
+# for D25, an accounting-backed D22/D24 module); imported when a writeup is built, so they may import
+# this module freely. Add a module here to contribute a section.
+SECTION_MODULES: list[str] = []
+
+
+def register_section(section: Section, after: str | None = None) -> None:
+    """Add a section to the writeup (after the section keyed ``after``, else at the end); a section
+    with the same key is replaced, so re-importing the registering module is harmless."""
+    keys = [s.key for s in SECTIONS]
+    if section.key in keys:
+        SECTIONS[keys.index(section.key)] = section
+        return
+    SECTIONS.insert(keys.index(after) + 1 if after in keys else len(SECTIONS), section)
+
+
+def section_of(group_key: str | None) -> str | None:
+    """The section whose table a group is."""
+    return next((s.key for s in SECTIONS if group_key in s.groups), None)
+
+
+def routed_group_keys() -> set[str]:
+    """Every schema key some section shows (as its table or as a view)."""
+    return {k for s in SECTIONS for k in (*s.groups, *(k for k, _ in s.views))}
+
+
+def _runs_header(runs: list[Run]) -> list[str]:
+    lines = [
+        "# CS336 assignment 2 (systems): results",
+        "",
+        "Generated by `python -m cs336_systems.report` from benchmark JSON. Every table comes from "
+        "the benches under `bench/`; closed-form answers come from `cs336_systems.accounting`.",
+        "",
+        "| JSON | date | commit | pytest-benchmark | devices |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        devices = ", ".join(sorted(run.devices)) or run.machine
+        lines.append(f"| `{run.path.name}` | {run.datetime} | {run.commit} | {run.version} | {devices} |")
+    return [*lines, ""]
+
+
+def _section_lines(
+    section: Section, tables: list[GroupTable], records: list[Record], plots, out
+) -> list[str]:
+    own = [t for t in tables if t.group_key in section.groups]
+    views = [(t, t.view(spec)) for key, spec in section.views for t in tables if t.group_key == key]
+    views = [(t, v) for t, v in views if v is not None]
+    extra = section.answer(records) if section.answer is not None else ""
+    lines = [f"## {section.title}", "", f"_Asked:_ {section.asks}", ""]
+    if not own and not views and not section.always:
+        lines += [f"No rows for this part in the given JSON (bench: {section.bench}).", ""]
+    lines += [render_group_markdown(t) for t in own]
+    for t, view in views:
+        lines += [f"### {t.group}: {view.attrs['title']}", "", f"_{t.caption}_", "", to_markdown(view), ""]
+    lines += [
+        f"![{key}]({path.relative_to(out).as_posix()})" + "\n"
+        for key, path in plots.items()
+        if key == section.key
+    ]
+    if extra:
+        lines += [extra, ""]
+    return lines
+
+
+def load_section_modules() -> None:
+    for name in SECTION_MODULES:
+        importlib.import_module(name)
+
+
+def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Path], out: Path) -> str:
+    load_section_modules()
+    records = [r for t in tables for r in t.records]
+    lines = _runs_header(runs)
+    for section in SECTIONS:
+        lines += _section_lines(section, tables, records, plots, out)
+    others = [t for t in tables if section_of(t.group_key) is None]
+    if others:
+        lines += ["## Other benchmark groups", ""]
+        lines += [render_group_markdown(t) for t in others]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(paths: Sequence[str | Path], out: str | Path, fmt: str = "md") -> dict[str, Any]:
+    """Read the results files and write tables, plots and writeup.md under ``out``; returns what it
+    wrote. Input errors (ReportInputError) are raised before anything is written."""
+    if fmt not in ("md", "latex"):
+        raise ValueError(f"format must be 'md' or 'latex', got {fmt!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ReportInputError(f"--out {out} is a file; give a directory")
+    runs, records = load(paths)
+    tables = build_tables(records)
+    table_dir = out / "tables"
+    table_dir.mkdir(parents=True, exist_ok=True)
+    written_tables = []
+    for t in tables:
+        path = table_dir / f"{t.slug}.{'md' if fmt == 'md' else 'tex'}"
+        path.write_text(render_group_markdown(t) if fmt == "md" else render_group_latex(t))
+        written_tables.append(path)
+    plots = {}
+    for section, name, plot in PLOTS:
+        path = plot(records, out / "plots" / name)
+        if path is not None:
+            plots[section] = path
+    writeup = out / "writeup.md"
+    writeup.write_text(build_writeup(runs, tables, plots, out))
+    return {
+        "tables": written_tables,
+        "plots": list(plots.values()),
+        "writeup": writeup,
+        "records": len(records),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cs336_systems.report",
+        description="benchmark JSON (pytest-benchmark, its .jsonl row log, or the benchmark CLI's --json) "
+        "-> tables, plots, writeup.md; or --compare two runs",
+    )
+    parser.add_argument("json", nargs="+", help="results files (--benchmark-json output, .jsonl, CLI --json)")
+    parser.add_argument("--format", choices=("md", "latex"), default="md", help="table files format")
+    parser.add_argument("--out", default="report", help="output directory (default: ./report)")
+    parser.add_argument(
+        "--compare", action="store_true", help="pair the rows of exactly two runs by name and print the ratio"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.compare:
+            from cs336_systems.report.compare import compare_runs
+
+            if len(args.json) != 2:
+                raise ReportInputError(f"--compare takes exactly two JSON files, got {len(args.json)}")
+            print(compare_runs(*args.json))
+            return 0
+        result = write_report(args.json, args.out, args.format)
+    except (ReportInputError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{result['records']} benchmark rows from {len(args.json)} file(s)")
+    for path in [*result["tables"], *result["plots"], result["writeup"]]:
+        print(f"wrote {path}")
+    return 0
