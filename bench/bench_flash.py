@@ -53,36 +53,33 @@ d parameter, so ``--only d=...`` keeps them)::
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.kernels import flash_attention as kernels
-from cs336_systems.profiling.attention_bench import (
+from cs336_systems.harness.attention import (
     IMPLS,
     PASSES,
     SDPA_BACKENDS,
     PassStep,
     as_dtype,
-    attention_flops,
-    device_time,
-    env_int,
-    environment_info,
     impl_context,
     is_unsupported_error,
     load_flash_triton,
-    log_case,
     make_qkv,
-    record_not_run,
-    release_memory,
     resolve_impl,
-    rounds_for,
     sdpa_unsupported_reason,
-    tflops,
 )
-from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
+from cs336_systems.harness.environment import environment_info
+from cs336_systems.harness.record import log_case, record_not_run, record_oom, run_benchmark
+from cs336_systems.harness.settings import settings
+from cs336_systems.kernels import flash_attention as kernels
+from cs336_systems.profiling.flops import attention_flops, tflops
+from cs336_systems.profiling.memory import free_device_memory
+from cs336_systems.profiling.timing import device_time, is_oom, rounds_for
 from cs336_systems.report.schema import tag
 
 D11_SEQS = tuple(2**i for i in range(7, 17))  # 128 .. 65536
@@ -156,8 +153,8 @@ def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
             timing = device_time(
                 flash_forward_backward,
                 device,
-                warmup_ms=env_int("CS336_LEADERBOARD_WARMUP_MS", 200),
-                rep_ms=env_int("CS336_LEADERBOARD_REP_MS", 2000),
+                warmup_ms=settings().leaderboard_warmup_ms,
+                rep_ms=settings().leaderboard_rep_ms,
             )
             info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
             times = run_benchmark(
@@ -184,6 +181,15 @@ def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
 # ------------------------------------------------------------------------------------------ D11 sweep
 
 
+def _keep_graph_compatible(impl: str) -> contextlib.AbstractContextManager:
+    """The ``bwd`` pass calls ``backward(retain_graph=True)`` on one forward; a compiled backward with
+    donated buffers refuses that (torch >= 2.13), so the compiled impl is built without them (the
+    setting counts when the shape first compiles, which may be any pass)."""
+    if impl in NAIVE_IMPLS[1:]:
+        return torch._functorch.config.patch(donated_buffer=False)
+    return contextlib.nullcontext()
+
+
 def _sweep_cases() -> list:
     # Order: one shape at a time, its impls, their passes innermost, so a per-shape compile is shared.
     cases = []
@@ -205,7 +211,7 @@ def _sweep_cases() -> list:
 
 def _not_run(impl: str, dtype: str, d: int, seq: int, device: torch.device) -> tuple[str, str] | None:
     """(status, reason) for a case that will not be timed, else None."""
-    cap = env_int("CS336_NAIVE_MAX_SEQ", max(D11_SEQS))
+    cap = settings().naive_max_seq
     if impl in NAIVE_IMPLS and seq > cap:
         gib = seq * seq * as_dtype(dtype).itemsize / 2**30
         return "skipped", (
@@ -244,7 +250,7 @@ def test_flash_sweep(
     step: PassStep | None = None
     status = "error"
     try:
-        with impl_context(impl):
+        with impl_context(impl), _keep_graph_compatible(impl):
             fn = resolve_impl(impl, shape_key=(dtype, d, seq))
             if (impl, dtype, d, seq) not in _CHECKED:
                 shape = (D11_BATCH, 1, seq, seq, d, True)
@@ -255,8 +261,8 @@ def test_flash_sweep(
             timing = device_time(
                 step,
                 device,
-                warmup_ms=env_int("CS336_DO_BENCH_WARMUP_MS", 10),
-                rep_ms=env_int("CS336_DO_BENCH_REP_MS", 50),
+                warmup_ms=settings().do_bench_warmup_ms,
+                rep_ms=settings().do_bench_rep_ms,
                 grad_to_none=step.grads,
             )
             info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
@@ -285,7 +291,7 @@ def test_flash_sweep(
         step = q = k = v = None
         # Inputs and graphs are freed by refcount; big or failed cases also hand cached blocks back.
         if status != "ok" or seq >= 8192:
-            release_memory(device, collect=status != "ok")
+            free_device_memory(device, collect=status != "ok")
     benchmark.extra_info["status"] = status
     log_case(benchmark)
 
@@ -374,7 +380,7 @@ def _shape_cases() -> list:
 def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: str, pass_: str) -> None:
     tag(benchmark, "attention_shapes")
     b, h, nq, nk, d, causal = shape
-    flops = attention_flops(b, nq, d, heads=h, causal=causal, pass_=pass_) * nk / nq
+    flops = attention_flops(b, nq, d, heads=h, causal=causal, pass_=pass_, n_keys=nk)
     info: dict[str, Any] = dict(
         impl=impl, shape=_shape_id(shape), batch=b, heads=h, seq_q=nq, seq_k=nk, d=d, causal=causal,
         dtype="bf16", pass_=pass_, flops=flops, **environment_info(device),
@@ -421,6 +427,6 @@ def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: s
         if step is not None:
             step.close()
         step = None
-        release_memory(device, collect=status != "ok")
+        free_device_memory(device, collect=status != "ok")
     benchmark.extra_info["status"] = status
     log_case(benchmark)
