@@ -64,6 +64,8 @@ def _extra_info(options: StepOptions, result: dict[str, Any], **more: Any) -> di
         for k, v in result.items()
         if k not in ("options", "times_ms", "profile") and not isinstance(v, dict | list)
     }
+    if result.get("profile"):
+        info["kernel_ms_by_category"] = result["profile"]["kernel_ms_by_category"]
     info.update(
         losses=result.get("losses"),
         pieces={k: getattr(options, k) for k in ("fsdp", "attention", "loss", "optimizer", "checkpoint")}
@@ -101,7 +103,7 @@ def _record(benchmark: Any, options: StepOptions, result: dict[str, Any], **more
 def test_leaderboard_2026(benchmark, name: str, compiled: bool) -> None:
     tag(benchmark, "leaderboard_2026")
     s = settings()
-    profile = s.step8b_profile and name == "ours" and compiled
+    profile = s.step8b_profile and compiled
     options = recipe(name, compile=compiled, warmup=0, steps=s.step8b_steps, profile=profile)
     result = run_case(options, WORLD_SIZE, _timeout(compiled))
     more: dict[str, Any] = dict(

@@ -83,7 +83,7 @@ class Settings:
     step8b_ablation_steps: int = 2  # timed steps per ablation case
     step8b_ablation_compile: bool = False  # ablation rows eager (False) or block-compiled (True)
     step8b_timeout_s: float = 240.0  # per case (eager); a compiled case gets twice as long
-    step8b_profile: bool = True  # one profiled step of our compiled case (top kernels in extra_info)
+    step8b_profile: bool = True  # one profiled step of each compiled case (kernel time by category)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, on_gpu: bool | None = None) -> Settings:

@@ -113,5 +113,10 @@ def format_summary(result: dict[str, Any]) -> str:
     )
     lines.append("losses: " + ", ".join(f"{x:.4f}" for x in result["losses"]))
     if result.get("profile"):
-        lines.append(result["profile"])
+        by_cat = result["profile"]["kernel_ms_by_category"]
+        lines.append(
+            "device ms by kernel category (one step, rank 0): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in by_cat.items())
+        )
+        lines.append(result["profile"]["top_kernels"])
     return "\n".join(lines)

@@ -638,13 +638,40 @@ def _autocast(options: StepOptions, device: torch.device) -> contextlib.Abstract
     return contextlib.nullcontext()
 
 
-def _profile_step(model, optimizer, tokens, targets, device, autocast) -> str:
-    """One more step under torch.profiler: the top ops by device time (by CPU time on the CPU)."""
+# Kernel name -> where the time goes (first match wins: FlashAttention's Triton kernels before GEMMs).
+KERNEL_CATEGORIES = (
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "attn", "fmha", "sdpa", "cudnn")),
+    ("loss", ("cross_entropy",)),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "wgmma", "matmul", "sm90", "splitk")),
+    ("triton (compiled elementwise)", ("triton_",)),
+)
+
+
+def kernel_category(name: str) -> str:
+    lower = name.lower()
+    return next((cat for cat, keys in KERNEL_CATEGORIES if any(k in lower for k in keys)), "other")
+
+
+def _profile_step(model, optimizer, tokens, targets, device, autocast) -> dict[str, Any]:
+    """One more step under torch.profiler: device time per kernel category (communication overlaps
+    compute, so the categories add up to more than the step) and the top kernels."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof, autocast:
         train_step(model, optimizer, tokens, targets)
         synchronize(device)
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    return prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70)
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    by_category: dict[str, float] = {}
+    for e in kernels:
+        cat = kernel_category(e.key)
+        by_category[cat] = by_category.get(cat, 0.0) + e.self_device_time_total / 1e3
+    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:20]
+    lines = [f"{e.self_device_time_total / 1e3:9.1f} ms {e.count:6d}x  {e.key[:90]}" for e in top]
+    return {
+        "kernel_ms_by_category": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
+        "top_kernels": "\n".join(lines),
+    }
