@@ -1,7 +1,7 @@
 """D11 (flash_benchmarking) and D12 (the leaderboard case of handout 1.3.3), timed with
 ``triton.testing.do_bench``.
 
-D12 leaderboard (group "D12 leaderboard", runs first): exactly the handout's test: ``q, k, v =
+D12 leaderboard (group key "leaderboard", runs first): exactly the handout's test: ``q, k, v =
 torch.randn(3, 16, 16384, 64, bf16, requires_grad=True)`` (three views of one leaf, grads accumulate
 as in the handout), ``flash = torch.compile(FlashAttentionTriton.apply)``, one rep = ``o = flash(q, k,
 v, True); o.sum().backward()``. Side by side: SDPA flash and cuDNN backends on the (1, 16, 16384, 64)
@@ -9,7 +9,7 @@ layout, plain PyTorch eager and ``torch.compile``'d (static shapes). do_bench wa
 2000 ms (the handout's 1000 / 10000 give the same median; set CS336_LEADERBOARD_WARMUP_MS=1000
 CS336_LEADERBOARD_REP_MS=10000 for the literal protocol).
 
-D11 sweep (group "D11 flash sweep"): batch 1, no head axis, causal; seq 128..65536 (powers of 2) x
+D11 sweep (group key "flash_sweep"): batch 1, no head axis, causal; seq 128..65536 (powers of 2) x
 d in {16, 32, 64, 128} x dtype in {bf16, fp32} x pass_ in {fwd, bwd, fwd_bwd} x impl in {pytorch,
 pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
 - ``fwd`` is the training forward (inputs require grad, so autograd records and saves what backward
@@ -29,6 +29,15 @@ pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
 - ``pytorch_compiled`` compiles once per shape with ``dynamic=False``; cases are ordered so the three
   passes of one shape and impl run back to back and share the compile.
 
+Attention shapes (group key "attention_shapes", issue 14): the shapes people train with, as (batch,
+heads, seq_q, seq_k, d, causal) in bf16 (``SHAPES``) x impl in {sdpa_flash, sdpa_cudnn,
+sdpa_efficient, flash_triton} x pass_ in {fwd, bwd, fwd_bwd}, 4-D inputs. Before a (shape, impl) is
+timed, its output and dQ on a sample of query rows (first and last 128 of the first and last head) are
+checked against float32 math on those rows (cheap at any length); a wrong result fails the case. Our
+rows carry ``ratio_to_<backend>`` and ``ratio_to_best_sdpa`` against the SDPA rows of the same pass
+timed just before in the same run (SDPA backends run first per shape). Backends that refuse a case are
+``unsupported`` rows with torch's reason.
+
 On a CPU-only machine: the D12 cases and all D11 cases but seq 128, d 16 are marked ``gpu`` and skip
 with a reason; that CPU variant runs plain PyTorch and the SDPA backends (both dtypes) and compiled
 PyTorch (fp32) with a host clock (``timer="host"``). flash_triton is GPU-only (the Triton interpreter
@@ -44,35 +53,34 @@ d parameter, so ``--only d=...`` keeps them)::
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.profiling.attention_bench import (
+from cs336_systems.harness.attention import (
     IMPLS,
     PASSES,
     SDPA_BACKENDS,
     PassStep,
     as_dtype,
-    attention_flops,
-    device_time,
-    env_int,
-    environment_info,
     impl_context,
     is_unsupported_error,
     load_flash_triton,
-    log_case,
     make_qkv,
-    record_not_run,
-    release_memory,
     resolve_impl,
-    rounds_for,
     sdpa_unsupported_reason,
-    tflops,
 )
-from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
+from cs336_systems.harness.environment import environment_info
+from cs336_systems.harness.record import log_case, record_not_run, record_oom, run_benchmark
+from cs336_systems.harness.settings import settings
+from cs336_systems.kernels import flash_attention as kernels
+from cs336_systems.profiling.flops import attention_flops, tflops
+from cs336_systems.profiling.memory import free_device_memory
+from cs336_systems.profiling.timing import device_time, is_oom, rounds_for
+from cs336_systems.report.schema import tag
 
 D11_SEQS = tuple(2**i for i in range(7, 17))  # 128 .. 65536
 D11_DS = (16, 32, 64, 128)
@@ -80,6 +88,9 @@ D11_DTYPES = ("bf16", "fp32")
 D11_BATCH = 1
 NAIVE_IMPLS = ("pytorch", "pytorch_compiled")
 CPU_SEQ, CPU_D = 128, 16
+
+# (case, impl) pairs whose output was checked against a reference in this run (once, before timing).
+_CHECKED: set[tuple] = set()
 
 LB_HEADS, LB_SEQ, LB_D = 16, 16384, 64
 LB_IMPLS = ("flash_triton", "sdpa_flash", "sdpa_cudnn", "pytorch", "pytorch_compiled")
@@ -105,9 +116,9 @@ def _leaderboard_fn(impl: str) -> Any:
 
 
 @pytest.mark.gpu
-@pytest.mark.benchmark(group="D12 leaderboard")
 @pytest.mark.parametrize("impl", LB_IMPLS)
 def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
+    tag(benchmark, "leaderboard")
     info: dict[str, Any] = dict(
         deliverable="D12",
         impl=impl,
@@ -142,8 +153,8 @@ def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
             timing = device_time(
                 flash_forward_backward,
                 device,
-                warmup_ms=env_int("CS336_LEADERBOARD_WARMUP_MS", 200),
-                rep_ms=env_int("CS336_LEADERBOARD_REP_MS", 2000),
+                warmup_ms=settings().leaderboard_warmup_ms,
+                rep_ms=settings().leaderboard_rep_ms,
             )
             info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
             times = run_benchmark(
@@ -170,6 +181,15 @@ def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
 # ------------------------------------------------------------------------------------------ D11 sweep
 
 
+def _keep_graph_compatible(impl: str) -> contextlib.AbstractContextManager:
+    """The ``bwd`` pass calls ``backward(retain_graph=True)`` on one forward; a compiled backward with
+    donated buffers refuses that (torch >= 2.13), so the compiled impl is built without them (the
+    setting counts when the shape first compiles, which may be any pass)."""
+    if impl in NAIVE_IMPLS[1:]:
+        return torch._functorch.config.patch(donated_buffer=False)
+    return contextlib.nullcontext()
+
+
 def _sweep_cases() -> list:
     # Order: one shape at a time, its impls, their passes innermost, so a per-shape compile is shared.
     cases = []
@@ -191,7 +211,7 @@ def _sweep_cases() -> list:
 
 def _not_run(impl: str, dtype: str, d: int, seq: int, device: torch.device) -> tuple[str, str] | None:
     """(status, reason) for a case that will not be timed, else None."""
-    cap = env_int("CS336_NAIVE_MAX_SEQ", max(D11_SEQS))
+    cap = settings().naive_max_seq
     if impl in NAIVE_IMPLS and seq > cap:
         gib = seq * seq * as_dtype(dtype).itemsize / 2**30
         return "skipped", (
@@ -205,11 +225,11 @@ def _not_run(impl: str, dtype: str, d: int, seq: int, device: torch.device) -> t
     return None
 
 
-@pytest.mark.benchmark(group="D11 flash sweep")
 @pytest.mark.parametrize(("impl", "dtype", "d", "seq", "pass_"), _sweep_cases())
 def test_flash_sweep(
     benchmark, device: torch.device, impl: str, dtype: str, d: int, seq: int, pass_: str
 ) -> None:
+    tag(benchmark, "flash_sweep")
     info: dict[str, Any] = dict(
         deliverable="D11",
         impl=impl,
@@ -230,15 +250,19 @@ def test_flash_sweep(
     step: PassStep | None = None
     status = "error"
     try:
-        with impl_context(impl):
+        with impl_context(impl), _keep_graph_compatible(impl):
             fn = resolve_impl(impl, shape_key=(dtype, d, seq))
+            if (impl, dtype, d, seq) not in _CHECKED:
+                shape = (D11_BATCH, 1, seq, seq, d, True)
+                info["check_rel_err"] = check_rows(fn, shape, device, as_dtype(dtype), three_d=True)
+                _CHECKED.add((impl, dtype, d, seq))
             q, k, v = make_qkv(D11_BATCH, seq, d, dtype, device)
             step = PassStep(fn, q, k, v, pass_)
             timing = device_time(
                 step,
                 device,
-                warmup_ms=env_int("CS336_DO_BENCH_WARMUP_MS", 10),
-                rep_ms=env_int("CS336_DO_BENCH_REP_MS", 50),
+                warmup_ms=settings().do_bench_warmup_ms,
+                rep_ms=settings().do_bench_rep_ms,
                 grad_to_none=step.grads,
             )
             info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
@@ -267,11 +291,142 @@ def test_flash_sweep(
         step = q = k = v = None
         # Inputs and graphs are freed by refcount; big or failed cases also hand cached blocks back.
         if status != "ok" or seq >= 8192:
-            release_memory(device, collect=status != "ok")
+            free_device_memory(device, collect=status != "ok")
     benchmark.extra_info["status"] = status
     log_case(benchmark)
 
 
 def record_not_run_and_log(benchmark, status: str, reason: str, **info: Any) -> None:
     record_not_run(benchmark, status, reason, **info)
+    log_case(benchmark)
+
+
+# ------------------------------------------------------------------------------- attention shapes
+
+# (batch, heads, seq_q, seq_k, d, causal): short and long, few and many heads, d 64 and 128, xl's
+# attention (4, 25, 512), the 8B configuration's (1, 32, 32768, d 128), and seq_q != seq_k.
+SHAPES = (
+    (1, 16, 16384, 16384, 64, True),
+    (4, 25, 512, 512, 64, True),
+    (4, 16, 1024, 1024, 128, True),
+    (8, 12, 2048, 2048, 64, True),
+    (2, 32, 4096, 4096, 128, True),
+    (2, 16, 8192, 8192, 64, False),
+    (1, 32, 32768, 32768, 128, True),
+    (1, 2, 16384, 16384, 64, True),
+    (2, 16, 1024, 4096, 64, False),
+)
+SHAPE_IMPLS = (*SDPA_BACKENDS, "flash_triton")  # ours last: its rows hold the ratios to the SDPA rows
+CHECK_ROWS = 128
+# do_bench medians of this run, (shape, pass_) -> impl -> ms, for the ratios in our rows.
+_SHAPE_TIMES: dict[tuple, dict[str, float]] = {}
+
+
+def _shape_id(shape: tuple) -> str:
+    b, h, nq, nk, d, causal = shape
+    return f"b{b}-h{h}-q{nq}-k{nk}-d{d}-{'causal' if causal else 'full'}"
+
+
+def _shape_inputs(shape: tuple, device: torch.device, seed: int = 0, dtype=torch.bfloat16, three_d=False):
+    """q, k, v of ``shape``: (batch, heads, seq, d), or (batch, seq, d) with ``three_d`` (heads 1)."""
+    b, h, nq, nk, d, _ = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dims = lambda n: (b, n, d) if three_d else (b, h, n, d)
+    draw = lambda n: torch.randn(*dims(n), device=device, dtype=dtype, generator=gen)
+    return tuple(t.requires_grad_() for t in (draw(nq), draw(nk), draw(nk)))
+
+
+def check_rows(
+    fn, shape: tuple, device: torch.device, dtype=torch.bfloat16, three_d=False
+) -> dict[str, float]:
+    """Relative errors of O and dQ on sampled query rows against float32 math on those rows alone (the
+    rows' scores against all keys: cheap at any length). Fresh random inputs; raises if over 2e-2
+    (bf16 operands; fp32 ones run as tf32 in the fused kernels)."""
+    b, h, nq, nk, d, causal = shape
+    seed = int(torch.randint(1 << 30, ()).item())
+    q, k, v = _shape_inputs(shape, device, seed=seed, dtype=dtype, three_d=three_d)
+    do = torch.randn_like(q)
+    o = fn(q, k, v, causal)
+    o.backward(do)
+    rows = torch.cat([torch.arange(min(CHECK_ROWS, nq)), torch.arange(max(nq - CHECK_ROWS, 0), nq)]).unique()
+    rows = rows.to(device)
+    errors: dict[str, float] = {}
+    for head in {(0,) if three_d else (0, 0), (b - 1,) if three_d else (b - 1, h - 1)}:
+        q_rows = q.detach()[head][rows].float().requires_grad_()
+        kf, vf = k.detach()[head].float(), v.detach()[head].float()
+        s = q_rows @ kf.T / d**0.5
+        if causal:
+            s = s + torch.where(torch.arange(nk, device=device)[None, :] > rows[:, None], -1e6, 0.0)
+        o_ref = torch.softmax(s, dim=-1) @ vf
+        o_ref.backward(do[head][rows].float())
+        for name, got, ref in (("O", o.detach()[head][rows], o_ref), ("dQ", q.grad[head][rows], q_rows.grad)):
+            err = ((got.float() - ref).norm() / ref.norm()).item()
+            errors[name] = max(errors.get(name, 0.0), err if err == err else float("inf"))
+    bad = {n: e for n, e in errors.items() if not e < 2e-2}
+    assert not bad, f"{_shape_id(shape)}: relative errors over 2e-2 on sampled rows: {bad}"
+    return errors
+
+
+def _shape_cases() -> list:
+    return [
+        pytest.param(shape, impl, pass_, marks=pytest.mark.gpu, id=f"{_shape_id(shape)}-{impl}-{pass_}")
+        for shape in SHAPES
+        for impl in SHAPE_IMPLS
+        for pass_ in PASSES
+    ]
+
+
+@pytest.mark.parametrize(("shape", "impl", "pass_"), _shape_cases())
+def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: str, pass_: str) -> None:
+    tag(benchmark, "attention_shapes")
+    b, h, nq, nk, d, causal = shape
+    flops = attention_flops(b, nq, d, heads=h, causal=causal, pass_=pass_, n_keys=nk)
+    info: dict[str, Any] = dict(
+        impl=impl, shape=_shape_id(shape), batch=b, heads=h, seq_q=nq, seq_k=nk, d=d, causal=causal,
+        dtype="bf16", pass_=pass_, flops=flops, **environment_info(device),
+    )  # fmt: skip
+    if impl in SDPA_BACKENDS:
+        reason = sdpa_unsupported_reason(impl, torch.bfloat16, d, device.type)
+        if reason is not None:
+            record_not_run_and_log(benchmark, "unsupported", reason, **info)
+            return
+    fn = resolve_impl(impl, shape_key=shape)
+    step: PassStep | None = None
+    status = "error"
+    try:
+        with impl_context(impl):
+            if (shape, impl) not in _CHECKED:
+                info["check_rel_err"] = check_rows(fn, shape, device)
+                _CHECKED.add((shape, impl))
+            q, k, v = _shape_inputs(shape, device)
+            step = PassStep(fn, q, k, v, pass_, is_causal=causal)
+            timing = device_time(step, device, warmup_ms=10, rep_ms=50, grad_to_none=step.grads)
+            info.update(timing, tflops=tflops(flops, timing["do_bench_ms"]))
+            times = _SHAPE_TIMES.setdefault((shape, pass_), {})
+            times[impl] = timing["do_bench_ms"]
+            sdpa_times = {name: ms for name, ms in times.items() if name in SDPA_BACKENDS}
+            if impl == "flash_triton":
+                info["configs"] = kernels.chosen_configs(b * h, nq, nk, d, causal, torch.bfloat16)
+            if impl == "flash_triton" and sdpa_times:
+                for name, ms in sdpa_times.items():
+                    info[f"ratio_to_{name}"] = timing["do_bench_ms"] / ms
+                info["best_sdpa"] = min(sdpa_times, key=sdpa_times.get)
+                info["ratio_to_best_sdpa"] = timing["do_bench_ms"] / min(sdpa_times.values())
+            run_benchmark(benchmark, step, device, warmup=0, rounds=3, setup=step.zero_grads, **info)
+        status = "ok"
+    except Exception as exc:
+        if is_oom(exc):
+            record_oom(benchmark, **info)
+            status = "oom"
+        elif impl in SDPA_BACKENDS and is_unsupported_error(exc):
+            record_not_run_and_log(benchmark, "unsupported", str(exc).splitlines()[0], **info)
+            return
+        else:
+            raise
+    finally:
+        if step is not None:
+            step.close()
+        step = None
+        free_device_memory(device, collect=status != "ok")
+    benchmark.extra_info["status"] = status
     log_case(benchmark)

@@ -3,7 +3,7 @@ and D7b (torch.compile'd whole model), all through ``profiling.workload`` and ``
 
 Groups (one per size so a table stays readable; the report pivots ``mode`` into columns):
 - ``D2/D4/D7b model <size>``: Table 1 size × ctx {128, 256, 512, 1024} × dtype {fp32, bf16 autocast}
-  × mode {fwd, fwd_bwd, train} × compile {eager, compiled} (× attention sdpa at ctx 512, bf16).
+  × mode {fwd, fwd_bwd, train} × compile {eager, compiled} (× attention sdpa and flash_triton at ctx 512, bf16).
   5 warm-up steps, 10 timed steps, each synchronized (handout D2).
 - ``D2 warm-up small ctx256``: 0 / 1 / 2 / 5 warm-up steps (with 0 the first timed step pays for
   allocation, cuBLAS heuristics and, compiled, compilation: that is the point).
@@ -50,6 +50,7 @@ from cs336_systems.report.schema import tag
 CONTEXTS = (128, 256, 512, 1024)
 DTYPES = tuple(WORKLOAD_DTYPES)
 COMPILES = ("eager", "compiled")
+ATTENTIONS = ("pytorch", "sdpa", "flash_triton")  # flash_triton: our Triton FlashAttention-2 (issue 14)
 MUST_SHOW = {("small", 256), ("medium", 256)}
 CPU_CTX = 32
 ON_GPU = torch.cuda.is_available()
@@ -84,11 +85,12 @@ def _model_cases() -> list:
         _param(("tiny", CPU_CTX, dtype, mode, "eager", "pytorch"))
         for dtype, mode in itertools.product(DTYPES, MODES)
     ]
-    grid = itertools.product(TABLE1_SIZES, CONTEXTS, DTYPES, MODES, COMPILES, ("pytorch", "sdpa"))
+    grid = itertools.product(TABLE1_SIZES, CONTEXTS, DTYPES, MODES, COMPILES, ATTENTIONS)
     for values in grid:
         size, ctx, dtype, mode, _, attention = values
-        # torch's fused attention next to the handout's eager one where the reference figures are: bf16, ctx 512
-        if attention == "sdpa" and (ctx != 512 or dtype != "bf16"):
+        # torch's fused attention and ours next to the handout's eager one where the reference figures
+        # are: bf16, ctx 512
+        if attention != "pytorch" and (ctx != 512 or dtype != "bf16"):
             continue
         marks = [pytest.mark.gpu]
         if not _must_show(size, ctx, dtype, mode):

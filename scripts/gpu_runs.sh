@@ -3,6 +3,7 @@
 #   bash scripts/gpu_runs.sh tests model-xl-mem profile     (single GPU)
 #   bash scripts/gpu_runs.sh model-core                     (single GPU)
 #   bash scripts/gpu_runs.sh attention flash                (single GPU)
+#   bash scripts/gpu_runs.sh tests-attention flash-shapes model-attention   (single GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 # Output (JSON, logs, traces) goes to $OUT (default runs/gpu). Each stage fits a 10-minute command.
 set -uo pipefail
@@ -57,6 +58,15 @@ for stage in "$@"; do
         --only seq=128,256,512,1024,2048,4096,8192,16384 -k "not leaderboard" \
         --benchmark-json="$OUT/flash-fp32.json" > "$OUT/flash-fp32.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-fp32.log" | tail -8 ;;
+    flash-shapes)  # issue 14: the attention shapes grid (ours vs SDPA flash / cuDNN / mem-efficient), ~3 min
+      CS336_BENCH_JSONL=$OUT/flash-shapes.jsonl "${BENCH[@]}" bench/bench_flash.py -k attention_shapes \
+        --benchmark-json="$OUT/flash-shapes.json" > "$OUT/flash-shapes.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-shapes.log" | tail -8
+      python3 scripts/flash_table.py "$OUT/flash-shapes.json" ;;
+    model-attention)  # issue 14: small and xl, ctx 512, bf16, compiled fwd_bwd, sdpa vs flash_triton (4 compiles)
+      CS336_FULL_GRID=1 "${BENCH[@]}" bench/bench_model.py::test_model --only size=small,xl --only ctx=512 \
+        --only dtype=bf16 --only mode=fwd_bwd --only compile=compiled --only attention=sdpa,flash_triton \
+        --benchmark-json="$OUT/model-attention.json" 2>&1 | tail -8 ;;
     allreduce)  # D13: nccl at 2 and 4 GPUs (6 needs an 8-GPU machine), 1 MB .. 1 GB
       "${BENCH[@]}" bench/bench_allreduce.py --only backend=nccl --benchmark-json="$OUT/allreduce.json" 2>&1 | tail -30 ;;
     ddp)  # D14-D17 + torch DDP, xl, 2 GPUs

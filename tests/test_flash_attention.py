@@ -143,6 +143,29 @@ def test_four_dim_and_noncontiguous_inputs(impl, device, generator) -> None:
     assert q.grad.shape == (batch, heads, n, d)
 
 
+def test_model_layout_without_copies(device, generator) -> None:
+    # The model's call: q, k contiguous (batch, heads, seq, d), v a permuted view of the fused QKV
+    # projection. The kernels read every stride as given, and O comes back in (batch, seq, heads, d)
+    # memory order, so the model's out.transpose(1, 2).reshape(batch, seq, heads * d) is a view.
+    batch, heads, n, d = 2, 3, 40, 32
+    qkv = torch.randn(batch, n, 3, heads, d, generator=generator).to(device).permute(2, 0, 3, 1, 4)
+    q, k = (t.contiguous().requires_grad_() for t in qkv[:2])
+    v = qkv[2].detach().requires_grad_()  # a leaf that keeps the permuted strides
+    assert not v.is_contiguous() and v.stride(-2) == 3 * heads * d
+    do = torch.randn(batch, heads, n, d, generator=generator).to(device)
+    check_against_reference(FlashAttentionTriton.apply, q, k, v, do, True, tolerance(torch.float32, device))
+    out = FlashAttentionTriton.apply(q.detach(), k.detach(), v.detach(), True)
+    assert out.transpose(1, 2).is_contiguous(), out.stride()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_is_causal_must_be_bool(impl, bad, device) -> None:
+    x = torch.randn(1, 16, 16, device=device)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        IMPLS[impl].apply(x, x, x, bad)
+
+
 @pytest.mark.parametrize("name", ["flash_triton", "flash_pytorch"])
 def test_registry_entries(name, device, generator) -> None:
     q, k, v, _ = make_inputs((2, 24, 24, 16), torch.float32, device, generator)
@@ -167,6 +190,17 @@ def test_tensor_descriptor_path(device, generator) -> None:
     finally:
         for kernel in ("fwd", "dkdv", "dq"):
             kernels.force_config(kernel, None)
+
+
+def test_tuning_key_classes() -> None:
+    # Ragged lengths share their power-of-two bucket; few heads (a short grid) get their own choice,
+    # and batch x heads beyond 64 all share one.
+    key = lambda bh, n: kernels._tune_key("fwd", bh, n, n, 64, True, torch.bfloat16)
+    assert key(16, 1000) == key(16, 1024) != key(16, 1025)
+    assert key(2, 1024) != key(16, 1024)
+    assert key(100, 512) == key(4096, 512)
+    cfg = kernels.chosen_configs(100, 512, 512, 64, True, torch.bfloat16)
+    assert set(cfg) == {"fwd", "dq", "dkdv"}
 
 
 # -- the torch.compile'd PyTorch backward (D10) and torch.compile(apply) ---------------------------------

@@ -47,6 +47,13 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
         raise ValueError(f"Q, K, V are on different devices: {q.device}, {k.device}, {v.device}")
 
 
+def check_is_causal(is_causal: object) -> bool:
+    """``is_causal`` must be a real bool: a truthy string such as "no" would silently mean causal."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
+    return is_causal
+
+
 def _causal_bias(q_start: int, n_q: int, k_start: int, n_k: int, device: torch.device) -> torch.Tensor:
     q_idx = torch.arange(q_start, q_start + n_q, device=device)[:, None]
     k_idx = torch.arange(k_start, k_start + n_k, device=device)[None, :]
@@ -147,9 +154,10 @@ class FlashAttentionPytorch(torch.autograd.Function):
         ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False
     ) -> torch.Tensor:
         check_attention_inputs(Q, K, V)
-        O, L = flash_forward_tiled(Q, K, V, bool(is_causal))
+        check_is_causal(is_causal)
+        O, L = flash_forward_tiled(Q, K, V, is_causal)
         ctx.save_for_backward(L, Q, K, V, O)
-        ctx.is_causal = bool(is_causal)
+        ctx.is_causal = is_causal
         return O
 
     @staticmethod

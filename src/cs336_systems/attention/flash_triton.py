@@ -1,20 +1,26 @@
 """D9b/c, D10, D12: FlashAttention-2 with Triton kernels as autograd.Functions.
 
-``FlashAttentionTriton.apply(Q, K, V, is_causal=False)``: Triton forward, Triton backward (two passes, no
-atomics). ``FlashAttentionTritonCompiledBackward`` has the same forward and the torch.compile'd PyTorch
+``FlashAttentionTriton.apply(Q, K, V, is_causal=False)``: Triton forward, Triton backward (two launches,
+no atomics). ``FlashAttentionTritonCompiledBackward`` has the same forward and the torch.compile'd PyTorch
 backward of :mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.shape[:-1], i.e.
-(batch, n_queries) for (batch, seq, d) inputs. Inputs may also be (batch, heads, seq, d) (leading dims are
-flattened into the kernels' batch axis), non-contiguous (copied), with n_queries != n_keys.
+(batch, n_queries) for (batch, seq, d) inputs. Inputs may also be (batch, heads, seq, d) with any strides
+(passed to the kernels as they are: no copies), with n_queries != n_keys.
 
-The kernels sit behind two torch custom ops, so ``torch.compile(FlashAttentionTriton.apply)`` sees opaque
-calls with known output shapes instead of tracing into Triton launch code and the tuning loop.
+Under torch.compile the kernels sit behind two torch custom ops, so the graph holds opaque calls with
+known output shapes instead of Triton launch code and the tuning loop. In eager mode the launchers are
+called directly: a custom op's Python dispatch costs more than the launch itself, and the model calls
+attention 2 x layers times per step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from cs336_systems.attention.flash_pytorch import check_attention_inputs, compiled_flash_backward
+from cs336_systems.attention.flash_pytorch import (
+    check_attention_inputs,
+    check_is_causal,
+    compiled_flash_backward,
+)
 from cs336_systems.kernels import flash_attention as kernels
 
 INTERPRET = kernels.INTERPRET
@@ -31,7 +37,7 @@ def _flash_fwd_op(
 
 @_flash_fwd_op.register_fake
 def _(q, k, v, is_causal):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return kernels.new_output(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("cs336_systems::flash_attention_bwd", mutates_args=())
@@ -52,8 +58,9 @@ def _(q, k, v, o, do, lse, is_causal):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: object) -> None:
     check_attention_inputs(q, k, v)
+    check_is_causal(is_causal)
     if q.device.type != "cuda" and not INTERPRET:
         raise ValueError(
             f"the Triton FlashAttention needs CUDA tensors (got {q.device}); to run it on the CPU set "
@@ -66,28 +73,36 @@ def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> N
         )
 
 
-def _as_3d(t: torch.Tensor) -> torch.Tensor:
-    """(..., seq, d) -> contiguous (batch, seq, d); a no-op view for contiguous 3-D input."""
-    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., seq, d) -> (batch, heads, seq, d): a view for 2-, 3- and 4-D input (strides kept as they are);
+    more leading dims are folded into the batch axis."""
+    if t.ndim == 4:
+        return t
+    if t.ndim == 3:
+        return t.unsqueeze(1)
+    if t.ndim == 2:
+        return t[None, None]
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def _fwd(q, k, v, is_causal):
+    compiling = torch.compiler.is_compiling()
+    return (_flash_fwd_op if compiling else kernels.flash_forward)(q, k, v, is_causal)
+
+
+def _bwd(q, k, v, o, do, lse, is_causal):
+    compiling = torch.compiler.is_compiling()
+    return (_flash_bwd_op if compiling else kernels.flash_backward)(q, k, v, o, do, lse, is_causal)
 
 
 def _forward(ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    _check_triton_inputs(Q, K, V)
-    is_causal = bool(is_causal)
-    o3, lse3 = _flash_fwd_op(_as_3d(Q), _as_3d(K), _as_3d(V), is_causal)
-    O = o3.view(Q.shape)
-    L = lse3.view(Q.shape[:-1])
+    _check_triton_inputs(Q, K, V, is_causal)
+    o4, lse4 = _fwd(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal)
+    O = o4.reshape(Q.shape)
+    L = lse4.reshape(Q.shape[:-1])
     ctx.save_for_backward(L, Q, K, V, O)
     ctx.is_causal = is_causal
     return O
-
-
-def _backward(ctx, dO: torch.Tensor, backward_fn):
-    L, Q, K, V, O = ctx.saved_tensors
-    q, k, v, o, do = (_as_3d(t) for t in (Q, K, V, O, dO))
-    lse = L.reshape(q.shape[0], q.shape[1]).contiguous()
-    dq, dk, dv = backward_fn(q, k, v, o, do, lse, ctx.is_causal)
-    return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -101,7 +116,10 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dO: torch.Tensor):
-        return _backward(ctx, dO, _flash_bwd_op)
+        L, Q, K, V, O = ctx.saved_tensors
+        q, k, v, o, do = (_as_4d(t) for t in (Q, K, V, O, dO))
+        dq, dk, dv = _bwd(q, k, v, o, do, L.reshape(q.shape[:-1]), ctx.is_causal)
+        return dq.reshape(Q.shape), dk.reshape(K.shape), dv.reshape(V.shape), None
 
 
 class FlashAttentionTritonCompiledBackward(FlashAttentionTriton):
@@ -109,7 +127,8 @@ class FlashAttentionTritonCompiledBackward(FlashAttentionTriton):
 
     @staticmethod
     def backward(ctx, dO: torch.Tensor):
-        return _backward(ctx, dO, compiled_flash_backward)
+        L, Q, K, V, O = ctx.saved_tensors
+        return (*compiled_flash_backward(Q, K, V, O, dO, L, ctx.is_causal), None)
 
 
 def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):

@@ -198,26 +198,35 @@ class PassStep:
     ``grads`` are the tensors whose .grad must be reset between reps; ``close()`` drops the retained
     graph so its memory is freed before the next case."""
 
-    def __init__(self, fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pass_: str):
+    def __init__(
+        self,
+        fn: AttentionFn,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pass_: str,
+        is_causal: bool = True,
+    ):
         if pass_ not in PASSES:
             raise ValueError(f"unknown pass {pass_!r}; choose one of {list(PASSES)}")
         self.fn, self.q, self.k, self.v, self.pass_ = fn, q, k, v, pass_
+        self.is_causal = is_causal
         self.grads = [q, k, v]
         self.out: torch.Tensor | None = None
         # dO has the output's shape, which is q's (v has q's head dim in every case here); no probe
         # call, which would cost a compiled impl an extra no-grad compile.
         self.dout: torch.Tensor | None = make_grad(q)
         if pass_ == "bwd":
-            self.out = fn(q, k, v, True)
+            self.out = fn(q, k, v, is_causal)
 
     def __call__(self) -> None:
         if self.pass_ == "fwd":
-            self.fn(self.q, self.k, self.v, True)
+            self.fn(self.q, self.k, self.v, self.is_causal)
         elif self.pass_ == "bwd":
             assert self.out is not None, "PassStep used after close()"
             self.out.backward(self.dout, retain_graph=True)
         else:
-            self.fn(self.q, self.k, self.v, True).backward(self.dout)
+            self.fn(self.q, self.k, self.v, self.is_causal).backward(self.dout)
 
     def zero_grads(self) -> None:
         for t in self.grads:

@@ -1,17 +1,24 @@
 """Triton kernels of FlashAttention-2 (D9b/c, D12) and their launchers.
 
-Forward (Algorithm 1): grid (T_q, batch), one program per query tile, one pass over key tiles with an
-online softmax in float32. Backward (Algorithm 2 split in two, no atomics): a preprocessing kernel for
-D = rowsum(dO ∘ O), a dK/dV kernel (grid (T_k, batch), loops over query tiles) and a dQ kernel (grid
-(T_q, batch), loops over key tiles); each recomputes P from L.
+Inputs are (batch, heads, seq, d) tensors of any strides (the model's V is a permuted view of its fused
+QKV projection): every kernel takes four strides per tensor and a grid (tiles, batch * heads), so no
+input is copied. O is written in (batch, seq, heads, d) memory order (returned as a (batch, heads, seq,
+d) view), which makes the model's ``out.transpose(1, 2).reshape(...)`` free.
+
+Forward (Algorithm 1): one program per query tile, one pass over key tiles with an online softmax in
+float32. Backward (Algorithm 2 split in two, no atomics, two launches): a dQ kernel (loops over key tiles)
+that also computes D = rowsum(dO ∘ O) for its rows and stores it, then a dK/dV kernel (loops over query
+tiles) that reads D; each recomputes P from L.
 
 Speed tricks (handout 1.3.3): scores are kept in log2 units (exp2, with 1/sqrt(d)·log2(e) folded into one
 multiply); with causal masking, key tiles past the diagonal are never visited, and the tiles that straddle
 the diagonal run a masked copy of the loop while all others run without any index comparison; the causal
 forward and dQ grids start with the heaviest query tiles; on Hopper, tiles move through tensor
-descriptors (the TMA copy engine; block pointers where strides do not allow it); tile sizes, warps,
-stages and descriptors-or-not are tuned per (kernel, seq bucket, d, causal, dtype) among a short
-candidate list, timed once per key and cached (in memory, optionally in a JSON file).
+descriptors (the TMA copy engine; block pointers where strides do not allow it, or where the host-side
+cost of building descriptors outweighs the gain, which the tuner measures). Tile sizes, warps, stages and
+descriptors-or-not are tuned per (kernel, batch x heads bucket, seq buckets, d, causal, dtype) among a
+short candidate list, timed once per key and cached (in memory, optionally in a JSON file); the lookup on
+later calls is one dict access, since the model calls these launchers 2 x layers times per step.
 
 Boundaries: sequence lengths need not be multiples of the tiles. Out-of-range rows load as zeros; in the
 forward and dQ kernels the last key tile is masked explicitly (padding keys must add nothing to the
@@ -21,11 +28,13 @@ Head dims that are not powers of two are padded to the next one (zeros do not ch
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -65,16 +74,24 @@ _WIDEN_DOTS = tl.constexpr(INTERPRET)
 
 
 @triton.jit
-def _load_rows(X, stride_b, stride_n, stride_d, b, N, start, D: tl.constexpr, ROWS: tl.constexpr,
+def _offset(bh, H, stride_b, stride_h):
+    """Element offset of head (b, h) = divmod(bh, H) of a (batch, heads, N, D) tensor, in int64."""
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    return b * stride_b + h * stride_h
+
+
+@triton.jit
+def _load_rows(X, off, stride_n, stride_d, bh, H, N, start, D: tl.constexpr, ROWS: tl.constexpr,
                BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
-    """Rows [start, start + ROWS) of batch b of a (batch, N, D) tensor as a (ROWS, BLOCK_D) tile. Rows past
-    N and head-dim padding read as zeros. X is a tensor descriptor (TMA: bounds checked by the copy
-    engine) or a pointer (block pointer, bounds checked only where asked)."""
+    """Rows [start, start + ROWS) of head bh of a (batch, heads, N, D) tensor as a (ROWS, BLOCK_D) tile.
+    Rows past N and head-dim padding read as zeros. X is a 4-D tensor descriptor (TMA: bounds checked by
+    the copy engine) or a pointer (block pointer at element offset ``off``, bounds checked where asked)."""
     if USE_TMA:
-        x = X.load([b, start, 0]).reshape(ROWS, BLOCK_D)
+        x = X.load([bh // H, bh % H, start, 0]).reshape(ROWS, BLOCK_D)
     else:
-        ptr = tl.make_block_ptr(X + b.to(tl.int64) * stride_b, shape=(N, D), strides=(stride_n, stride_d),
-                                offsets=(start, 0), block_shape=(ROWS, BLOCK_D), order=(1, 0))
+        ptr = tl.make_block_ptr(X + off, shape=(N, D), strides=(stride_n, stride_d), offsets=(start, 0),
+                                block_shape=(ROWS, BLOCK_D), order=(1, 0))
         if D == BLOCK_D:
             if CHECK_ROWS:  # noqa: SIM108
                 x = tl.load(ptr, boundary_check=(0,), padding_option="zero")
@@ -86,14 +103,14 @@ def _load_rows(X, stride_b, stride_n, stride_d, b, N, start, D: tl.constexpr, RO
 
 
 @triton.jit
-def _store_rows(X, x, stride_b, stride_n, stride_d, b, N, start, D: tl.constexpr, ROWS: tl.constexpr,
+def _store_rows(X, x, off, stride_n, stride_d, bh, H, N, start, D: tl.constexpr, ROWS: tl.constexpr,
                 BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
-    """Store a (ROWS, BLOCK_D) tile at rows [start, start + ROWS) of batch b, dropping out-of-range parts."""
+    """Store a (ROWS, BLOCK_D) tile at rows [start, start + ROWS) of head bh, dropping out-of-range parts."""
     if USE_TMA:
-        X.store([b, start, 0], x.to(X.dtype).reshape(1, ROWS, BLOCK_D))
+        X.store([bh // H, bh % H, start, 0], x.to(X.dtype).reshape(1, 1, ROWS, BLOCK_D))
     else:
-        ptr = tl.make_block_ptr(X + b.to(tl.int64) * stride_b, shape=(N, D), strides=(stride_n, stride_d),
-                                offsets=(start, 0), block_shape=(ROWS, BLOCK_D), order=(1, 0))
+        ptr = tl.make_block_ptr(X + off, shape=(N, D), strides=(stride_n, stride_d), offsets=(start, 0),
+                                block_shape=(ROWS, BLOCK_D), order=(1, 0))
         tl.store(ptr, x.to(ptr.type.element_ty), boundary_check=(0, 1))
 
 
@@ -121,21 +138,32 @@ def _loop_bounds(tile_start, N_OTHER, TILE: tl.constexpr, STEP: tl.constexpr, is
     return unmasked_end, masked_end
 
 
+@triton.jit
+def _query_tile(is_causal: tl.constexpr):
+    """Query tile of this program: with causal masking the work grows with the query index, so the
+    heaviest tiles are launched first and the tail of the grid is short."""
+    if is_causal:  # noqa: SIM108
+        tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        tile = tl.program_id(0)
+    return tile
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _fwd_loop(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kb, stride_kk, stride_kd, stride_vb, stride_vk,
-              stride_vd, b, offs_q, lo, hi, N_KEYS, qk_scale, D: tl.constexpr, K_TILE_SIZE: tl.constexpr,
+def _fwd_loop(acc, l_i, m_i, q, K_ptr, V_ptr, off_k, stride_kk, stride_kd, off_v, stride_vk, stride_vd,
+              bh, H, offs_q, lo, hi, N_KEYS, qk_scale, D: tl.constexpr, K_TILE_SIZE: tl.constexpr,
               BLOCK_D: tl.constexpr, MASKED: tl.constexpr, is_causal: tl.constexpr,
               USE_TMA: tl.constexpr):
     """Online softmax over key tiles [lo, hi); MASKED adds the causal bias and drops padding keys."""
     for start_k in range(lo, hi, K_TILE_SIZE):
-        k = _load_rows(K_ptr, stride_kb, stride_kk, stride_kd, b, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
+        k = _load_rows(K_ptr, off_k, stride_kk, stride_kd, bh, H, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
                        MASKED, USE_TMA)
-        v = _load_rows(V_ptr, stride_vb, stride_vk, stride_vd, b, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
+        v = _load_rows(V_ptr, off_v, stride_vk, stride_vd, bh, H, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
                        MASKED, USE_TMA)
         s = _dot(q, tl.trans(k))
         if MASKED:
@@ -162,12 +190,11 @@ def _fwd_loop(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kb, stride_kk, stride_kd, s
 def flash_fwd_kernel(
     Q_ptr, K_ptr, V_ptr,
     O_ptr, L_ptr,
-    stride_qb, stride_qq, stride_qd,
-    stride_kb, stride_kk, stride_kd,
-    stride_vb, stride_vk, stride_vd,
-    stride_ob, stride_oq, stride_od,
-    stride_lb, stride_lq,
-    N_QUERIES, N_KEYS,
+    stride_qb, stride_qh, stride_qq, stride_qd,
+    stride_kb, stride_kh, stride_kk, stride_kd,
+    stride_vb, stride_vh, stride_vk, stride_vd,
+    stride_ob, stride_oh, stride_oq, stride_od,
+    H, N_QUERIES, N_KEYS,
     scale,
     D: tl.constexpr,
     Q_TILE_SIZE: tl.constexpr,
@@ -176,17 +203,16 @@ def flash_fwd_kernel(
     BLOCK_D: tl.constexpr,
     USE_TMA: tl.constexpr = False,
 ):
-    """Algorithm 1 for one query tile of one batch element (grid (T_q, batch)). With USE_TMA the Q/K/V/O
-    arguments are tensor descriptors instead of pointers (strides then unused)."""
-    # Causal work grows with the query index: launch the heaviest tiles first so the tail is short.
-    if is_causal:  # noqa: SIM108
-        query_tile_index = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        query_tile_index = tl.program_id(0)
-    b = tl.program_id(1)
-    q_start = query_tile_index * Q_TILE_SIZE
+    """Algorithm 1 for one query tile of one (batch, head) (grid (T_q, batch * heads)). Q/K/V/O are
+    (batch, heads, N, D) with any strides (or 4-D tensor descriptors with USE_TMA); L is contiguous
+    (batch, heads, N_QUERIES) float32."""
+    q_start = _query_tile(is_causal) * Q_TILE_SIZE
+    bh = tl.program_id(1)
+    off_q = _offset(bh, H, stride_qb, stride_qh)
+    off_k = _offset(bh, H, stride_kb, stride_kh)
+    off_v = _offset(bh, H, stride_vb, stride_vh)
 
-    q = _load_rows(Q_ptr, stride_qb, stride_qq, stride_qd, b, N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D,
+    q = _load_rows(Q_ptr, off_q, stride_qq, stride_qd, bh, H, N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D,
                    True, USE_TMA)
     offs_q = q_start + tl.arange(0, Q_TILE_SIZE)
     qk_scale = scale * LOG2E  # scores in log2 units: exp2 instead of exp
@@ -195,144 +221,34 @@ def flash_fwd_kernel(
     m_i = tl.full((Q_TILE_SIZE,), float("-inf"), dtype=tl.float32)
 
     unmasked_end, masked_end = _loop_bounds(q_start, N_KEYS, Q_TILE_SIZE, K_TILE_SIZE, is_causal)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kb, stride_kk, stride_kd, stride_vb,
-                              stride_vk, stride_vd, b, offs_q, 0, unmasked_end, N_KEYS, qk_scale, D,
-                              K_TILE_SIZE, BLOCK_D, False, is_causal, USE_TMA)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kb, stride_kk, stride_kd, stride_vb,
-                              stride_vk, stride_vd, b, offs_q, unmasked_end, masked_end, N_KEYS, qk_scale, D,
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K_ptr, V_ptr, off_k, stride_kk, stride_kd, off_v, stride_vk,
+                              stride_vd, bh, H, offs_q, 0, unmasked_end, N_KEYS, qk_scale, D, K_TILE_SIZE,
+                              BLOCK_D, False, is_causal, USE_TMA)
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K_ptr, V_ptr, off_k, stride_kk, stride_kd, off_v, stride_vk,
+                              stride_vd, bh, H, offs_q, unmasked_end, masked_end, N_KEYS, qk_scale, D,
                               K_TILE_SIZE, BLOCK_D, True, is_causal, USE_TMA)
 
     acc = acc / l_i[:, None]
     lse = (m_i + tl.log2(l_i)) * LN2  # back to natural-log units: L is the contract's logsumexp
-    _store_rows(O_ptr, acc, stride_ob, stride_oq, stride_od, b, N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D,
-                USE_TMA)
-    L_block_ptr = tl.make_block_ptr(L_ptr + b.to(tl.int64) * stride_lb, shape=(N_QUERIES,),
-                                    strides=(stride_lq,), offsets=(q_start,), block_shape=(Q_TILE_SIZE,),
-                                    order=(0,))
-    tl.store(L_block_ptr, lse, boundary_check=(0,))
+    _store_rows(O_ptr, acc, _offset(bh, H, stride_ob, stride_oh), stride_oq, stride_od, bh, H, N_QUERIES,
+                q_start, D, Q_TILE_SIZE, BLOCK_D, USE_TMA)
+    tl.store(L_ptr + bh.to(tl.int64) * N_QUERIES + offs_q, lse, mask=offs_q < N_QUERIES)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Backward
+# Backward: dQ pass first (it also writes D = rowsum(dO ∘ O) for its rows), then the dK/dV pass
 # ----------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def flash_bwd_preprocess_kernel(
-    O_ptr, dO_ptr, Delta_ptr,
-    stride_ob, stride_oq, stride_od,
-    stride_dob, stride_doq, stride_dod,
-    stride_deltab, stride_deltaq,
-    N_QUERIES,
-    D: tl.constexpr,
-    Q_TILE_SIZE: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """D = rowsum(dO ∘ O) in float32, once, so neither backward pass recomputes it per tile."""
-    b = tl.program_id(1)
-    q_start = tl.program_id(0) * Q_TILE_SIZE
-    o = _load_rows(O_ptr, stride_ob, stride_oq, stride_od, b, N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D,
-                   True, False)
-    do = _load_rows(dO_ptr, stride_dob, stride_doq, stride_dod, b, N_QUERIES, q_start, D, Q_TILE_SIZE,
-                    BLOCK_D, True, False)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    offs_q = q_start + tl.arange(0, Q_TILE_SIZE)
-    tl.store(Delta_ptr + b.to(tl.int64) * stride_deltab + offs_q * stride_deltaq, delta,
-             mask=offs_q < N_QUERIES)
-
-
-@triton.jit
-def _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, stride_qb, stride_qq, stride_qd, stride_dob,
-               stride_doq, stride_dod, stride_lb, stride_lq, b, offs_k, lo, hi, N_QUERIES, qk_scale,
-               D: tl.constexpr, Q_TILE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-               USE_TMA: tl.constexpr):
-    """Accumulate dK, dV of one key tile over query tiles [lo, hi), on transposed (keys x queries) tiles
-    so that both accumulate without transposes. Rows past the end load as zeros (Q, dO, L, D): their P is
-    finite and they add nothing (dO = 0, D = 0)."""
-    row_base = b.to(tl.int64) * stride_lb
-    for start_q in range(lo, hi, Q_TILE_SIZE):
-        offs_q = start_q + tl.arange(0, Q_TILE_SIZE)
-        q = _load_rows(Q_ptr, stride_qb, stride_qq, stride_qd, b, N_QUERIES, start_q, D, Q_TILE_SIZE,
-                       BLOCK_D, True, USE_TMA)
-        do = _load_rows(dO_ptr, stride_dob, stride_doq, stride_dod, b, N_QUERIES, start_q, D, Q_TILE_SIZE,
-                        BLOCK_D, True, USE_TMA)
-        in_range = offs_q < N_QUERIES
-        lse2 = tl.load(L_ptr + row_base + offs_q * stride_lq, mask=in_range, other=0.0) * LOG2E
-        delta = tl.load(Delta_ptr + row_base + offs_q * stride_lq, mask=in_range, other=0.0)
-        s_t = _dot(k, tl.trans(q))
-        if MASKED:
-            # exp(s - 1e6 - L) is exactly 0 in float32: -inf before exp2 gives that 0 without the bias
-            # (and without overflow where a masked raw score exceeds L).
-            keep = offs_q[None, :] >= offs_k[:, None]
-            p_t = tl.exp2(tl.where(keep, s_t * qk_scale - lse2[None, :], float("-inf")))
-        else:
-            p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
-        dv = _dot(p_t.to(do.dtype), do, dv)
-        dp_t = _dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = _dot(ds_t.to(q.dtype), q, dk)
-    return dk, dv
-
-
-@triton.jit
-def flash_bwd_dkdv_kernel(
-    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr,
-    stride_qb, stride_qq, stride_qd,
-    stride_kb, stride_kk, stride_kd,
-    stride_vb, stride_vk, stride_vd,
-    stride_dob, stride_doq, stride_dod,
-    stride_lb, stride_lq,
-    stride_dkb, stride_dkk, stride_dkd,
-    stride_dvb, stride_dvk, stride_dvd,
-    N_QUERIES, N_KEYS,
-    scale,
-    D: tl.constexpr,
-    Q_TILE_SIZE: tl.constexpr,
-    K_TILE_SIZE: tl.constexpr,
-    is_causal: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
-):
-    """First backward pass: one program per key tile (grid (T_k, batch)) accumulates dK and dV over query
-    tiles. L and D share strides (both (batch, N_QUERIES) float32)."""
-    b = tl.program_id(1)
-    k_start = tl.program_id(0) * K_TILE_SIZE  # causal: low key tiles see the most queries and come first
-    k = _load_rows(K_ptr, stride_kb, stride_kk, stride_kd, b, N_KEYS, k_start, D, K_TILE_SIZE, BLOCK_D,
-                   True, USE_TMA)
-    v = _load_rows(V_ptr, stride_vb, stride_vk, stride_vd, b, N_KEYS, k_start, D, K_TILE_SIZE, BLOCK_D,
-                   True, USE_TMA)
-    offs_k = k_start + tl.arange(0, K_TILE_SIZE)
-    qk_scale = scale * LOG2E
-    dk = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
-    dv = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
-    if is_causal:
-        # Query tiles before k_start see none of these keys, [k_start, k_start + K_TILE_SIZE) straddle the
-        # diagonal, all later ones see every key of the tile.
-        diag_end = tl.minimum(k_start + K_TILE_SIZE, N_QUERIES)
-        dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, stride_qb, stride_qq, stride_qd,
-                            stride_dob, stride_doq, stride_dod, stride_lb, stride_lq, b, offs_k, k_start,
-                            diag_end, N_QUERIES, qk_scale, D, Q_TILE_SIZE, BLOCK_D, True, USE_TMA)
-        lo = k_start + K_TILE_SIZE
-    else:
-        lo = 0
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, stride_qb, stride_qq, stride_qd,
-                        stride_dob, stride_doq, stride_dod, stride_lb, stride_lq, b, offs_k, lo, N_QUERIES,
-                        N_QUERIES, qk_scale, D, Q_TILE_SIZE, BLOCK_D, False, USE_TMA)
-    _store_rows(dK_ptr, dk * scale, stride_dkb, stride_dkk, stride_dkd, b, N_KEYS, k_start, D, K_TILE_SIZE,
-                BLOCK_D, USE_TMA)
-    _store_rows(dV_ptr, dv, stride_dvb, stride_dvk, stride_dvd, b, N_KEYS, k_start, D, K_TILE_SIZE, BLOCK_D,
-                USE_TMA)
-
-
-@triton.jit
-def _dq_loop(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kb, stride_kk, stride_kd, stride_vb, stride_vk,
-             stride_vd, b, offs_q, lo, hi, N_KEYS, qk_scale, D: tl.constexpr, K_TILE_SIZE: tl.constexpr,
+def _dq_loop(dq, q, do, lse2, delta, K_ptr, V_ptr, off_k, stride_kk, stride_kd, off_v, stride_vk, stride_vd,
+             bh, H, offs_q, lo, hi, N_KEYS, qk_scale, D: tl.constexpr, K_TILE_SIZE: tl.constexpr,
              BLOCK_D: tl.constexpr, MASKED: tl.constexpr, is_causal: tl.constexpr, USE_TMA: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
     for start_k in range(lo, hi, K_TILE_SIZE):
-        k = _load_rows(K_ptr, stride_kb, stride_kk, stride_kd, b, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
+        k = _load_rows(K_ptr, off_k, stride_kk, stride_kd, bh, H, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
                        MASKED, USE_TMA)
-        v = _load_rows(V_ptr, stride_vb, stride_vk, stride_vd, b, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
+        v = _load_rows(V_ptr, off_v, stride_vk, stride_vd, bh, H, N_KEYS, start_k, D, K_TILE_SIZE, BLOCK_D,
                        MASKED, USE_TMA)
         s = _dot(q, tl.trans(k))
         if MASKED:
@@ -351,14 +267,14 @@ def _dq_loop(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kb, stride_kk, stride_
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dQ_ptr,
-    stride_qb, stride_qq, stride_qd,
-    stride_kb, stride_kk, stride_kd,
-    stride_vb, stride_vk, stride_vd,
-    stride_dob, stride_doq, stride_dod,
-    stride_lb, stride_lq,
-    stride_dqb, stride_dqq, stride_dqd,
-    N_QUERIES, N_KEYS,
+    Q_ptr, K_ptr, V_ptr, O_ptr, dO_ptr, L_ptr, Delta_ptr, dQ_ptr,
+    stride_qb, stride_qh, stride_qq, stride_qd,
+    stride_kb, stride_kh, stride_kk, stride_kd,
+    stride_vb, stride_vh, stride_vk, stride_vd,
+    stride_ob, stride_oh, stride_oq, stride_od,
+    stride_dob, stride_doh, stride_doq, stride_dod,
+    stride_dqb, stride_dqh, stride_dqq, stride_dqd,
+    H, N_QUERIES, N_KEYS,
     scale,
     D: tl.constexpr,
     Q_TILE_SIZE: tl.constexpr,
@@ -367,34 +283,122 @@ def flash_bwd_dq_kernel(
     BLOCK_D: tl.constexpr,
     USE_TMA: tl.constexpr = False,
 ):
-    """Second backward pass: one program per query tile (grid (T_q, batch)) accumulates dQ over key tiles.
-    L and D share strides."""
-    if is_causal:  # noqa: SIM108
-        query_tile_index = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        query_tile_index = tl.program_id(0)
-    b = tl.program_id(1)
-    q_start = query_tile_index * Q_TILE_SIZE
-    q = _load_rows(Q_ptr, stride_qb, stride_qq, stride_qd, b, N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D,
+    """First backward pass: one program per query tile (grid (T_q, batch * heads)) computes D = rowsum(dO ∘
+    O) for its rows (stored for the dK/dV pass: no separate preprocessing launch) and accumulates dQ over
+    key tiles. L and D are contiguous (batch, heads, N_QUERIES) float32; O is read through a pointer."""
+    q_start = _query_tile(is_causal) * Q_TILE_SIZE
+    bh = tl.program_id(1)
+    off_q = _offset(bh, H, stride_qb, stride_qh)
+    off_do = _offset(bh, H, stride_dob, stride_doh)
+    q = _load_rows(Q_ptr, off_q, stride_qq, stride_qd, bh, H, N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D,
                    True, USE_TMA)
-    do = _load_rows(dO_ptr, stride_dob, stride_doq, stride_dod, b, N_QUERIES, q_start, D, Q_TILE_SIZE,
+    do = _load_rows(dO_ptr, off_do, stride_doq, stride_dod, bh, H, N_QUERIES, q_start, D, Q_TILE_SIZE,
                     BLOCK_D, True, USE_TMA)
+    o = _load_rows(O_ptr, _offset(bh, H, stride_ob, stride_oh), stride_oq, stride_od, bh, H, N_QUERIES,
+                   q_start, D, Q_TILE_SIZE, BLOCK_D, True, False)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     offs_q = q_start + tl.arange(0, Q_TILE_SIZE)
     in_range = offs_q < N_QUERIES
-    row = b.to(tl.int64) * stride_lb + offs_q * stride_lq
+    row = bh.to(tl.int64) * N_QUERIES + offs_q
+    tl.store(Delta_ptr + row, delta, mask=in_range)
     lse2 = tl.load(L_ptr + row, mask=in_range, other=0.0) * LOG2E
-    delta = tl.load(Delta_ptr + row, mask=in_range, other=0.0)
     qk_scale = scale * LOG2E
+    off_k = _offset(bh, H, stride_kb, stride_kh)
+    off_v = _offset(bh, H, stride_vb, stride_vh)
     dq = tl.zeros((Q_TILE_SIZE, BLOCK_D), dtype=tl.float32)
     unmasked_end, masked_end = _loop_bounds(q_start, N_KEYS, Q_TILE_SIZE, K_TILE_SIZE, is_causal)
-    dq = _dq_loop(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kb, stride_kk, stride_kd, stride_vb, stride_vk,
-                  stride_vd, b, offs_q, 0, unmasked_end, N_KEYS, qk_scale, D, K_TILE_SIZE, BLOCK_D, False,
+    dq = _dq_loop(dq, q, do, lse2, delta, K_ptr, V_ptr, off_k, stride_kk, stride_kd, off_v, stride_vk,
+                  stride_vd, bh, H, offs_q, 0, unmasked_end, N_KEYS, qk_scale, D, K_TILE_SIZE, BLOCK_D, False,
                   is_causal, USE_TMA)
-    dq = _dq_loop(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kb, stride_kk, stride_kd, stride_vb, stride_vk,
-                  stride_vd, b, offs_q, unmasked_end, masked_end, N_KEYS, qk_scale, D, K_TILE_SIZE, BLOCK_D,
-                  True, is_causal, USE_TMA)
-    _store_rows(dQ_ptr, dq * scale, stride_dqb, stride_dqq, stride_dqd, b, N_QUERIES, q_start, D, Q_TILE_SIZE,
-                BLOCK_D, USE_TMA)
+    dq = _dq_loop(dq, q, do, lse2, delta, K_ptr, V_ptr, off_k, stride_kk, stride_kd, off_v, stride_vk,
+                  stride_vd, bh, H, offs_q, unmasked_end, masked_end, N_KEYS, qk_scale, D, K_TILE_SIZE,
+                  BLOCK_D, True, is_causal, USE_TMA)
+    _store_rows(dQ_ptr, dq * scale, _offset(bh, H, stride_dqb, stride_dqh), stride_dqq, stride_dqd, bh, H,
+                N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D, USE_TMA)
+
+
+@triton.jit
+def _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, off_q, stride_qq, stride_qd, off_do,
+               stride_doq, stride_dod, bh, H, offs_k, lo, hi, N_QUERIES, qk_scale, D: tl.constexpr,
+               Q_TILE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+               USE_TMA: tl.constexpr):
+    """Accumulate dK, dV of one key tile over query tiles [lo, hi), on transposed (keys x queries) tiles
+    so that both accumulate without transposes. Rows past the end load as zeros (Q, dO, L, D): their P is
+    finite and they add nothing (dO = 0, D = 0)."""
+    row_base = bh.to(tl.int64) * N_QUERIES
+    for start_q in range(lo, hi, Q_TILE_SIZE):
+        offs_q = start_q + tl.arange(0, Q_TILE_SIZE)
+        q = _load_rows(Q_ptr, off_q, stride_qq, stride_qd, bh, H, N_QUERIES, start_q, D, Q_TILE_SIZE,
+                       BLOCK_D, True, USE_TMA)
+        do = _load_rows(dO_ptr, off_do, stride_doq, stride_dod, bh, H, N_QUERIES, start_q, D, Q_TILE_SIZE,
+                        BLOCK_D, True, USE_TMA)
+        in_range = offs_q < N_QUERIES
+        lse2 = tl.load(L_ptr + row_base + offs_q, mask=in_range, other=0.0) * LOG2E
+        delta = tl.load(Delta_ptr + row_base + offs_q, mask=in_range, other=0.0)
+        s_t = _dot(k, tl.trans(q))
+        if MASKED:
+            # exp(s - 1e6 - L) is exactly 0 in float32: -inf before exp2 gives that 0 without the bias
+            # (and without overflow where a masked raw score exceeds L).
+            keep = offs_q[None, :] >= offs_k[:, None]
+            p_t = tl.exp2(tl.where(keep, s_t * qk_scale - lse2[None, :], float("-inf")))
+        else:
+            p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
+        dv = _dot(p_t.to(do.dtype), do, dv)
+        dp_t = _dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def flash_bwd_dkdv_kernel(
+    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr,
+    stride_qb, stride_qh, stride_qq, stride_qd,
+    stride_kb, stride_kh, stride_kk, stride_kd,
+    stride_vb, stride_vh, stride_vk, stride_vd,
+    stride_dob, stride_doh, stride_doq, stride_dod,
+    stride_dkb, stride_dkh, stride_dkk, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvk, stride_dvd,
+    H, N_QUERIES, N_KEYS,
+    scale,
+    D: tl.constexpr,
+    Q_TILE_SIZE: tl.constexpr,
+    K_TILE_SIZE: tl.constexpr,
+    is_causal: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
+):
+    """Second backward pass: one program per key tile (grid (T_k, batch * heads)) accumulates dK and dV
+    over query tiles."""
+    bh = tl.program_id(1)
+    k_start = tl.program_id(0) * K_TILE_SIZE  # causal: low key tiles see the most queries and come first
+    k = _load_rows(K_ptr, _offset(bh, H, stride_kb, stride_kh), stride_kk, stride_kd, bh, H, N_KEYS, k_start,
+                   D, K_TILE_SIZE, BLOCK_D, True, USE_TMA)
+    v = _load_rows(V_ptr, _offset(bh, H, stride_vb, stride_vh), stride_vk, stride_vd, bh, H, N_KEYS, k_start,
+                   D, K_TILE_SIZE, BLOCK_D, True, USE_TMA)
+    off_q = _offset(bh, H, stride_qb, stride_qh)
+    off_do = _offset(bh, H, stride_dob, stride_doh)
+    offs_k = k_start + tl.arange(0, K_TILE_SIZE)
+    qk_scale = scale * LOG2E
+    dk = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
+    if is_causal:
+        # Query tiles before k_start see none of these keys, [k_start, k_start + K_TILE_SIZE) straddle the
+        # diagonal, all later ones see every key of the tile.
+        diag_end = tl.minimum(k_start + K_TILE_SIZE, N_QUERIES)
+        dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, off_q, stride_qq, stride_qd,
+                            off_do, stride_doq, stride_dod, bh, H, offs_k, k_start, diag_end, N_QUERIES,
+                            qk_scale, D, Q_TILE_SIZE, BLOCK_D, True, USE_TMA)
+        lo = k_start + K_TILE_SIZE
+    else:
+        lo = 0
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, off_q, stride_qq, stride_qd, off_do,
+                        stride_doq, stride_dod, bh, H, offs_k, lo, N_QUERIES, N_QUERIES, qk_scale, D,
+                        Q_TILE_SIZE, BLOCK_D, False, USE_TMA)
+    _store_rows(dK_ptr, dk * scale, _offset(bh, H, stride_dkb, stride_dkh), stride_dkk, stride_dkd, bh, H,
+                N_KEYS, k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
+    _store_rows(dV_ptr, dv, _offset(bh, H, stride_dvb, stride_dvh), stride_dvk, stride_dvd, bh, H, N_KEYS,
+                k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
 # fmt: on
 
 
@@ -452,7 +456,12 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(32, 64, 4, 3, T),
             C(32, 128, 4, 3, T),
         ],
-        ("dkdv", False, True): [C(32, 64, 4, 3, T), C(64, 128, 8, 2, T), C(32, 64, 4, 4, T), C(32, 64, 4, 3)],
+        ("dkdv", False, True): [
+            C(32, 64, 4, 3, T),
+            C(64, 128, 8, 2, T),
+            C(32, 64, 4, 4, T),
+            C(32, 128, 4, 3, T),  # the Triton tutorial's dK/dV tiles
+        ],
         ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
         ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],
         ("dq", False, False): [
@@ -466,6 +475,7 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 8, 2, T),
             C(64, 64, 4, 3, T),
             C(64, 32, 4, 4, T),
+            C(128, 32, 4, 3, T),  # the Triton tutorial's dQ tiles
         ],
         ("dq", True, False): [C(128, 32, 8, 2, T), C(64, 32, 4, 2, T), C(128, 32, 8, 3, T)],
         ("dq", True, True): [C(64, 16, 4, 2), C(64, 16, 4, 2, T), C(32, 32, 4, 2)],
@@ -484,46 +494,77 @@ def _wide_candidates(kernel: str) -> list[TileConfig]:
 
 @dataclass
 class _TuneState:
-    cache: dict[str, TileConfig]
-    timings: dict[str, dict[str, float]]
+    cache: dict[tuple, TileConfig]
+    timings: dict[tuple, dict[str, float]]
     forced: dict[str, TileConfig]
     errors: dict[str, str]
+    tune_seconds: float = 0.0  # wall time spent timing candidates (compiles included), this process
     loaded: bool = False
 
 
 _TUNE = _TuneState(cache={}, timings={}, forced={}, errors={})
 
 
-def _tune_key(kernel: str, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype) -> str:
-    # Sequence lengths are bucketed to powers of two: ragged lengths share their bucket's choice.
-    bq, bk = triton.next_power_of_2(n_q), triton.next_power_of_2(n_k)
-    return f"{kernel}|q{bq}|k{bk}|d{d}|{'causal' if causal else 'full'}|{str(dtype).removeprefix('torch.')}"
+def _bucket(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()  # next power of two, cheaper than a triton call
+
+
+def _tune_key(kernel: str, bh: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype) -> tuple:
+    """Sequence lengths are bucketed to powers of two (ragged lengths share their bucket's choice) and so
+    is batch x heads up to 64: with few heads the grid is short, and smaller tiles fill more SMs."""
+    return (kernel, min(_bucket(bh), 64), _bucket(n_q), _bucket(n_k), d, causal, dtype)
+
+
+def _key_str(key: tuple) -> str:
+    kernel, bh, n_q, n_k, d, causal, dtype = key
+    causal_s = "causal" if causal else "full"
+    return f"{kernel}|bh{bh}|q{n_q}|k{n_k}|d{d}|{causal_s}|{str(dtype).removeprefix('torch.')}"
 
 
 def _load_disk_cache() -> None:
     _TUNE.loaded = True
     if not TUNE_CACHE_PATH or not os.path.exists(TUNE_CACHE_PATH):
         return
+    dtypes = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float16, torch.bfloat16)}
     with open(TUNE_CACHE_PATH) as f:
         for key, cfg in json.load(f).items():
-            _TUNE.cache.setdefault(key, TileConfig(**cfg))
+            kernel, bh, n_q, n_k, d, causal, dtype = key.split("|")
+            parsed = (kernel, int(bh[2:]), int(n_q[1:]), int(n_k[1:]), int(d[1:]), causal == "causal")
+            _TUNE.cache.setdefault((*parsed, dtypes[dtype]), TileConfig(**cfg))
 
 
 def _save_disk_cache() -> None:
     if TUNE_CACHE_PATH:
         with open(TUNE_CACHE_PATH, "w") as f:
-            json.dump({k: asdict(v) for k, v in sorted(_TUNE.cache.items())}, f, indent=1)
+            json.dump({_key_str(k): asdict(v) for k, v in _TUNE.cache.items()}, f, indent=1, sort_keys=True)
 
 
 def tuning_report() -> dict[str, Any]:
-    """Chosen config, candidate timings (ms) per key, and why candidates failed to build, if any."""
-    report = {k: {"chosen": str(v), "timings_ms": _TUNE.timings.get(k, {})} for k, v in _TUNE.cache.items()}
-    return {"keys": report, "build_errors": dict(_TUNE.errors)}
+    """Chosen config and candidate timings (ms) per key, why candidates failed to build, if any, and the
+    seconds spent tuning in this process."""
+    report = {
+        _key_str(k): {"chosen": str(v), "timings_ms": _TUNE.timings.get(k, {})}
+        for k, v in _TUNE.cache.items()
+    }
+    return {"keys": report, "build_errors": dict(_TUNE.errors), "tune_seconds": _TUNE.tune_seconds}
+
+
+def chosen_configs(
+    batch_heads: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype
+) -> dict[str, str]:
+    """The config each kernel uses for this case (tuned, forced or default), for bench rows."""
+    out = {}
+    for kernel in ("fwd", "dq", "dkdv"):
+        key = _tune_key(kernel, batch_heads, n_q, n_k, d, causal, dtype)
+        cfg = _TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidate_configs(kernel, d, dtype)[0]
+        out[kernel] = str(cfg)
+    return out
 
 
 def clear_tuning_cache() -> None:
     _TUNE.cache.clear()
     _TUNE.timings.clear()
+    _TUNE.tune_seconds = 0.0
 
 
 def force_config(kernel: str, config: TileConfig | None) -> None:
@@ -534,133 +575,168 @@ def force_config(kernel: str, config: TileConfig | None) -> None:
         _TUNE.forced[kernel] = config
 
 
-def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
-    return _candidates(kernel, triton.next_power_of_2(d), dtype)
+@functools.cache
+def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+    """The candidates of ``kernel`` for head dim ``d``: the short list, plus the block-pointer twin of its
+    first entry (for short sequences, building tensor descriptors on the host costs more than TMA saves)."""
+    listed = _candidates(kernel, triton.next_power_of_2(d), dtype)
+    twin = replace(listed[0], tma=False)
+    return tuple(listed) if twin in listed or INTERPRET else (*listed, twin)
 
 
-def _launch(kernel: str, launch: Callable[[TileConfig], None], key_args: tuple) -> None:
+def _launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float:
+    """Milliseconds per launch of back-to-back launches (best of 3 rounds): the larger of device time and
+    host time per launch. do_bench would flush L2 between launches, which also gives the host time to
+    catch up and hides its cost; but short cases are host-bound (the model calls these 2 x layers times
+    per step), and there building tensor descriptors on the host costs more than TMA saves."""
+    launch()  # compiles
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    reps = max(1, min(20, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+    best = math.inf
+    for _ in range(3):
+        start.record()
+        for _ in range(reps):
+            launch()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
+
+
+def _choose(kernel: str, launch: Callable[[TileConfig], None], key: tuple) -> TileConfig:
+    """The config for ``key``: forced, the heuristic default, or the fastest candidate (timed once)."""
     if kernel in _TUNE.forced:
-        launch(_TUNE.forced[kernel])
-        return
-    d, dtype = key_args[2], key_args[4]
-    candidates = candidate_configs(kernel, d, dtype)
+        return _TUNE.forced[kernel]
+    cfg = _TUNE.cache.get(key)
+    if cfg is not None:
+        return cfg
+    candidates = candidate_configs(kernel, key[4], key[6])
     if not AUTOTUNE or INTERPRET or len(candidates) == 1:
-        launch(candidates[0])
-        return
+        return candidates[0]
     if not _TUNE.loaded:
         _load_disk_cache()
-    key = _tune_key(kernel, *key_args)
-    cfg = _TUNE.cache.get(key)
-    if cfg is None:
-        timings = {}
-        for c in candidates:
-            # A candidate that fails to build or launch here is skipped, and reported.
-            try:
-                timings[str(c)] = triton.testing.do_bench(lambda c=c: launch(c), warmup=5, rep=25)
-            except Exception as exc:
-                timings[str(c)] = math.inf
-                reason = str(exc).strip().splitlines()[-1][:200]
-                _TUNE.errors[f"{key}|{c}"] = f"{type(exc).__name__}: {reason}"
-        cfg = min(candidates, key=lambda c: timings[str(c)])
-        if math.isinf(timings[str(cfg)]):
-            raise RuntimeError(f"no candidate config builds for {key}: {_TUNE.errors}")
-        _TUNE.timings[key] = timings
-        _TUNE.cache[key] = cfg
-        _save_disk_cache()
-    launch(cfg)
+        if key in _TUNE.cache:
+            return _TUNE.cache[key]
+    start = time.perf_counter()
+    timings = {}
+    for c in candidates:
+        # A candidate that fails to build or launch here is skipped, and reported.
+        try:
+            timings[str(c)] = _launch_time_ms(lambda c=c: launch(c))
+        except Exception as exc:
+            timings[str(c)] = math.inf
+            reason = str(exc).strip().splitlines()[-1][:200]
+            _TUNE.errors[f"{_key_str(key)}|{c}"] = f"{type(exc).__name__}: {reason}"
+    cfg = min(candidates, key=lambda c: timings[str(c)])
+    if math.isinf(timings[str(cfg)]):
+        raise RuntimeError(f"no candidate config builds for {_key_str(key)}: {_TUNE.errors}")
+    _TUNE.timings[key] = timings
+    _TUNE.cache[key] = cfg
+    _TUNE.tune_seconds += time.perf_counter() - start
+    _save_disk_cache()
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Launchers on (batch, seq, d) contiguous tensors
+# Launchers on (batch, heads, seq, d) tensors of any strides
 # ----------------------------------------------------------------------------------------------------------
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
     """Tensor descriptors need 16-byte aligned bases and row strides and a unit last stride."""
-    return all(
-        t.data_ptr() % 16 == 0
-        and t.stride(-1) == 1
-        and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
-        for t in tensors
-    )
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or t.stride(3) != 1:
+            return False
+        if (t.stride(0) * size) % 16 or (t.stride(1) * size) % 16 or (t.stride(2) * size) % 16:
+            return False
+    return True
 
 
 def _rows(t: torch.Tensor, rows: int, use_tma: bool):
-    """What a kernel gets for a (batch, N, d) tensor: a descriptor of [1, rows, BLOCK_D] boxes, or itself."""
+    """What a kernel gets for a (batch, heads, N, d) tensor: a descriptor of [1, 1, rows, BLOCK_D] boxes,
+    or the tensor itself."""
     if not use_tma:
         return t
-    return TensorDescriptor(
-        t, list(t.shape), list(t.stride()), [1, rows, triton.next_power_of_2(t.shape[-1])]
-    )
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, _bucket(t.shape[3])])
+
+
+def new_output(q: torch.Tensor) -> torch.Tensor:
+    """O for a (batch, heads, n, d) Q, stored as (batch, n, heads, d): the model's
+    ``out.transpose(1, 2).reshape(batch, n, heads * d)`` is then a view, not a copy."""
+    batch, heads, n, d = q.shape
+    return q.new_empty((batch, n, heads, d)).transpose(1, 2)
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
-    """O (input dtype) and L (float32, (batch, n_queries)) for 3-D inputs."""
-    batch, n_q, d = q.shape
-    n_k = k.shape[1]
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, n_q), device=q.device, dtype=torch.float32)
+    """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous (batch, heads, n_q)) for
+    4-D (batch, heads, seq, d) inputs of any strides."""
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    o = new_output(q)
+    lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(d)
-    tma_ok = _tma_ok(q, k, v, o)
+    block_d = _bucket(d)
 
     def launch(c: TileConfig) -> None:
-        tma = c.tma and tma_ok
-        flash_fwd_kernel[(triton.cdiv(n_q, c.q_tile), batch)](
+        tma = c.tma and _tma_ok(q, k, v, o)
+        flash_fwd_kernel[(-(-n_q // c.q_tile), batch * heads)](
             _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma),
             _rows(o, c.q_tile, tma), lse,
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
-            n_q, n_k, scale,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            heads, n_q, n_k, scale,
             D=d, Q_TILE_SIZE=c.q_tile, K_TILE_SIZE=c.k_tile, is_causal=is_causal,
-            BLOCK_D=triton.next_power_of_2(d), USE_TMA=tma, num_warps=c.num_warps, num_stages=c.num_stages,
+            BLOCK_D=block_d, USE_TMA=tma, num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
 
-    _launch("fwd", launch, (n_q, n_k, d, is_causal, q.dtype))
+    launch(_choose("fwd", launch, _tune_key("fwd", batch * heads, n_q, n_k, d, is_causal, q.dtype)))
     return o, lse
 
 
 def flash_backward(q, k, v, o, do, lse, is_causal: bool):
-    """dQ, dK, dV (input dtype) from L: preprocessing kernel for D, then the dK/dV and dQ passes."""
-    batch, n_q, d = q.shape
-    n_k = k.shape[1]
+    """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q): the dQ
+    pass (which also writes D = rowsum(dO ∘ O)), then the dK/dV pass. Two launches."""
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
     scale = 1.0 / math.sqrt(d)
-    block_d = triton.next_power_of_2(d)
-    lse = lse.contiguous()
-    delta = torch.empty_like(lse)  # same strides as L: the kernels index both with L's strides
-    pre_tile = 64 if not INTERPRET else 32
-    flash_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_tile), batch)](
-        o, do, delta, *o.stride(), *do.stride(), *delta.stride(), n_q,
-        D=d, Q_TILE_SIZE=pre_tile, BLOCK_D=block_d,
-    )  # fmt: skip
+    block_d = _bucket(d)
+    delta = torch.empty_like(lse)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    tma_ok = _tma_ok(q, k, v, do, dq, dk, dv)
-
-    def launch_dkdv(c: TileConfig) -> None:
-        tma = c.tma and tma_ok
-        qt, kt = c.q_tile, c.k_tile
-        flash_bwd_dkdv_kernel[(triton.cdiv(n_k, kt), batch)](
-            _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma),
-            lse, delta, _rows(dk, kt, tma), _rows(dv, kt, tma),
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *lse.stride(), *dk.stride(), *dv.stride(),
-            n_q, n_k, scale,
-            D=d, Q_TILE_SIZE=qt, K_TILE_SIZE=kt, is_causal=is_causal, BLOCK_D=block_d, USE_TMA=tma,
-            num_warps=c.num_warps, num_stages=c.num_stages,
-        )  # fmt: skip
 
     def launch_dq(c: TileConfig) -> None:
-        tma = c.tma and tma_ok
+        tma = c.tma and _tma_ok(q, k, v, do, dq)
         qt, kt = c.q_tile, c.k_tile
-        flash_bwd_dq_kernel[(triton.cdiv(n_q, qt), batch)](
-            _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma),
+        flash_bwd_dq_kernel[(-(-n_q // qt), batch * heads)](
+            _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma),
             lse, delta, _rows(dq, qt, tma),
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *lse.stride(), *dq.stride(),
-            n_q, n_k, scale,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
+            heads, n_q, n_k, scale,
             D=d, Q_TILE_SIZE=qt, K_TILE_SIZE=kt, is_causal=is_causal, BLOCK_D=block_d, USE_TMA=tma,
             num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
 
-    key_args = (n_q, n_k, d, is_causal, q.dtype)
-    _launch("dkdv", launch_dkdv, key_args)
-    _launch("dq", launch_dq, key_args)
+    def launch_dkdv(c: TileConfig) -> None:
+        tma = c.tma and _tma_ok(q, k, v, do, dk, dv)
+        qt, kt = c.q_tile, c.k_tile
+        flash_bwd_dkdv_kernel[(-(-n_k // kt), batch * heads)](
+            _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma),
+            lse, delta, _rows(dk, kt, tma), _rows(dv, kt, tma),
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+            heads, n_q, n_k, scale,
+            D=d, Q_TILE_SIZE=qt, K_TILE_SIZE=kt, is_causal=is_causal, BLOCK_D=block_d, USE_TMA=tma,
+            num_warps=c.num_warps, num_stages=c.num_stages,
+        )  # fmt: skip
+
+    # dQ first: it writes D, which the dK/dV pass reads (tuning dK/dV below runs after a real dQ pass).
+    launch_dq(_choose("dq", launch_dq, _tune_key("dq", batch * heads, n_q, n_k, d, is_causal, q.dtype)))
+    launch_dkdv(
+        _choose("dkdv", launch_dkdv, _tune_key("dkdv", batch * heads, n_q, n_k, d, is_causal, q.dtype))
+    )
     return dq, dk, dv
