@@ -31,11 +31,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from cs336_systems.harness.environment import environment_info
+from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.record import record_oom, run_benchmark
 from cs336_systems.kernels.fused_adamw import FusedAdamW
 from cs336_systems.kernels.fused_cross_entropy import fused_linear_cross_entropy
 from cs336_systems.model import TransformerLM, get_preset
-from cs336_systems.profiling.timing import free_device_memory, is_oom, record_oom, run_benchmark
-from cs336_systems.profiling.workload import Case, environment_info, run_case
+from cs336_systems.profiling.memory import free_device_memory
+from cs336_systems.profiling.timing import is_oom
+from cs336_systems.profiling.workload import Case
 from cs336_systems.report.schema import tag
 
 ON_GPU = torch.cuda.is_available()
