@@ -54,3 +54,33 @@ def get_sharded_optimizer(
     from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
 
     return ShardedOptimizer(params, optimizer_cls, **kwargs)
+
+
+# ---- 2026 edition (course release 26.1.1) ----------------------------------------------------------
+
+
+def get_ddp(module: torch.nn.Module) -> torch.nn.Module:
+    """The per-parameter overlapped DDP (each gradient all-reduced as soon as it is accumulated)."""
+    from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
+
+    return DDPIndividualParameters(module)
+
+
+def ddp_on_after_backward(ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_fsdp(module: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """FSDP over every Linear/Embedding weight (one unit per layer); ``.module`` is the wrapped model."""
+    from cs336_systems.distributed.fsdp import FSDP
+
+    return FSDP(module, compute_dtype=compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter at full shape, keyed by the unwrapped model's names (a collective call)."""
+    return fsdp_model.gather_full_params()

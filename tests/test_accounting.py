@@ -209,3 +209,32 @@ def test_renderers_produce_the_numbers() -> None:
     d20 = answers.render_d20()
     assert "1,998,235,200" in d20 and "11.99 GB" in d20 and "7.99 GB" in d20
     assert math.isclose(acc.XXL().state_bytes / 1e12, 3.5176, rel_tol=1e-4)
+
+
+# ---- D24(a): FSDP's expected peak saving ------------------------------------------------------------
+def test_fsdp_saving_xl_two_ranks() -> None:
+    """xl on 2 ranks: the state halves (16 B/param -> 8), less a working set of a few of the largest
+    layer (the 10000 x 1600 embedding / LM head); the saving is just under half of DDP's state."""
+    from cs336_systems.accounting.fsdp import fsdp_saving
+    from cs336_systems.model import count_parameters, get_preset
+
+    s = fsdp_saving("xl", world_size=2)
+    assert s.num_params == count_parameters(get_preset("xl"))
+    assert s.ddp_state_bytes == 16 * s.num_params
+    assert s.largest_unit == 10000 * 1600
+    # all xl matrix row counts are even: the shard is exactly half; the norm gains stay whole
+    assert s.fsdp_state_bytes == 16 * (s.sharded_params // 2 + s.num_params - s.sharded_params)
+    assert s.working_set_bytes == max(3 * s.largest_unit * 2, 3 * s.largest_unit * 2 + 2 * s.largest_unit * 4)
+    assert 0.45 < s.saving_share < 0.5
+    assert s.saving_bytes == s.ddp_state_bytes - s.fsdp_state_bytes - s.working_set_bytes
+
+
+def test_fsdp_saving_grows_with_world_size_and_pads() -> None:
+    from cs336_systems.accounting.fsdp import fsdp_saving
+    from cs336_systems.model import get_preset
+
+    shares = [fsdp_saving("xl", world_size=n).saving_share for n in (1, 2, 4, 8)]
+    assert shares[0] == 0.0 and shares == sorted(shares) and shares[-1] < 7 / 8
+    # 3 ranks do not divide 1600 rows: padding makes the shard a little more than a third
+    s = fsdp_saving(get_preset("tiny"), world_size=3)
+    assert s.fsdp_state_bytes > 16 * (s.sharded_params / 3 + s.num_params - s.sharded_params)

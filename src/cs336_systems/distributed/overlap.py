@@ -71,15 +71,38 @@ def kernel_intervals(trace: dict[str, Any]) -> tuple[list[Interval], list[Interv
     return comm, compute
 
 
+def hidden_shares(trace: dict[str, Any], pattern: str = "allgather") -> list[float]:
+    """For each communication kernel whose name contains ``pattern`` (case-insensitive), the share
+    of its duration that runs concurrently with compute kernels (D24(b): 1.0 = fully hidden)."""
+    _, compute = kernel_intervals(trace)
+    compute = merge(compute)
+    shares = []
+    for event in trace.get("traceEvents", []):
+        name = event.get("name", "")
+        if event.get("ph") != "X" or event.get("cat") != "kernel" or not is_comm_kernel(name):
+            continue
+        if pattern not in name.lower():
+            continue
+        start, dur = float(event["ts"]), float(event.get("dur", 0.0))
+        if dur > 0:
+            shares.append(intersection([(start, start + dur)], compute) / dur)
+    return shares
+
+
 def overlap_stats(trace: dict[str, Any], steps: int = 1) -> dict[str, float | None]:
-    """``overlap_share`` (None without communication kernels, e.g. on CPU), and the per-step
-    communication / compute kernel time in ms."""
+    """``overlap_share`` (None without communication kernels, e.g. on CPU), the per-step
+    communication / compute kernel time in ms, and over the all-gather kernels the mean and the
+    minimum share hidden behind compute (None without all-gathers)."""
     comm, compute = kernel_intervals(trace)
     comm_us, compute_us = total(comm), total(compute)
+    gathers = hidden_shares(trace, "allgather")
     return {
         "overlap_share": intersection(comm, compute) / comm_us if comm_us > 0 else None,
         "comm_kernel_ms": comm_us / 1e3 / steps,
         "compute_kernel_ms": compute_us / 1e3 / steps,
+        "allgather_hidden_mean": sum(gathers) / len(gathers) if gathers else None,
+        "allgather_hidden_min": min(gathers) if gathers else None,
+        "allgather_kernels": len(gathers) / steps,
     }
 
 

@@ -54,7 +54,8 @@ from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
 from cs336_systems.units import MIB
 
-VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp")
+VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", "fsdp", "torch_fsdp2")
+SHARDED = ("fsdp", "torch_fsdp2")  # bf16 for these is a compute dtype (cast weights), not autocast
 BUCKETED = ("bucketed", "torch_ddp")
 OPTIMIZERS = ("adamw", "sharded", "zero")
 
@@ -107,9 +108,25 @@ class TrainCase:
 # -- building blocks -----------------------------------------------------------------------------
 
 
-def wrap_model(model: nn.Module, case: TrainCase, device: torch.device) -> nn.Module:
+def wrap_model(
+    model: nn.Module, case: TrainCase, device: torch.device, compute_dtype: torch.dtype | None = None
+) -> nn.Module:
     if case.variant == "local":
         return model
+    if case.variant == "fsdp":
+        from cs336_systems.distributed.fsdp import FSDP
+
+        return FSDP(model, compute_dtype=compute_dtype)
+    if case.variant == "torch_fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # Same setting as ours: one unit per Linear/Embedding, weights cast to the compute dtype
+        # before the all-gather, gradients reduced in fp32.
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        for sub in model.modules():
+            if isinstance(sub, nn.Linear | nn.Embedding):
+                fully_shard(sub, mp_policy=mp)
+        return fully_shard(model, mp_policy=mp)
     if case.variant != "torch_ddp":
         return make_ddp(case.variant, model, case.bucket_mb)
     device_ids = [device.index] if device.type == "cuda" else None
@@ -134,7 +151,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of optimizer state this rank holds (the wrapped optimizer's, for the sharded ones)."""
     inner = getattr(optimizer, "local_optimizer", None) or getattr(optimizer, "optim", None) or optimizer
     return sum(
-        t.numel() * t.element_size()
+        local_bytes(t)
         for state in inner.state.values()
         for t in state.values()
         if isinstance(t, torch.Tensor)
@@ -142,8 +159,15 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def finish_sync(model: nn.Module) -> None:
-    if isinstance(model, DataParallel):  # local and torch DDP have nothing to finish
+    # local, torch DDP and FSDP2 have nothing to finish
+    if hasattr(model, "finish_gradient_synchronization"):
         model.finish_gradient_synchronization()
+
+
+def local_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds of ``t`` (a DTensor's local shard, not its global size)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
 
 
 class StepMarks:
@@ -196,17 +220,19 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     torch.manual_seed(setup.seed)
     x, y = _batch(setup, config.vocab_size, device)
     model = TransformerLM(config, device=device, dtype=torch.float32)
-    ddp = wrap_model(model, case, device)
+    sharded = case.variant in SHARDED
+    compute_dtype = torch.bfloat16 if setup.dtype == "bf16" and sharded else None
+    ddp = wrap_model(model, case, device, compute_dtype)
     optimizer = make_optimizer(ddp.parameters(), case.optimizer, setup.lr)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
-        if setup.dtype == "bf16"
+        if setup.dtype == "bf16" and not sharded
         else contextlib.nullcontext()
     )
     params = list(model.parameters())
     out: dict[str, Any] = {
-        "params_mib": sum(p.numel() * p.element_size() for p in params) / MIB,
-        "grads_mib": sum(p.numel() * p.element_size() for p in params if p.requires_grad) / MIB,
+        "params_mib": sum(local_bytes(p) for p in params) / MIB,  # this rank's (shards when sharded)
+        "grads_mib": sum(local_bytes(p) for p in params if p.requires_grad) / MIB,
         "num_params": sum(p.numel() for p in params),
         "num_tensors": len(params),
         "per_rank_batch": x.shape[0],
@@ -256,7 +282,7 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     out.update(
         step_ms=step_ms,
         fwd_bwd_ms=statistics.fmean(fwd_bwd),
-        comm_ms=statistics.fmean(comm) if case.variant not in ("local", "torch_ddp") else None,
+        comm_ms=statistics.fmean(comm) if case.variant not in ("local", "torch_ddp", "torch_fsdp2") else None,
         optim_ms=statistics.fmean(optim),
         optim_state_mib=optimizer_state_bytes(optimizer) / MIB,
         peak_memory_mib=memory_mib(device)[1],

@@ -1,0 +1,512 @@
+"""D23: the FSDP container (``cs336_systems.distributed.fsdp``), through the 2026 grading hooks.
+
+CPU + gloo. One spawn per world size runs every case and returns the results; the assertions run
+in the parent. Ranks run like the course's tests: deterministic algorithms on, warnings as errors,
+models built from classes written like the course's (einsum ``Linear``, ``Embedding``, ``RMSNorm``),
+the batch split across ranks, the loss on the last position. References are one process on the
+whole batch (with the same weight casts for a low-precision compute dtype).
+
+Exact equality with the full-batch step is not asserted: see ``test_fp32_matches_full_batch`` for
+why no data-parallel split can reproduce the full-batch GEMM's summation order on this CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import cs336_systems.distributed.fsdp as fsdp_mod
+from cs336_systems.distributed.comm import shard_batch
+from cs336_systems.distributed.fsdp import FSDP, is_sharded_layer
+
+from . import adapters
+
+VOCAB, D, HIDDEN, BATCH, SEQ, STEPS = 19, 8, 13, 12, 5, 3  # 19 and 13 divide by neither 2 nor 3
+
+
+# ---- models written like the course's classes ----------------------------------------------------
+class Linear(nn.Module):
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_out, d_in) / d_in**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("...i,oi->...o", x, self.weight)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(num, dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight).to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, use_checkpoint: bool = False):
+        super().__init__()
+        self.ln = RMSNorm(D)
+        self.fc1 = Linear(D, HIDDEN)
+        self.fc2 = Linear(HIDDEN, D)
+        self.use_checkpoint = use_checkpoint
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self._inner, x, use_reentrant=False) if self.use_checkpoint else self._inner(x)
+
+
+class CourseTiny(nn.Module):
+    """Embedding, two pre-norm MLP blocks, final norm, LM head: the course's test model shape."""
+
+    def __init__(self, use_checkpoint: bool = False):
+        super().__init__()
+        self.embedding = Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList(Block(use_checkpoint) for _ in range(2))
+        self.ln_final = RMSNorm(D)
+        self.lm_head = Linear(D, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_final(x))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Stand-in for the fused LM-head + cross-entropy kernel: saves the weight, recomputes logits."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, targets)
+        return F.cross_entropy((x @ weight.T).float(), targets)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, targets = ctx.saved_tensors
+        probs = torch.softmax((x @ weight.T).float(), -1)
+        probs[torch.arange(len(targets)), targets] -= 1
+        dlogits = (probs * grad / len(targets)).to(x.dtype)
+        return dlogits @ weight, dlogits.T @ x, None
+
+
+class LMHead(Linear):
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        return _LinearCrossEntropy.apply(x, self.weight, targets)
+
+
+class Mixed(nn.Module):
+    """torch's layers (a biased Linear, an Embedding), a frozen layer, checkpointed blocks and a
+    fused-loss LM head: ``forward(ids, targets)`` returns the loss on the last position."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, D)
+        self.proj = nn.Linear(D, D, bias=True)
+        self.frozen = Linear(D, D)
+        self.frozen.weight.requires_grad_(False)
+        self.blocks = nn.ModuleList(Block(use_checkpoint=True) for _ in range(2))
+        self.lm_head = LMHead(D, VOCAB)
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.frozen(self.proj(self.embedding(ids)))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(x[:, -1], targets=targets)
+
+
+# ---- single-process reference and the training loop ----------------------------------------------
+def _cast_reference(model: nn.Module, dtype: torch.dtype) -> None:
+    """What the course's low-precision reference does: Linear/Embedding weights cast to ``dtype`` for
+    forward and backward (fp32 masters), floating inputs of those layers cast too."""
+
+    def swap_in(module, args, kwargs):
+        # masters recorded once: a checkpoint re-run may stop before ``swap_out`` runs
+        module.__dict__.setdefault("_masters", dict(module._parameters))
+        module._parameters.update({n: p.to(dtype) for n, p in module._masters.items() if p is not None})
+        cast = lambda x: x.to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    def swap_out(module, args, out):
+        module._parameters.update(module._masters)
+
+    for sub in model.modules():
+        if is_sharded_layer(sub):
+            sub.register_forward_pre_hook(swap_in, with_kwargs=True)
+            sub.register_forward_hook(swap_out)
+
+
+def _make_optimizer(name: str, params) -> torch.optim.Optimizer:
+    # lr 0.05: with fp16 compute, one rank's half-batch gradient and the full-batch one are each
+    # rounded to fp16 (2^-11 relative) before the fp32 sum, so 3 steps may differ by up to
+    # 3 * lr * 2^-11 * |grad| ~ 7e-5, inside the course's 1e-4 (at lr 0.5 that would be ~4e-4).
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05)
+    return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, VOCAB, (BATCH,), generator=g)
+
+
+def _loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    if isinstance(model, Mixed) or isinstance(getattr(model, "module", None), Mixed):
+        return model(ids, targets)
+    return F.cross_entropy(model(ids)[:, -1].float(), targets)
+
+
+def _train(model_name: str, optim: str, compute_dtype: torch.dtype | None, units: bool = False) -> dict:
+    """Train FSDP on this rank's slice and a reference on the whole batch; return both states."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = {"course": CourseTiny, "course_ckpt": lambda: CourseTiny(True), "mixed": Mixed}[model_name]()
+    ref = copy.deepcopy(model)
+    if compute_dtype is not None:
+        _cast_reference(ref, compute_dtype)
+    if units:
+        fsdp = FSDP(model, compute_dtype=compute_dtype, units=list(model.blocks))
+    else:
+        fsdp = adapters.get_fsdp(model, compute_dtype=compute_dtype)
+    opt, ref_opt = _make_optimizer(optim, fsdp.parameters()), _make_optimizer(optim, ref.parameters())
+    replicated_grads = []
+    for step in range(STEPS):
+        ids, targets = _batch(step)
+        opt.zero_grad()
+        _loss(fsdp, shard_batch(ids, rank, world_size), shard_batch(targets, rank, world_size)).backward()
+        adapters.fsdp_on_after_backward(fsdp, opt)
+        replicated_grads.append(
+            {n: p.grad.clone() for n, p in fsdp.module.named_parameters() if p.dim() == 1}
+        )
+        opt.step()
+        ref_opt.zero_grad()
+        _loss(ref, ids, targets).backward()
+        ref_opt.step()
+    full = adapters.fsdp_gather_full_params(fsdp)
+    for sub in ref.modules():  # undo a cast a checkpoint re-run left behind (it stops early)
+        sub._parameters.update(sub.__dict__.get("_masters", {}))
+    return {
+        "full": full,
+        "ref": {n: p.detach().clone() for n, p in ref.named_parameters()},
+        "local": {
+            n: (tuple(p.shape), p.grad is None or p.grad.shape == p.shape)
+            for n, p in model.named_parameters()
+        },
+        "replicated_grads": replicated_grads,
+        "grad_dtypes": {str(p.grad.dtype) for p in fsdp.parameters() if p.grad is not None},
+        "live_buffers": fsdp.live_gathered_buffers(),
+    }
+
+
+def _trace_forward_backward(mutate: bool) -> dict:
+    """One step of CourseTiny with the FSDP trace on, plus the calls to the collectives and the
+    moment the backward reaches the embedding's output (the end of the backward)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = CourseTiny()
+    fsdp = adapters.get_fsdp(model)
+    fsdp.trace = trace = []
+    real_rs = fsdp_mod._reduce_scatter
+    fsdp_mod._reduce_scatter = lambda *a, **k: (trace.append(("rs_call", -1)), real_rs(*a, **k))[1]
+    if mutate:  # the break the overlap test must catch: every reduce-scatter deferred to the end
+        launch, deferred = fsdp._launch_reduce_scatter, []
+        fsdp._launch_reduce_scatter = deferred.append
+        finish = fsdp.finish_gradient_synchronization
+
+        def late_finish():
+            for unit in deferred:
+                launch(unit)
+            finish()
+
+        fsdp.finish_gradient_synchronization = late_finish
+    live_during_forward = []
+    for sub in model.modules():
+        if is_sharded_layer(sub):
+            sub.register_forward_hook(lambda *_: live_during_forward.append(fsdp.live_gathered_buffers()))
+    ids, targets = _batch(0)
+    emb_out = {}
+    model.embedding.register_forward_hook(lambda m, a, out: emb_out.setdefault("t", out))
+    loss = _loss(fsdp, shard_batch(ids, rank, world_size), shard_batch(targets, rank, world_size))
+    emb_out["t"].register_hook(lambda g: trace.append(("backward_reaches_embedding_output", -1)))
+    live_after_forward = fsdp.live_gathered_buffers()
+    loss.backward()
+    adapters.fsdp_on_after_backward(fsdp, None)
+    fsdp_mod._reduce_scatter = real_rs
+    return {
+        "trace": trace,
+        "names": fsdp.shard_names(),
+        "live_during_forward": live_during_forward,
+        "live_after_forward": live_after_forward,
+        "live_after_step": fsdp.live_gathered_buffers(),
+    }
+
+
+def _first_step_grads() -> dict:
+    """FSDP's averaged gradients after one step, the full-batch gradients, and what a correct
+    data-parallel split must produce: (rank 0's half-batch gradient + rank 1's) / 2 in fp32."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = CourseTiny()
+    ref = copy.deepcopy(model)
+    fsdp = adapters.get_fsdp(model)
+    ids, targets = _batch(0)
+    _loss(fsdp, shard_batch(ids, rank, world_size), shard_batch(targets, rank, world_size)).backward()
+    adapters.fsdp_on_after_backward(fsdp, None)
+
+    def grads(sl: slice) -> dict[str, torch.Tensor]:
+        ref.zero_grad(set_to_none=True)
+        _loss(ref, ids[sl], targets[sl]).backward()
+        return {n: p.grad.clone() for n, p in ref.named_parameters()}
+
+    half = BATCH // world_size
+    parts = [grads(slice(r * half, (r + 1) * half)) for r in range(world_size)]
+    split = {n: sum(p[n] for p in parts) / world_size for n in parts[0]}
+    return {"fsdp": fsdp.gather_full_params(grads=True), "full_batch": grads(slice(0, BATCH)), "split": split}
+
+
+def _suite_lm() -> dict:
+    """The suite's own TransformerLM with nested checkpointing, the fused LM-head + cross-entropy
+    (Triton) and one unit per block: one step against the full batch in one process."""
+    from cs336_systems.model import TransformerLM, get_preset
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    with warnings.catch_warnings():  # the Triton interpreter's and torch.compile's own deprecations
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="triton|torch.jit")
+        config = get_preset("tiny", d_model=32, d_ff=64, num_layers=2, num_heads=2, vocab_size=64)
+        config = config.with_(context_length=8, checkpoint="nested", fused_loss=True)
+        torch.manual_seed(0)
+        model = TransformerLM(config)
+        ref = copy.deepcopy(model)
+        fsdp = FSDP(model, units=list(model.layers))
+        tokens = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(0))
+        local = shard_batch(tokens, rank, world_size)
+        fsdp(local[:, :-1], local[:, 1:]).backward()
+        fsdp.finish_gradient_synchronization()
+        ref(tokens[:, :-1], tokens[:, 1:]).backward()
+        return {
+            "fsdp": fsdp.gather_full_params(grads=True),
+            "ref": {n: p.grad for n, p in ref.named_parameters()},
+            "live": fsdp.live_gathered_buffers(),
+        }
+
+
+def _tied_error() -> str:
+    model = CourseTiny()
+    model.lm_head.weight = model.embedding.weight
+    try:
+        adapters.get_fsdp(model)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _rank_suite(world_cases: list[tuple]) -> dict:
+    torch.use_deterministic_algorithms(True)
+    warnings.simplefilter("error")  # the course's tests: filterwarnings("error")
+    out: dict = {}
+    for case in world_cases:
+        if case[0] == "train":
+            out[case] = _train(*case[1:])
+        elif case[0] == "trace":
+            out[case] = _trace_forward_backward(mutate=case[1])
+        elif case[0] == "suite_lm":
+            out[case] = _suite_lm()
+        elif case[0] == "grads":
+            out[case] = _first_step_grads()
+        elif case[0] == "tied":
+            out[case] = _tied_error()
+    return out
+
+
+CASES = {
+    2: [
+        ("train", "course", "sgd", None),
+        ("train", "course", "adamw", None),
+        ("train", "course", "sgd", torch.float16),
+        ("train", "course_ckpt", "adamw", None),
+        ("trace", False),
+        ("trace", True),
+        ("tied",),
+        ("grads",),
+        ("suite_lm",),
+    ],
+    3: [
+        ("train", "mixed", "adamw", None),
+        ("train", "mixed", "sgd", torch.float16),
+        ("train", "course_ckpt", "adamw", None, True),  # block units, checkpoint inside the block
+    ],
+}
+
+
+class _Runs(dict):
+    """Per world size, every rank's results of ``CASES[world_size]``: spawned on first use, once per
+    module (spawning ranks costs seconds), so a ``-k`` selection spawns only what it needs."""
+
+    spawn = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: dict[int, Exception] = {}
+
+    def __missing__(self, world_size: int) -> list[dict]:
+        failed = self.failures.get(world_size)
+        if failed is not None:  # one failed spawn fails every test that needs it, without respawning
+            raise failed
+        try:
+            self[world_size] = self.spawn(
+                _rank_suite, world_size, CASES[world_size], backend="gloo", timeout=180
+            )
+        except Exception as exc:
+            self.failures[world_size] = exc
+            raise
+        return self[world_size]
+
+
+@pytest.fixture(scope="module")
+def _spawned() -> _Runs:
+    return _Runs()
+
+
+@pytest.fixture
+def results(run_distributed, _spawned: _Runs) -> _Runs:
+    _spawned.spawn = run_distributed
+    return _spawned
+
+
+def _max_rel(full: dict, ref: dict) -> float:
+    return max(((full[n] - ref[n]).abs() / ref[n].abs().clamp_min(1e-3)).max().item() for n in ref)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "world_size, case", [(ws, c) for ws, cs in CASES.items() for c in cs if c[0] == "train"]
+)
+def test_matches_single_process(results, world_size: int, case: tuple) -> None:
+    """Weights after 3 steps equal the full-batch single-process run (fp32: ≤1e-6 relative; fp16
+    compute: allclose 1e-4 against a reference with the same casts); replicated parameters'
+    gradients are bitwise equal across ranks; gradients are fp32 and of the shard's shape."""
+    per_rank = results[world_size]
+    res = per_rank[0][case]
+    assert res["full"].keys() == res["ref"].keys()
+    for name, ref in res["ref"].items():
+        assert res["full"][name].shape == ref.shape, name
+        if case[3] is None:
+            torch.testing.assert_close(res["full"][name], ref, rtol=1e-6, atol=1e-6, msg=name)
+        else:
+            torch.testing.assert_close(res["full"][name], ref, rtol=1e-4, atol=1e-4, msg=name)
+    assert res["grad_dtypes"] == {"torch.float32"}
+    assert all(ok for _, ok in res["local"].values())
+    for step_grads in zip(*(r[case]["replicated_grads"] for r in per_rank), strict=True):
+        for name in step_grads[0]:
+            assert all(torch.equal(step_grads[0][name], g[name]) for g in step_grads[1:]), name
+    assert res["live_buffers"] == 0
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", sorted(CASES))
+def test_weights_are_sharded(results, world_size: int) -> None:
+    """Each rank holds ceil(rows/world) rows of every matrix weight and the full vectors."""
+    case = next(c for c in CASES[world_size] if c[0] == "train")
+    for r in results[world_size]:
+        for name, (shape, _) in r[case]["local"].items():
+            full = r[case]["ref"][name].shape
+            expected = full if len(full) == 1 else (-(-full[0] // world_size), *full[1:])
+            assert shape == tuple(expected), name
+
+
+@pytest.mark.distributed
+def test_fp32_gradients_equal_the_split_sum(results) -> None:
+    """The course compares fp32 training with ``torch.equal`` against a full-batch step. FSDP's
+    averaged gradient is bitwise the sum of the two half-batch gradients divided by 2, which is what
+    any data-parallel split computes. On this CPU the full-batch gradient is one fp32 reduction over
+    all the batch's rows (for a Linear weight a single FMA chain over the rows in order; for the
+    embedding and the norm gains a sum over every token), while the split reduces each half and adds
+    the two partial sums: a different association, so a fraction of the elements of every gradient
+    differ from the full-batch ones in the last bits (which elements and sums: docs/perf-notes.md,
+    issue 15). ``torch.equal`` with the full batch is out of reach for any correct split; the check
+    against it is 1e-6 relative."""
+    res = results[2][0][("grads",)]
+    assert res["fsdp"].keys() == res["full_batch"].keys()
+    for name, g in res["fsdp"].items():
+        assert torch.equal(g, res["split"][name]), name
+        torch.testing.assert_close(g, res["full_batch"][name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.distributed
+def test_prefetch_order(results) -> None:
+    """The all-gather of unit i+1 starts before unit i's forward ends, and no gather starts more
+    than two units ahead of the forward that is running."""
+    trace = results[2][0][("trace", False)]["trace"]
+    forward = [ev for ev in trace if ev[0] != "rs_call"]
+    forward = forward[: next(i for i, ev in enumerate(forward) if ev[0] == "bwd_gather")]
+    order = [u for ev, u in forward if ev == "fwd_start"]
+    assert len(order) == 6  # embedding, 2 x (fc1, fc2), lm_head
+    for i in range(len(order) - 1):
+        gather = forward.index(("gather", order[i + 1]))
+        assert gather < forward.index(("fwd_end", order[i])), (i, forward)
+    started = 0
+    for ev, u in forward:
+        started += ev == "fwd_start"
+        if ev == "gather":
+            assert order.index(u) <= started + 1, (u, forward)  # at most 2 ahead of the running unit
+
+
+@pytest.mark.distributed
+def test_memory_freed(results) -> None:
+    """Gathered weights are freed after their use: at most 1 + prefetch alive in the forward, none
+    after it (the backward gathers again), none after the step."""
+    res = results[2][0][("trace", False)]
+    assert max(res["live_during_forward"]) <= 3
+    assert res["live_after_forward"] == 0
+    assert res["live_after_step"] == 0
+    assert any(ev == "bwd_gather" for ev, _ in res["trace"])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mutate", [False, True], ids=["fsdp", "deferred_reduce_scatter"])
+def test_reduce_scatter_overlaps_backward(results, mutate: bool) -> None:
+    """Reduce-scatters are launched while the backward still runs: before the backward reaches the
+    embedding output, every unit but the embedding has its reduce-scatter out. The variant that
+    communicates only at the end of the backward (``mutate``) must fail this check."""
+    trace = results[2][0][("trace", mutate)]["trace"]
+    end = trace.index(("backward_reaches_embedding_output", -1))
+    early = sum(ev == "rs_call" for ev, _ in trace[:end])
+    assert (early >= 5) is (not mutate), trace
+
+
+@pytest.mark.distributed
+def test_tied_weights_refused(results) -> None:
+    msg = results[2][0][("tied",)]
+    assert "tied" in msg and "embedding.weight" in msg and "lm_head.weight" in msg
+
+
+@pytest.mark.distributed
+def test_suite_model_with_checkpointing_and_fused_loss(results) -> None:
+    """The suite's TransformerLM (nested checkpointing, fused LM-head loss whose autograd function
+    saves the gathered weight, block units): FSDP's gradients equal the full-batch ones."""
+    res = results[2][0][("suite_lm",)]
+    assert res["fsdp"].keys() == res["ref"].keys()
+    for name, ref in res["ref"].items():
+        torch.testing.assert_close(res["fsdp"][name], ref, rtol=1e-5, atol=1e-6, msg=name)
+    assert res["live"] == 0
