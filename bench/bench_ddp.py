@@ -31,18 +31,14 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.distributed.process_group import default_backend
 from cs336_systems.harness.distributed import (
     GroupedRuns,
-    gpu_skip_reason,
-    train_extra_info,
+    run_train_case,
     train_runs,
-    train_setup,
 )
 from cs336_systems.harness.record import record_oom, record_times
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.train_step import TrainCase
-from cs336_systems.report.schema import tag
 
 SPAWN_TIMEOUT_S = 1500.0
 BUCKETS_MB = (1, 10, 100, 1000)
@@ -83,13 +79,9 @@ def ddp_runs(request: pytest.FixtureRequest) -> GroupedRuns:
 def test_ddp_step(
     benchmark, ddp_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str, bucket_mb: int | None
 ) -> None:
-    tag(benchmark, "ddp")
-    reason = gpu_skip_reason(world_size)
-    if reason:
-        pytest.skip(reason)
+    case = TrainCase(variant, bucket_mb)
+    result, info = run_train_case(benchmark, ddp_runs, "ddp", case, size, ctx, dtype, world_size)
     group = (size, ctx, dtype, world_size)
-    result = ddp_runs(group, TrainCase(variant, bucket_mb))
-    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, default_backend(world_size))
     info.update(variant=variant, bucket_mb=bucket_mb, optimizer="adamw")
     if result["oom"]:
         record_oom(benchmark, **info)

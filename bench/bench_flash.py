@@ -277,14 +277,9 @@ def test_flash_sweep(
             )
         status = "ok" if times is not None else "oom"
     except Exception as exc:
-        if is_oom(exc):
-            record_oom(benchmark, **info)
-            status = "oom"
-        elif impl in SDPA_BACKENDS and is_unsupported_error(exc):
-            record_not_run_and_log(benchmark, "unsupported", str(exc).splitlines()[0], **info)
+        status = _expected_failure(benchmark, exc, impl, info)
+        if status == "unsupported":
             return
-        else:
-            raise
     finally:
         if step is not None:
             step.close()
@@ -299,6 +294,18 @@ def test_flash_sweep(
 def record_not_run_and_log(benchmark, status: str, reason: str, **info: Any) -> None:
     record_not_run(benchmark, status, reason, **info)
     log_case(benchmark)
+
+
+def _expected_failure(benchmark: Any, exc: Exception, impl: str, info: dict[str, Any]) -> str:
+    """Record an out-of-memory ("oom") or an SDPA backend's refusal ("unsupported") as a row and name
+    it; anything else is a bug and propagates."""
+    if is_oom(exc):
+        record_oom(benchmark, **info)
+        return "oom"
+    if impl in SDPA_BACKENDS and is_unsupported_error(exc):
+        record_not_run_and_log(benchmark, "unsupported", str(exc).splitlines()[0], **info)
+        return "unsupported"
+    raise exc
 
 
 # ------------------------------------------------------------------------------- attention shapes
@@ -415,14 +422,9 @@ def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: s
             run_benchmark(benchmark, step, device, warmup=0, rounds=3, setup=step.zero_grads, **info)
         status = "ok"
     except Exception as exc:
-        if is_oom(exc):
-            record_oom(benchmark, **info)
-            status = "oom"
-        elif impl in SDPA_BACKENDS and is_unsupported_error(exc):
-            record_not_run_and_log(benchmark, "unsupported", str(exc).splitlines()[0], **info)
+        status = _expected_failure(benchmark, exc, impl, info)
+        if status == "unsupported":
             return
-        else:
-            raise
     finally:
         if step is not None:
             step.close()

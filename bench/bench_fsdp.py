@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.distributed.process_group import default_backend
 from cs336_systems.harness.distributed import (
     GroupedRuns,
-    gpu_skip_reason,
-    train_extra_info,
+    run_train_case,
     train_runs,
-    train_setup,
 )
 from cs336_systems.harness.record import record_oom, record_times
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.train_step import TrainCase
-from cs336_systems.report.schema import tag
 
 SPAWN_TIMEOUT_S = 600.0
 VARIANTS = ("fsdp", "torch_fsdp2", "individual")
@@ -60,13 +56,10 @@ def _state_mib(result: dict) -> float:
 def test_fsdp_step(
     benchmark, fsdp_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str
 ) -> None:
-    tag(benchmark, "fsdp")
-    reason = gpu_skip_reason(world_size)
-    if reason:
-        pytest.skip(reason)
+    result, info = run_train_case(
+        benchmark, fsdp_runs, "fsdp", TrainCase(variant), size, ctx, dtype, world_size
+    )
     group = (size, ctx, dtype, world_size)
-    result = fsdp_runs(group, TrainCase(variant))
-    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, default_backend(world_size))
     info.update(variant=variant, optimizer="adamw", compute_dtype=dtype)
     if variant != "individual":
         info.update(param_dtype="fp32", autocast=None)

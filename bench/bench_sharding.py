@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.distributed.process_group import default_backend
 from cs336_systems.harness.distributed import (
     GroupedRuns,
-    gpu_skip_reason,
-    train_extra_info,
+    run_train_case,
     train_runs,
-    train_setup,
 )
 from cs336_systems.harness.record import record_oom, record_times
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.train_step import TrainCase
-from cs336_systems.report.schema import tag
 
 SPAWN_TIMEOUT_S = 900.0
 BUCKET_MB = 100
@@ -65,14 +61,9 @@ def sharding_runs(request: pytest.FixtureRequest) -> GroupedRuns:
 def test_sharding_step(
     benchmark, sharding_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str
 ) -> None:
-    tag(benchmark, "sharding")
-    reason = gpu_skip_reason(world_size)
-    if reason:
-        pytest.skip(reason)
+    case = case_of(variant)
+    result, info = run_train_case(benchmark, sharding_runs, "sharding", case, size, ctx, dtype, world_size)
     group = (size, ctx, dtype, world_size)
-    result = sharding_runs(group, case_of(variant))
-    backend = default_backend(world_size)
-    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, backend)
     info.update(variant=variant, optimizer=OPTIMIZER_OF[variant], ddp="bucketed", bucket_mb=BUCKET_MB)
     if result["oom"]:
         record_oom(benchmark, **info)

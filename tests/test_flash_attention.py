@@ -192,6 +192,17 @@ def test_tensor_descriptor_path(device, generator) -> None:
             kernels.force_config(kernel, None)
 
 
+def test_tuning_key_classes() -> None:
+    # Ragged lengths share their power-of-two bucket; few heads (a short grid) get their own choice,
+    # and batch x heads beyond 64 all share one.
+    key = lambda bh, n: kernels._tune_key("fwd", bh, n, n, 64, True, torch.bfloat16)
+    assert key(16, 1000) == key(16, 1024) != key(16, 1025)
+    assert key(2, 1024) != key(16, 1024)
+    assert key(100, 512) == key(4096, 512)
+    cfg = kernels.chosen_configs(100, 512, 512, 64, True, torch.bfloat16)
+    assert set(cfg) == {"fwd", "dq", "dkdv"}
+
+
 # -- the torch.compile'd PyTorch backward (D10) and torch.compile(apply) ---------------------------------
 
 

@@ -285,6 +285,32 @@ def _first_step_grads() -> dict:
     return {"fsdp": fsdp.gather_full_params(grads=True), "full_batch": grads(slice(0, BATCH)), "split": split}
 
 
+def _suite_lm() -> dict:
+    """The suite's own TransformerLM with nested checkpointing, the fused LM-head + cross-entropy
+    (Triton) and one unit per block: one step against the full batch in one process."""
+    from cs336_systems.model import TransformerLM, get_preset
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    with warnings.catch_warnings():  # the Triton interpreter's and torch.compile's own deprecations
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="triton|torch.jit")
+        config = get_preset("tiny", d_model=32, d_ff=64, num_layers=2, num_heads=2, vocab_size=64)
+        config = config.with_(context_length=8, checkpoint="nested", fused_loss=True)
+        torch.manual_seed(0)
+        model = TransformerLM(config)
+        ref = copy.deepcopy(model)
+        fsdp = FSDP(model, units=list(model.layers))
+        tokens = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(0))
+        local = shard_batch(tokens, rank, world_size)
+        fsdp(local[:, :-1], local[:, 1:]).backward()
+        fsdp.finish_gradient_synchronization()
+        ref(tokens[:, :-1], tokens[:, 1:]).backward()
+        return {
+            "fsdp": fsdp.gather_full_params(grads=True),
+            "ref": {n: p.grad for n, p in ref.named_parameters()},
+            "live": fsdp.live_gathered_buffers(),
+        }
+
+
 def _tied_error() -> str:
     model = CourseTiny()
     model.lm_head.weight = model.embedding.weight
@@ -304,6 +330,8 @@ def _rank_suite(world_cases: list[tuple]) -> dict:
             out[case] = _train(*case[1:])
         elif case[0] == "trace":
             out[case] = _trace_forward_backward(mutate=case[1])
+        elif case[0] == "suite_lm":
+            out[case] = _suite_lm()
         elif case[0] == "grads":
             out[case] = _first_step_grads()
         elif case[0] == "tied":
@@ -321,6 +349,7 @@ CASES = {
         ("trace", True),
         ("tied",),
         ("grads",),
+        ("suite_lm",),
     ],
     3: [
         ("train", "mixed", "adamw", None),
@@ -470,3 +499,14 @@ def test_reduce_scatter_overlaps_backward(results, mutate: bool) -> None:
 def test_tied_weights_refused(results) -> None:
     msg = results[2][0][("tied",)]
     assert "tied" in msg and "embedding.weight" in msg and "lm_head.weight" in msg
+
+
+@pytest.mark.distributed
+def test_suite_model_with_checkpointing_and_fused_loss(results) -> None:
+    """The suite's TransformerLM (nested checkpointing, fused LM-head loss whose autograd function
+    saves the gathered weight, block units): FSDP's gradients equal the full-batch ones."""
+    res = results[2][0][("suite_lm",)]
+    assert res["fsdp"].keys() == res["ref"].keys()
+    for name, ref in res["ref"].items():
+        torch.testing.assert_close(res["fsdp"][name], ref, rtol=1e-5, atol=1e-6, msg=name)
+    assert res["live"] == 0

@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from cs336_systems.distributed.launch import spawn
+from cs336_systems.distributed.process_group import default_backend
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.train_step import TrainCase, TrainSetup, combine_ranks, run_cases
+from cs336_systems.report.schema import tag
 
 
 def selected_params(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
@@ -150,3 +152,25 @@ def train_runs(
         return spawn_train_cases(setup, world_size, cases, timeout_s)
 
     return GroupedRuns(launch, cases_of)
+
+
+def run_train_case(
+    benchmark: Any,
+    runs: GroupedRuns,
+    group_key: str,
+    case: TrainCase,
+    size: str,
+    ctx: int,
+    dtype: str,
+    world_size: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shared start of every training bench case: name the group, skip with a reason where the
+    GPUs are missing, run (or fetch) the case's spawn group, and build its extra_info.
+    Returns ``(result, info)``; the caller adds its own fields and records the row."""
+    tag(benchmark, group_key)
+    reason = gpu_skip_reason(world_size)
+    if reason:
+        pytest.skip(reason)
+    result = runs((size, ctx, dtype, world_size), case)
+    info = train_extra_info(result, train_setup(size, ctx, dtype), world_size, default_backend(world_size))
+    return result, info

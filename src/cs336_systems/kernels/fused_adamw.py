@@ -16,13 +16,13 @@ tensor is masked.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
 
 import torch
 import triton
 import triton.language as tl
 
 from cs336_systems.kernels.checks import INTERPRET, require_triton_device
+from cs336_systems.model.optim import AdamWBase
 
 BLOCK = 1024 if INTERPRET else 4096
 
@@ -131,59 +131,27 @@ def fused_adamw_step_(
     )  # fmt: skip
 
 
-class FusedAdamW(torch.optim.Optimizer):
+class FusedAdamW(AdamWBase):
     """``torch.optim.AdamW`` (no amsgrad, no maximize) with float32 parameters and state, one Triton
     launch per parameter group and step. Works on any plain float32 parameters, FSDP shards included."""
 
-    def __init__(
-        self,
-        params: Iterable[torch.nn.Parameter] | Iterable[dict],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-    ):
-        if lr < 0:
-            raise ValueError(f"invalid learning rate {lr}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"invalid betas {betas}")
-        if eps < 0 or weight_decay < 0:
-            raise ValueError(f"invalid eps {eps} or weight_decay {weight_decay}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+    def _check_param(self, p: torch.Tensor, group_params: list[torch.Tensor]) -> None:
+        _check_param(p, group_params[0].device)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                _check_param(p, params[0].device)
-                state = self.state[p]
-                if not state:
-                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                state["step"] += 1
-            # One launch per distinct step count (normally one): bias corrections are per launch.
-            by_step: dict[int, list[torch.Tensor]] = {}
-            for p in params:
-                by_step.setdefault(self.state[p]["step"], []).append(p)
-            beta1, beta2 = group["betas"]
-            for step, same in by_step.items():
-                fused_adamw_step_(
-                    same,
-                    [p.grad for p in same],
-                    [self.state[p]["exp_avg"] for p in same],
-                    [self.state[p]["exp_avg_sq"] for p in same],
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
-                    step=step,
-                )
-        return loss
+    def _update(self, params: list[torch.Tensor], step: int, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        fused_adamw_step_(
+            params,
+            [p.grad for p in params],
+            [self.state[p]["exp_avg"] for p in params],
+            [self.state[p]["exp_avg_sq"] for p in params],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            step=step,
+        )
 
 
 def _check_param(p: torch.Tensor, device: torch.device) -> None:

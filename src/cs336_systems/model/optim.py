@@ -13,7 +13,11 @@ import torch
 _CHUNK_ELEMENTS = 1 << 28
 
 
-class AdamW(torch.optim.Optimizer):
+class AdamWBase(torch.optim.Optimizer):
+    """What every AdamW of the suite shares: argument checks, lazy state, and grouping a param group's
+    tensors by step count (each bias correction stays exact when params were added or frozen later).
+    Subclasses implement ``_update(params, step, group)`` over tensors of one step count."""
+
     def __init__(
         self,
         params: Iterable[torch.nn.Parameter] | Iterable[dict],
@@ -26,7 +30,12 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"invalid learning rate {lr}")
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"invalid betas {betas}")
+        if eps < 0 or weight_decay < 0:
+            raise ValueError(f"invalid eps {eps} or weight_decay {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    def _check_param(self, p: torch.Tensor, group_params: list[torch.Tensor]) -> None:
+        """Hook for subclasses with stricter needs (dtype, device)."""
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -36,22 +45,30 @@ class AdamW(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
+            by_step: dict[int, list[torch.Tensor]] = {}
             for p in params:
+                self._check_param(p, params)
                 state = self.state[p]
                 if not state:
                     state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
-            # Params of one group share a step count unless some were added or frozen later; group
-            # by it so each bias correction stays exact.
-            by_step: dict[int, list[torch.Tensor]] = {}
-            for p in params:
-                by_step.setdefault(self.state[p]["step"], []).append(p)
+                by_step.setdefault(state["step"], []).append(p)
             for step, same_step in by_step.items():
-                for chunk in _chunks(same_step):
-                    self._update(chunk, step, group)
+                self._update(same_step, step, group)
         return loss
 
     def _update(self, params: list[torch.Tensor], step: int, group: dict) -> None:
+        raise NotImplementedError
+
+
+class AdamW(AdamWBase):
+    """Decoupled weight decay AdamW in foreach passes, chunked (see _CHUNK_ELEMENTS)."""
+
+    def _update(self, params: list[torch.Tensor], step: int, group: dict) -> None:
+        for chunk in _chunks(params):
+            self._update_chunk(chunk, step, group)
+
+    def _update_chunk(self, params: list[torch.Tensor], step: int, group: dict) -> None:
         # One foreach kernel per stage over many tensors instead of a handful per tensor: the xl
         # model has ~500 tensors, so per-tensor launches would dominate the optimizer step.
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
