@@ -136,10 +136,10 @@ RECIPES: dict[str, dict[str, Any]] = {
 # One piece of "ours" swapped for torch's (or switched off): what that piece buys.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "sdpa": dict(attention="sdpa"),
-    "full_logits": dict(loss="full"),
-    "torch_adamw": dict(optimizer="torch_fused"),
     "fsdp2": dict(fsdp="torch"),
     "full_recompute": dict(save_attention=False),
+    "torch_adamw": dict(optimizer="torch_fused"),
+    "full_logits": dict(loss="full"),
 }
 
 
