@@ -664,7 +664,13 @@ def _profile_step(model, optimizer, tokens, targets, device, autocast) -> dict[s
     with profile(activities=activities) as prof, autocast:
         train_step(model, optimizer, tokens, targets)
         synchronize(device)
-    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    # Device kernels only: user annotations ("nccl:all_reduce", "Optimizer.step#...") carry their
+    # kernels' device time too, and would count it twice.
+    kernels = [
+        e
+        for e in prof.key_averages()
+        if e.device_type == DeviceType.CUDA and not e.key.startswith("nccl:") and "#" not in e.key
+    ]
     by_category: dict[str, float] = {}
     for e in kernels:
         cat = kernel_category(e.key)
