@@ -22,6 +22,7 @@ from cs336_systems.training.step_8b import (
     StepOptions,
     build_meta_model,
     chunked_linear_cross_entropy,
+    kernel_category,
     model_flops_per_step,
     recipe,
     run_step,
@@ -196,3 +197,20 @@ def test_materialization_holds_one_unit_at_a_time(run_distributed) -> None:
         assert layers == 5 * SMALL["num_layers"] + 2
         assert ours == 1
         assert fsdp2 == 5
+
+
+@pytest.mark.parametrize(
+    "kernel, category",
+    [  # names from the 2 x H200 profile of the 8B step (docs/results/h200x2-leaderboard-2026.log)
+        ("flash_bwd_dkdv_kernel", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128", "attention"),
+        ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN", "matmul"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+        ("_adamw_kernel", "optimizer"),
+        ("_cross_entropy_rows_kernel", "loss"),
+        ("triton_poi_fused__unsafe_view_mul_silu_3", "triton (compiled elementwise)"),
+        ("void at::native::elementwise_kernel<128, 4>", "other"),
+    ],
+)
+def test_kernel_categories(kernel: str, category: str) -> None:
+    assert kernel_category(kernel) == category
