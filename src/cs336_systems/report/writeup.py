@@ -28,6 +28,8 @@ from cs336_systems.report.answers import (
     d6_answer,
     d17_answer,
     d20_answer,
+    d22_answer,
+    d24_answer,
     flash_speedups,
     render_d5,
     render_d18,
@@ -169,6 +171,8 @@ _BUILTIN = (
         "Peak memory and step time with and without activation checkpointing.",
         "bench/bench_memory.py",
         groups=("checkpointing",),
+        answer=d22_answer,
+        always=True,
     ),
     Section(
         "D24",
@@ -176,6 +180,8 @@ _BUILTIN = (
         "FSDP step time and memory per rank next to torch's fully_shard; the memory accounting.",
         "bench/bench_fsdp.py",
         groups=("fsdp",),
+        answer=d24_answer,
+        always=True,
     ),
     Section(
         "D26",
