@@ -16,13 +16,23 @@ from cs336_systems.report.schema import GROUPS, group, tag
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
+# Callables through which a bench names its group, and the position of the group key among their
+# arguments: ``tag(benchmark, "key")`` and the training benches' ``run_train_case(benchmark, runs, "key", ...)``.
+GROUP_NAMING_CALLS = {"tag": 1, "run_train_case": 2}
+
+
 def _tag_keys(path: Path) -> set[str]:
-    """The literal keys of every ``tag(benchmark, "key", ...)`` call in a bench file."""
+    """The literal group keys of every schema-naming call in a bench file."""
     keys = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tag" and len(node.args) >= 2:
-            arg = node.args[1]
-            assert isinstance(arg, ast.Constant), f"{path.name}:{node.lineno}: tag() key must be a literal"
+        position = (
+            GROUP_NAMING_CALLS.get(getattr(node.func, "id", None)) if isinstance(node, ast.Call) else None
+        )
+        if position is not None and len(node.args) > position:
+            arg = node.args[position]
+            assert isinstance(arg, ast.Constant), (
+                f"{path.name}:{node.lineno}: the group key must be a literal"
+            )
             keys.add(arg.value)
     return keys
 
