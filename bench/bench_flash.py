@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from cs336_systems.harness.attention import (
+    ATTENTION_SHAPES,
     IMPLS,
     PASSES,
     SDPA_BACKENDS,
@@ -310,19 +311,7 @@ def _expected_failure(benchmark: Any, exc: Exception, impl: str, info: dict[str,
 
 # ------------------------------------------------------------------------------- attention shapes
 
-# (batch, heads, seq_q, seq_k, d, causal): short and long, few and many heads, d 64 and 128, xl's
-# attention (4, 25, 512), the 8B configuration's (1, 32, 32768, d 128), and seq_q != seq_k.
-SHAPES = (
-    (1, 16, 16384, 16384, 64, True),
-    (4, 25, 512, 512, 64, True),
-    (4, 16, 1024, 1024, 128, True),
-    (8, 12, 2048, 2048, 64, True),
-    (2, 32, 4096, 4096, 128, True),
-    (2, 16, 8192, 8192, 64, False),
-    (1, 32, 32768, 32768, 128, True),
-    (1, 2, 16384, 16384, 64, True),
-    (2, 16, 1024, 4096, 64, False),
-)
+SHAPES = ATTENTION_SHAPES
 SHAPE_IMPLS = (*SDPA_BACKENDS, "flash_triton")  # ours last: its rows hold the ratios to the SDPA rows
 CHECK_ROWS = 128
 # do_bench medians of this run, (shape, pass_) -> impl -> ms, for the ratios in our rows.

@@ -27,19 +27,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
+from cs336_systems.harness.attention import ATTENTION_SHAPES
 from cs336_systems.kernels import flash_attention as kernels
 
-GRID = [  # (batch, heads, seq_q, seq_k, d, causal)
-    (1, 16, 16384, 16384, 64, True),
-    (4, 25, 512, 512, 64, True),
-    (4, 16, 1024, 1024, 128, True),
-    (8, 12, 2048, 2048, 64, True),
-    (2, 32, 4096, 4096, 128, True),
-    (2, 16, 8192, 8192, 64, False),
-    (1, 32, 32768, 32768, 128, True),
-    (1, 2, 16384, 16384, 64, True),
-    (2, 16, 1024, 4096, 64, False),
-]
+GRID = ATTENTION_SHAPES  # (batch, heads, seq_q, seq_k, d, causal)
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 

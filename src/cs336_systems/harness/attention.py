@@ -36,6 +36,21 @@ SDPA_BACKENDS: dict[str, SDPBackend] = {
 }
 IMPLS: tuple[str, ...] = ("pytorch", "pytorch_compiled", "flash_triton", *SDPA_BACKENDS)
 
+# The `attention shapes` grid (issue 14), (batch, heads, seq_q, seq_k, d, causal): short and long, few
+# and many heads, d 64 and 128, xl's attention (4, 25, 512), the 8B configuration's (1, 32, 32768,
+# d 128), and seq_q != seq_k. Shared by bench/bench_flash.py and scripts/flash_device_check.py.
+ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
+    (1, 16, 16384, 16384, 64, True),
+    (4, 25, 512, 512, 64, True),
+    (4, 16, 1024, 1024, 128, True),
+    (8, 12, 2048, 2048, 64, True),
+    (2, 32, 4096, 4096, 128, True),
+    (2, 16, 8192, 8192, 64, False),
+    (1, 32, 32768, 32768, 128, True),
+    (1, 2, 16384, 16384, 64, True),
+    (2, 16, 1024, 4096, 64, False),
+)
+
 
 def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
