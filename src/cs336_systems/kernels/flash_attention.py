@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -52,6 +53,13 @@ AUTOTUNE = os.environ.get("CS336_FLASH_AUTOTUNE", "1") != "0"
 TUNE_CACHE_PATH = os.environ.get("CS336_FLASH_TUNE_CACHE")
 # "wide": tune over a broad grid of tiles x warps x stages (slow; to find what the short lists should hold).
 CANDIDATE_SET = os.environ.get("CS336_FLASH_CANDIDATES", "default")
+# What the tuner minimises: "launch" (default: back-to-back launches, i.e. the larger of device and host
+# time per launch, what a host-bound call pays) or "device" (do_bench kernel time, L2 flushed between
+# launches: what a GPU-bound step pays; it picked host-heavier TMA configs for short shapes on H100).
+TUNE_METRIC = os.environ.get("CS336_FLASH_TUNE_METRIC", "launch")
+# "0": every launch goes through Triton's JIT dispatch (argument binding, specialization, cache key)
+# instead of the compiled kernel remembered for the call's signature.
+DIRECT_LAUNCH = os.environ.get("CS336_FLASH_DIRECT_LAUNCH", "1") != "0"
 
 # Globals read inside kernels must be constexpr.
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -608,6 +616,11 @@ def _launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float
     return best
 
 
+def _device_time_ms(launch: Callable[[], None]) -> float:
+    """Median kernel time (do_bench: L2 flushed between launches, which also lets the host catch up)."""
+    return triton.testing.do_bench(launch, warmup=10, rep=30)
+
+
 def _choose(kernel: str, launch: Callable[[TileConfig], None], key: tuple) -> TileConfig:
     """The config for ``key``: forced, the heuristic default, or the fastest candidate (timed once)."""
     if kernel in _TUNE.forced:
@@ -627,7 +640,8 @@ def _choose(kernel: str, launch: Callable[[TileConfig], None], key: tuple) -> Ti
     for c in candidates:
         # A candidate that fails to build or launch here is skipped, and reported.
         try:
-            timings[str(c)] = _launch_time_ms(lambda c=c: launch(c))
+            measure = _device_time_ms if TUNE_METRIC == "device" else _launch_time_ms
+            timings[str(c)] = measure(lambda c=c: launch(c))
         except Exception as exc:
             timings[str(c)] = math.inf
             reason = str(exc).strip().splitlines()[-1][:200]
@@ -645,6 +659,44 @@ def _choose(kernel: str, launch: Callable[[TileConfig], None], key: tuple) -> Ti
 # ----------------------------------------------------------------------------------------------------------
 # Launchers on (batch, heads, seq, d) tensors of any strides
 # ----------------------------------------------------------------------------------------------------------
+
+
+# Compiled kernels by call signature: the model calls the same three launches 2 x layers times per step,
+# and Triton's JIT dispatch (binding ~40 arguments, specializing each, building a cache key) costs more
+# host time than the launch itself.
+_COMPILED: dict[tuple, Any] = {}
+
+
+def _signature(args: tuple) -> tuple:
+    """What Triton specializes a compiled kernel on, for our argument kinds: every integer's value (we
+    pass only shapes and strides, which repeat call after call), each tensor's dtype and 16-byte alignment
+    and each descriptor's block shape (its other fields are integers passed at launch)."""
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, TensorDescriptor):
+            sig.append((a.base.dtype, tuple(a.block_shape)))
+        elif isinstance(a, float):
+            sig.append(float)
+        else:
+            sig.append(a)
+    return tuple(sig)
+
+
+def _launch(fn: Any, grid: tuple[int, int], args: tuple, c: TileConfig, constexprs: tuple) -> None:
+    """``fn[grid](*args, *constexprs)`` with ``c``'s warps and stages: through Triton's JIT the first time
+    for this signature, then straight through the compiled kernel's launcher."""
+    key = (fn, grid, c, constexprs, _signature(args)) if DIRECT_LAUNCH and not INTERPRET else None
+    compiled = _COMPILED.get(key) if key is not None else None
+    if compiled is None:
+        compiled = fn[grid](*args, *constexprs, num_warps=c.num_warps, num_stages=c.num_stages)
+        if key is not None:
+            _COMPILED[key] = compiled
+        return
+    stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+    compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *args, *constexprs)  # fmt: skip
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
@@ -685,14 +737,14 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
 
     def launch(c: TileConfig) -> None:
         tma = c.tma and _tma_ok(q, k, v, o)
-        flash_fwd_kernel[(-(-n_q // c.q_tile), batch * heads)](
+        args = (
             _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma),
             _rows(o, c.q_tile, tma), lse,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             heads, n_q, n_k, scale,
-            D=d, Q_TILE_SIZE=c.q_tile, K_TILE_SIZE=c.k_tile, is_causal=is_causal,
-            BLOCK_D=block_d, USE_TMA=tma, num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
+        constexprs = (d, c.q_tile, c.k_tile, is_causal, block_d, tma)
+        _launch(flash_fwd_kernel, (-(-n_q // c.q_tile), batch * heads), args, c, constexprs)
 
     launch(_choose("fwd", launch, _tune_key("fwd", batch * heads, n_q, n_k, d, is_causal, q.dtype)))
     return o, lse
@@ -713,26 +765,26 @@ def flash_backward(q, k, v, o, do, lse, is_causal: bool):
     def launch_dq(c: TileConfig) -> None:
         tma = c.tma and _tma_ok(q, k, v, do, dq)
         qt, kt = c.q_tile, c.k_tile
-        flash_bwd_dq_kernel[(-(-n_q // qt), batch * heads)](
+        args = (
             _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma),
             lse, delta, _rows(dq, qt, tma),
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
             heads, n_q, n_k, scale,
-            D=d, Q_TILE_SIZE=qt, K_TILE_SIZE=kt, is_causal=is_causal, BLOCK_D=block_d, USE_TMA=tma,
-            num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
+        constexprs = (d, qt, kt, is_causal, block_d, tma)
+        _launch(flash_bwd_dq_kernel, (-(-n_q // qt), batch * heads), args, c, constexprs)
 
     def launch_dkdv(c: TileConfig) -> None:
         tma = c.tma and _tma_ok(q, k, v, do, dk, dv)
         qt, kt = c.q_tile, c.k_tile
-        flash_bwd_dkdv_kernel[(-(-n_k // kt), batch * heads)](
+        args = (
             _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma),
             lse, delta, _rows(dk, kt, tma), _rows(dv, kt, tma),
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             heads, n_q, n_k, scale,
-            D=d, Q_TILE_SIZE=qt, K_TILE_SIZE=kt, is_causal=is_causal, BLOCK_D=block_d, USE_TMA=tma,
-            num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
+        constexprs = (d, qt, kt, is_causal, block_d, tma)
+        _launch(flash_bwd_dkdv_kernel, (-(-n_k // kt), batch * heads), args, c, constexprs)
 
     # dQ first: it writes D, which the dK/dV pass reads (tuning dK/dV below runs after a real dQ pass).
     launch_dq(_choose("dq", launch_dq, _tune_key("dq", batch * heads, n_q, n_k, d, is_causal, q.dtype)))
