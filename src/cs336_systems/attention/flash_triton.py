@@ -6,11 +6,14 @@ backward of :mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.s
 (batch, n_queries) for (batch, seq, d) inputs. Inputs may also be (batch, heads, seq, d) with any strides
 (passed to the kernels as they are: no copies), with n_queries != n_keys.
 
-Under torch.compile the kernels sit behind two torch custom ops, so the graph holds opaque calls with
-known output shapes instead of Triton launch code and the tuning loop. In eager mode the launchers are
-called directly: a custom op's Python dispatch costs more than the launch itself, and the model calls
-attention 2 x layers times per step; the forward goes through its op again under a Python dispatch mode
-(selective checkpointing keeps its output by op).
+Under torch.compile, two paths by size. Small cases (the model at short context: host-bound, ~10 µs of
+GPU work per launch) go through ``torch.library.triton_op``: inductor traces into the op, bakes the
+tuned block-pointer config and launches the kernels from its own generated code, so a compiled step runs
+none of our Python per call (and CUDA graphs can capture it). Large cases go through two opaque custom
+ops whose launchers tune at first run and may use tensor descriptors (TMA), which pay off there. In eager
+mode the launchers are called directly: a custom op's Python dispatch costs more than the launch itself,
+and the model calls attention 2 x layers times per step; the forward goes through its op again under a
+Python dispatch mode (selective checkpointing keeps its output by op).
 """
 
 from __future__ import annotations
@@ -60,6 +63,41 @@ def _(q, k, v, o, do, lse, is_causal):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+# Up to this many batch·heads·n_q·n_k·d (the xl model at ctx 512 is 1.7e9, (4, 16, 1024, 1024, 128) 8.6e9),
+# compiled graphs launch the kernels themselves (traced path). Larger cases are GPU-bound and keep the
+# custom ops, whose tuner may pick TMA configs.
+TRACED_MAX_WORK = 1 << 33
+# Tests set this to exercise the traced path on the CPU (Triton's interpreter, aot_eager backend).
+TRACE_ON_CPU = False
+
+
+@torch.library.triton_op("cs336_systems::flash_attention_fwd_traced", mutates_args=())
+def _flash_fwd_traced(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return kernels.flash_forward_traced(q, k, v, is_causal)
+
+
+@torch.library.triton_op("cs336_systems::flash_attention_bwd_traced", mutates_args=())
+def _flash_bwd_traced(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    do: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return kernels.flash_backward_traced(q, k, v, o, do, lse, is_causal)
+
+
+def _traced(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether a compiled graph should launch this case's kernels itself (small, on the GPU)."""
+    batch, heads, n_q, d = q.shape
+    small = batch * heads * n_q * k.shape[2] * d <= TRACED_MAX_WORK
+    return small and (q.is_cuda or TRACE_ON_CPU)
+
+
 def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: object) -> None:
     check_attention_inputs(q, k, v)
     check_is_causal(is_causal)
@@ -88,15 +126,19 @@ def _as_4d(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fwd(q, k, v, is_causal):
-    # Under a Python dispatch mode too (selective activation checkpointing, FlopCounterMode): the mode
-    # then sees one attention op, which it can keep or count, instead of the launcher's inner ops.
-    via_op = torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+    if torch.compiler.is_compiling():
+        return (_flash_fwd_traced if _traced(q, k) else _flash_fwd_op)(q, k, v, is_causal)
+    # Under a Python dispatch mode (selective activation checkpointing, FlopCounterMode) the mode sees one
+    # attention op, which it can keep or count, instead of the launcher's inner ops.
+    via_op = _get_current_dispatch_mode() is not None
     return (_flash_fwd_op if via_op else kernels.flash_forward)(q, k, v, is_causal)
 
 
 def _bwd(q, k, v, o, do, lse, is_causal):
-    compiling = torch.compiler.is_compiling()
-    return (_flash_bwd_op if compiling else kernels.flash_backward)(q, k, v, o, do, lse, is_causal)
+    if torch.compiler.is_compiling():
+        op = _flash_bwd_traced if _traced(q, k) else _flash_bwd_op
+        return op(q, k, v, o, do, lse, is_causal)
+    return kernels.flash_backward(q, k, v, o, do, lse, is_causal)
 
 
 def _forward(ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool) -> torch.Tensor:

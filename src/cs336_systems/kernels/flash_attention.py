@@ -223,6 +223,7 @@ def flash_fwd_kernel(
     q = _load_rows(Q_ptr, off_q, stride_qq, stride_qd, bh, H, N_QUERIES, q_start, D, Q_TILE_SIZE, BLOCK_D,
                    True, USE_TMA)
     offs_q = q_start + tl.arange(0, Q_TILE_SIZE)
+    scale = tl.cast(scale, tl.float32)  # inductor passes a Python float as fp64, which would promote the math
     qk_scale = scale * LOG2E  # scores in log2 units: exp2 instead of exp
     acc = tl.zeros((Q_TILE_SIZE, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((Q_TILE_SIZE,), dtype=tl.float32)
@@ -310,6 +311,7 @@ def flash_bwd_dq_kernel(
     row = bh.to(tl.int64) * N_QUERIES + offs_q
     tl.store(Delta_ptr + row, delta, mask=in_range)
     lse2 = tl.load(L_ptr + row, mask=in_range, other=0.0) * LOG2E
+    scale = tl.cast(scale, tl.float32)  # see flash_fwd_kernel
     qk_scale = scale * LOG2E
     off_k = _offset(bh, H, stride_kb, stride_kh)
     off_v = _offset(bh, H, stride_vb, stride_vh)
@@ -387,6 +389,7 @@ def flash_bwd_dkdv_kernel(
     off_q = _offset(bh, H, stride_qb, stride_qh)
     off_do = _offset(bh, H, stride_dob, stride_doh)
     offs_k = k_start + tl.arange(0, K_TILE_SIZE)
+    scale = tl.cast(scale, tl.float32)  # see flash_fwd_kernel
     qk_scale = scale * LOG2E
     dk = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
@@ -621,14 +624,15 @@ def _device_time_ms(launch: Callable[[], None]) -> float:
     return triton.testing.do_bench(launch, warmup=10, rep=30)
 
 
-def _choose(kernel: str, launch: Callable[[TileConfig], None], key: tuple) -> TileConfig:
+def _choose(
+    kernel: str, launch: Callable[[TileConfig], None], key: tuple, candidates: tuple[TileConfig, ...]
+) -> TileConfig:
     """The config for ``key``: forced, the heuristic default, or the fastest candidate (timed once)."""
     if kernel in _TUNE.forced:
         return _TUNE.forced[kernel]
     cfg = _TUNE.cache.get(key)
     if cfg is not None:
         return cfg
-    candidates = candidate_configs(kernel, key[4], key[6])
     if not AUTOTUNE or INTERPRET or len(candidates) == 1:
         return candidates[0]
     if not _TUNE.loaded:
@@ -725,13 +729,73 @@ def new_output(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((batch, n, heads, d)).transpose(1, 2)
 
 
-def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
+# Names of the kernels' trailing constexpr parameters, in the order the launchers pass them.
+_CONSTEXPRS = ("D", "Q_TILE_SIZE", "K_TILE_SIZE", "is_causal", "BLOCK_D", "USE_TMA")
+
+
+def _launch_traced(fn: Any, grid: tuple[int, int], args: tuple, c: TileConfig, constexprs: tuple) -> None:
+    """The launch as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` under torch.compile,
+    inductor puts the kernel into its own generated code, so the compiled model launches it with no
+    Python of ours on the way (and CUDA graphs can capture it)."""
+    from torch.library import wrap_triton
+
+    meta = dict(zip(_CONSTEXPRS, constexprs, strict=True))
+    wrap_triton(fn)[grid](*args, **meta, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+@functools.cache
+def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+    """The candidates of ``kernel`` with block pointers only: what the inlined (traced) path tunes over,
+    since a descriptor is built from the tensor's data pointer on the host."""
+    return tuple(dict.fromkeys(replace(c, tma=False) for c in candidate_configs(kernel, d, dtype)))
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """How a launcher picks and launches: the tuned candidates and direct launches (default), or the
+    block-pointer candidates (``pointers``) launched through ``wrap_triton`` (``traced``)."""
+
+    pointers: bool = False
+    traced: bool = False
+
+    def kernel_key(self, kernel: str) -> str:
+        return f"{kernel}-ptr" if self.pointers else kernel
+
+    def candidates(self, kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+        return (pointer_configs if self.pointers else candidate_configs)(kernel, d, dtype)
+
+    def launch(self, fn: Any, grid: tuple[int, int], args: tuple, c: TileConfig, constexprs: tuple) -> None:
+        (_launch_traced if self.traced else _launch)(fn, grid, args, c, constexprs)
+
+
+_DIRECT = _Mode()
+_POINTERS = _Mode(pointers=True)
+_TRACED = _Mode(pointers=True, traced=True)
+
+
+def _pick(
+    kernel: str,
+    mode: _Mode,
+    launch: Callable[[TileConfig], None],
+    bh: int,
+    n_q: int,
+    n_k: int,
+    d: int,
+    is_causal: bool,
+    dtype: torch.dtype,
+) -> TileConfig:
+    key = _tune_key(mode.kernel_key(kernel), bh, n_q, n_k, d, is_causal, dtype)
+    cfg = _choose(kernel, launch, key, mode.candidates(kernel, d, dtype))
+    return replace(cfg, tma=False) if mode.pointers and cfg.tma else cfg  # a forced TMA config
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, mode: _Mode = _DIRECT):
     """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous (batch, heads, n_q)) for
     4-D (batch, heads, seq, d) inputs of any strides."""
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     o = new_output(q)
-    lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
+    lse = q.new_empty((batch, heads, n_q), dtype=torch.float32)
     scale = 1.0 / math.sqrt(d)
     block_d = _bucket(d)
 
@@ -744,13 +808,13 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
             heads, n_q, n_k, scale,
         )  # fmt: skip
         constexprs = (d, c.q_tile, c.k_tile, is_causal, block_d, tma)
-        _launch(flash_fwd_kernel, (-(-n_q // c.q_tile), batch * heads), args, c, constexprs)
+        mode.launch(flash_fwd_kernel, (-(-n_q // c.q_tile), batch * heads), args, c, constexprs)
 
-    launch(_choose("fwd", launch, _tune_key("fwd", batch * heads, n_q, n_k, d, is_causal, q.dtype)))
+    launch(_pick("fwd", mode, launch, batch * heads, n_q, n_k, d, is_causal, q.dtype))
     return o, lse
 
 
-def flash_backward(q, k, v, o, do, lse, is_causal: bool):
+def flash_backward(q, k, v, o, do, lse, is_causal: bool, mode: _Mode = _DIRECT):
     """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q): the dQ
     pass (which also writes D = rowsum(dO ∘ O)), then the dK/dV pass. Two launches."""
     batch, heads, n_q, d = q.shape
@@ -772,7 +836,7 @@ def flash_backward(q, k, v, o, do, lse, is_causal: bool):
             heads, n_q, n_k, scale,
         )  # fmt: skip
         constexprs = (d, qt, kt, is_causal, block_d, tma)
-        _launch(flash_bwd_dq_kernel, (-(-n_q // qt), batch * heads), args, c, constexprs)
+        mode.launch(flash_bwd_dq_kernel, (-(-n_q // qt), batch * heads), args, c, constexprs)
 
     def launch_dkdv(c: TileConfig) -> None:
         tma = c.tma and _tma_ok(q, k, v, do, dk, dv)
@@ -784,11 +848,50 @@ def flash_backward(q, k, v, o, do, lse, is_causal: bool):
             heads, n_q, n_k, scale,
         )  # fmt: skip
         constexprs = (d, qt, kt, is_causal, block_d, tma)
-        _launch(flash_bwd_dkdv_kernel, (-(-n_k // kt), batch * heads), args, c, constexprs)
+        mode.launch(flash_bwd_dkdv_kernel, (-(-n_k // kt), batch * heads), args, c, constexprs)
 
     # dQ first: it writes D, which the dK/dV pass reads (tuning dK/dV below runs after a real dQ pass).
-    launch_dq(_choose("dq", launch_dq, _tune_key("dq", batch * heads, n_q, n_k, d, is_causal, q.dtype)))
-    launch_dkdv(
-        _choose("dkdv", launch_dkdv, _tune_key("dkdv", batch * heads, n_q, n_k, d, is_causal, q.dtype))
-    )
+    case = (batch * heads, n_q, n_k, d, is_causal, q.dtype)
+    launch_dq(_pick("dq", mode, launch_dq, *case))
+    launch_dkdv(_pick("dkdv", mode, launch_dkdv, *case))
     return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The traced path: torch.library.triton_op bodies under torch.compile
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _real_like(t: torch.Tensor) -> torch.Tensor:
+    """A real tensor with ``t``'s shape, strides, dtype and device, filled with N(0, 1) values (the tuner
+    times real launches; under tracing ``t`` is fake)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).normal_()
+
+
+def tune_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> None:
+    """Tune the block-pointer configs of all three kernels for this case on real tensors of the same
+    layout, outside any tracing mode: a traced launch bakes its config into the compiled graph, so the
+    choice must exist when the graph is traced, not at its first run."""
+    batch, heads, n_q, d = q.shape
+    keys = [_tune_key(f"{kernel}-ptr", batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
+            for kernel in ("fwd", "dq", "dkdv")]  # fmt: skip
+    if all(key in _TUNE.cache for key in keys) or not AUTOTUNE or INTERPRET:
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        qr, kr, vr = (_real_like(t) for t in (q, k, v))
+        o, lse = flash_forward(qr, kr, vr, is_causal, _POINTERS)
+        flash_backward(qr, kr, vr, o, torch.randn_like(o), lse, is_causal, _POINTERS)
+
+
+def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
+    """:func:`flash_forward` for a ``triton_op`` body: tuned block-pointer configs, ``wrap_triton``."""
+    tune_traced(q, k, v, is_causal)
+    return flash_forward(q, k, v, is_causal, _TRACED)
+
+
+def flash_backward_traced(q, k, v, o, do, lse, is_causal: bool):
+    """:func:`flash_backward` for a ``triton_op`` body."""
+    tune_traced(q, k, v, is_causal)
+    return flash_backward(q, k, v, o, do, lse, is_causal, _TRACED)
