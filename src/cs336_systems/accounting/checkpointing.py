@@ -14,7 +14,7 @@ two forwards, so a step without checkpointing is ~3N forwards).
   a recomputation as soon as the tensors it needs exist, so the measured count is at most this.
 - keep:N (D26, the 8B step): the last N blocks are not checkpointed. In bytes, for the driver's
   per-block checkpointing with attention's output kept: :func:`block_activation_bytes`,
-  :func:`keep_peak_bytes` and :func:`blocks_to_keep` (the largest N under a memory budget).
+  :func:`step_memory` (``StepMemory.peak(N)``) and :func:`blocks_to_keep` (the largest N under a memory budget).
 """
 
 from __future__ import annotations
@@ -182,10 +182,6 @@ def step_memory(
         block=block_activation_bytes(config, tokens, compiled),
         n_blocks=config.num_layers,
     )
-
-
-def keep_peak_bytes(memory: StepMemory, keep: int) -> int:
-    return memory.peak(keep)
 
 
 def blocks_to_keep(memory: StepMemory, budget_bytes: float) -> int:
