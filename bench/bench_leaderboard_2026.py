@@ -9,6 +9,15 @@ checkpointed loss, ``AdamW(fused=True)``), each eager and with every block's for
 Group ``leaderboard_2026_ablation``: ``ours`` with one piece swapped for torch's (SDPA, full logits,
 torch AdamW, FSDP2) or switched off (``full_recompute``: attention re-run in the backward), eager
 unless CS336_8B_ABLATION_COMPILE=1; ``vs_ours`` is the ratio to ``ours`` measured in the same run.
+The same group's keep ablation (``swap`` = ``keep:N``, one row per CS336_8B_KEEP entry, default
+``0,auto``): ``ours`` with the last N blocks not checkpointed (``keep:0`` = every block checkpointed).
+
+Checkpointing of ``ours``: eager rows checkpoint every block (``every:1``); compiled rows (main and
+ablation) use CS336_8B_OURS_CHECKPOINT, default ``keep:auto``: the last N blocks are not checkpointed,
+N the most whose predicted peak (``accounting.checkpointing.step_memory``) fits 88.5% of the GPU's
+memory (CS336_8B_KEEP_BUDGET_GIB to set it); ``extra_info`` records the policy asked for
+(``pieces.checkpoint``) and the one run (``checkpoint_resolved``, ``kept_blocks``). The built-ins
+rows are unchanged (``every:1``).
 
 Every case is its own 2-rank spawn; the main group's with empty compile caches (the cold-cache time to
 the first step), the ablation's with the machine's warm ones. Timing: a synchronized loop
@@ -36,7 +45,7 @@ from cs336_systems.harness.record import log_case, record_not_run, record_oom, r
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.step_8b import format_summary, run_case
 from cs336_systems.report.schema import tag
-from cs336_systems.training.step_8b import ABLATIONS, StepOptions, recipe
+from cs336_systems.training.step_8b import ABLATIONS, StepOptions, recipe, step_checkpoint_policy
 
 WORLD_SIZE = 2
 TARGET_S = 5.5  # issue 17: beat the compiled built-ins anchor (5.98 s) by ~8%
@@ -56,6 +65,13 @@ def _mode(compiled: bool) -> str:
 
 def _timeout(compiled: bool) -> float:
     return settings().step8b_timeout_s * (2 if compiled else 1)
+
+
+def _ours(compiled: bool, **changes: Any) -> dict[str, Any]:
+    """The checkpointing of ``ours`` rows: every:1 eager, CS336_8B_OURS_CHECKPOINT compiled."""
+    s = settings()
+    ckpt = dict(checkpoint=s.step8b_ours_checkpoint) if compiled else {}
+    return ckpt | dict(keep_budget_gib=s.step8b_keep_budget_gib) | changes
 
 
 def _extra_info(options: StepOptions, result: dict[str, Any], **more: Any) -> dict[str, Any]:
@@ -79,6 +95,8 @@ def _extra_info(options: StepOptions, result: dict[str, Any], **more: Any) -> di
         device_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         **more,
     )
+    # An OOM row has no rank's numbers: the policy keep:auto resolves to, computed here the same way.
+    info.setdefault("checkpoint_resolved", step_checkpoint_policy(options, WORLD_SIZE))
     return info
 
 
@@ -104,7 +122,8 @@ def test_leaderboard_2026(benchmark, name: str, compiled: bool) -> None:
     tag(benchmark, "leaderboard_2026")
     s = settings()
     profile = s.step8b_profile and compiled
-    options = recipe(name, compile=compiled, warmup=0, steps=s.step8b_steps, profile=profile)
+    changes = _ours(compiled) if name == "ours" else {}
+    options = recipe(name, **changes, compile=compiled, warmup=0, steps=s.step8b_steps, profile=profile)
     result = run_case(options, WORLD_SIZE, _timeout(compiled))
     more: dict[str, Any] = dict(
         recipe=name, mode=_mode(compiled), target_s=TARGET_S, anchor_s=ANCHOR_S[compiled]
@@ -123,14 +142,31 @@ def test_leaderboard_2026(benchmark, name: str, compiled: bool) -> None:
 @pytest.mark.parametrize("swap", list(ABLATIONS))
 def test_leaderboard_2026_ablation(benchmark, swap: str) -> None:
     tag(benchmark, "leaderboard_2026_ablation")
+    compiled = settings().step8b_ablation_compile
+    _run_ablation(benchmark, swap, _ours(compiled, **ABLATIONS[swap]))
+
+
+def _run_ablation(benchmark: Any, swap: str, changes: dict[str, Any]) -> None:
     s = settings()
     compiled = s.step8b_ablation_compile
-    options = recipe("ours", **ABLATIONS[swap], compile=compiled, warmup=0, steps=s.step8b_ablation_steps)
+    options = recipe("ours", **changes, compile=compiled, warmup=0, steps=s.step8b_ablation_steps)
     # Warm caches (the machine's default compile caches; CS336_FLASH_TUNE_CACHE keeps the attention
     # tuning across cases): the ablation compares steady-state steps, not start-up.
     result = run_case(options, WORLD_SIZE, _timeout(compiled), cold_cache=False)
-    more: dict[str, Any] = dict(swap=swap, swapped=ABLATIONS[swap], mode=_mode(compiled), cold_cache=False)
+    more: dict[str, Any] = dict(swap=swap, swapped=changes, mode=_mode(compiled), cold_cache=False)
     ours_s = _measured.get(("ours", compiled))
     if result.get("step_s") and ours_s:
         more.update(ours_s=ours_s, vs_ours=result["step_s"] / ours_s, delta_s=result["step_s"] - ours_s)
     _record(benchmark, options, result, **more)
+
+
+@pytest.mark.gpu(WORLD_SIZE)
+@pytest.mark.distributed
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+@pytest.mark.parametrize("keep", settings().step8b_keep)
+def test_leaderboard_2026_ablation_keep(benchmark, keep: str) -> None:
+    """``ours`` with the last ``keep`` blocks not checkpointed ("auto": as many as the budget allows);
+    compiled or eager as the rest of the ablation (CS336_8B_ABLATION_COMPILE)."""
+    tag(benchmark, "leaderboard_2026_ablation")
+    compiled = settings().step8b_ablation_compile
+    _run_ablation(benchmark, f"keep:{keep}", _ours(compiled, checkpoint=f"keep:{keep}"))

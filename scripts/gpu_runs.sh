@@ -6,6 +6,7 @@
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes model-attention   (single GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
+#   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
 # Output (JSON, logs, traces) goes to $OUT (default runs/gpu). Each stage fits a 10-minute command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +88,15 @@ for stage in "$@"; do
         --benchmark-json="$OUT/leaderboard_2026_ablation.json" > "$OUT/leaderboard_2026_ablation.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/leaderboard_2026_ablation.log" | tail -8
       python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
+    leaderboard-2026-keep)  # D26 keep:N: ours compiled keep:auto vs built-ins compiled (same run, cold
+      # caches), then ours compiled at keep 0 / 8 / auto (warm caches; keep:0 = every:1) (~6 min)
+      CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026_keep.jsonl CS336_8B_ABLATION_COMPILE=1 \
+        CS336_8B_KEEP=${CS336_8B_KEEP:-0,8,auto} CS336_8B_TIMEOUT_S=${CS336_8B_TIMEOUT_S:-180} \
+        CS336_FLASH_TUNE_CACHE=${CS336_FLASH_TUNE_CACHE:-/tmp/flash_tune.json} "${BENCH[@]}" -s \
+        bench/bench_leaderboard_2026.py -k "compiled or ablation_keep" \
+        --benchmark-json="$OUT/leaderboard_2026_keep.json" > "$OUT/leaderboard_2026_keep.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed|Error|^checkpoint keep|^peak GiB|^step s" "$OUT/leaderboard_2026_keep.log" | tail -24
+      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026_keep.jsonl" ;;
     fsdp)  # D23/D24(b): xl ctx 512, ours vs FSDP2 vs DDP (individual), fp32 and bf16, 2 GPUs (~2 min)
       CUDA_VISIBLE_DEVICES=0,1 "${BENCH[@]}" bench/bench_fsdp.py --benchmark-json="$OUT/fsdp.json" 2>&1 | tail -20 ;;
     tests-fsdp)  # the GPU-marked FSDP tests (nccl, 2 GPUs)

@@ -47,6 +47,9 @@ def main(paths: list[str]) -> None:
         e = r["extra_info"]
         mode = e.get("mode")
         name = e.get("recipe") or f"ours, {e.get('swap')}"
+        resolved = e.get("checkpoint_resolved")
+        if resolved and resolved != (e.get("pieces") or {}).get("checkpoint"):
+            name += f" ({resolved})"  # keep:auto -> keep:N
         step = e.get("step_s")
         if e.get("oom"):
             print(f"| {name} {mode} | OOM | | | | | | | |")

@@ -6,6 +6,7 @@ parameter names and counts do not change. Also the D22(a) accounting against han
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -13,11 +14,11 @@ import torch
 from cs336_systems.accounting import checkpointing as acc
 from cs336_systems.attention import attention_names
 from cs336_systems.model import ModelConfig, TransformerLM, count_parameters, cross_entropy, get_preset
-from cs336_systems.model.checkpointing import parse_checkpoint, run_blocks
+from cs336_systems.model.checkpointing import checkpointed_blocks, parse_checkpoint, run_blocks
 from cs336_systems.model.transformer import Linear, LMHead
 
 CFG = ModelConfig(d_model=32, d_ff=64, num_layers=5, num_heads=2, vocab_size=50, context_length=16)
-POLICIES = ["every:1", "every:2", "every:3", "every:8", "nested"]
+POLICIES = ["every:1", "every:2", "every:3", "every:8", "nested", "keep:0", "keep:2", "keep:9"]
 
 
 def _loss_and_grads(config: ModelConfig, ids, targets, compile_backend: str | None = None):
@@ -41,17 +42,54 @@ def _assert_same(a, b, tol: float = 1e-6) -> None:
         torch.testing.assert_close(a[1][name], b[1][name], rtol=tol, atol=tol, msg=name)
 
 
-@pytest.mark.parametrize("policy", ["none", "every:1", "every:12", "nested"])
+@pytest.mark.parametrize("policy", ["none", "every:1", "every:12", "nested", "keep:0", "keep:7"])
 def test_parse_valid(policy: str) -> None:
     kind, k = parse_checkpoint(policy)
-    assert kind == policy.split(":")[0] and (k == int(policy.split(":")[1]) if kind == "every" else k == 0)
+    assert kind == policy.split(":")[0] and k == (int(policy.split(":")[1]) if ":" in policy else 0)
     assert ModelConfig(64, 128, 2, 4, checkpoint=policy).checkpoint == policy
 
 
-@pytest.mark.parametrize("policy", ["every:0", "every:", "every:x", "every:-1", "all", "every:2 ", "Nested"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "every:0",
+        "every:",
+        "every:x",
+        "every:-1",
+        "all",
+        "every:2 ",
+        "Nested",
+        "keep:",
+        "keep:-1",
+        "keep:auto",
+    ],
+)
 def test_parse_invalid(policy: str) -> None:
-    with pytest.raises(ValueError, match="every:K"):
+    # the message names the policy and the grammar, keep:N included
+    with pytest.raises(ValueError, match=rf"{re.escape(repr(policy))}.*every:K.*keep:N"):
         ModelConfig(64, 128, 2, 4, checkpoint=policy)
+
+
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        ("none", [False] * 4),
+        ("every:1", [True] * 4),
+        ("keep:0", [True] * 4),
+        ("keep:1", [True, True, True, False]),  # the last block plain, not the first
+        ("keep:3", [True, False, False, False]),
+        ("keep:4", [False] * 4),
+        ("keep:9", [False] * 4),
+    ],
+)
+def test_checkpointed_blocks(policy: str, expected: list[bool]) -> None:
+    assert checkpointed_blocks(policy, 4) == expected
+
+
+@pytest.mark.parametrize("policy", ["every:2", "nested"])
+def test_checkpointed_blocks_refuses_segments(policy: str) -> None:
+    with pytest.raises(ValueError, match=rf"{re.escape(repr(policy))} is not per-block"):
+        checkpointed_blocks(policy, 4)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -86,7 +124,7 @@ def test_compiled(device, generator) -> None:
 
 
 @pytest.mark.parametrize("n_blocks", [4, 5, 8])
-@pytest.mark.parametrize("policy", ["none", "every:1", "every:3", "nested"])
+@pytest.mark.parametrize("policy", ["none", "every:1", "every:3", "nested", "keep:2"])
 def test_prehooks_fire_on_recompute(policy: str, n_blocks: int, generator) -> None:
     """FSDP gathers weights in Linear forward pre-hooks: recomputation must call them again. Every
     single-level policy recomputes each block once; nested recomputes within the accounting's bound."""
@@ -105,6 +143,8 @@ def test_prehooks_fire_on_recompute(policy: str, n_blocks: int, generator) -> No
         assert per_block == [1] * n_blocks
     elif policy.startswith("every"):
         assert per_block == [2] * n_blocks
+    elif policy == "keep:2":  # the first n - 2 blocks re-run once, the last two never
+        assert per_block == [2] * (n_blocks - 2) + [1, 1]
     else:
         extra = sum(per_block) - n_blocks
         assert min(per_block) >= 2 and n_blocks < extra <= acc.nested_recompute_count(n_blocks)
@@ -209,3 +249,35 @@ def test_gpu_bf16_fused_loss_and_checkpointing(attention: str, generator) -> Non
         got = out[1][1][name]
         assert got.dtype == torch.float32
         assert ((got - ref).norm() / ref.norm()).item() < 5e-2, name
+
+
+# -- keep:N in bytes (D26): the 8B step, 32,768 tokens per GPU, bf16, 2 GPUs ------------------------
+
+GIB = 2**30
+TOKENS_8B = 32_768
+PARAMS_8B = 8_125_698_048
+
+
+@pytest.mark.parametrize("compiled, measured_gib", [(True, 4.02), (False, 6.20)])
+def test_block_activation_bytes_match_the_measured_cost(compiled: bool, measured_gib: float) -> None:
+    # An earlier attempt measured the peak's growth per un-checkpointed block of the 8B step.
+    got = acc.block_activation_bytes(get_preset("8B"), TOKENS_8B, compiled) / GIB
+    assert got == pytest.approx(measured_gib, rel=0.01)
+
+
+@pytest.mark.parametrize("compiled, measured_gib", [(True, 72.7), (False, 75.8)])
+def test_step_memory_matches_the_measured_every1_peak(compiled: bool, measured_gib: float) -> None:
+    # docs/perf-notes.md D26: ours, every:1 with attention's output kept, peak allocated per GPU.
+    memory = acc.step_memory(get_preset("8B"), PARAMS_8B, TOKENS_8B, 2, compiled)
+    assert memory.peak(0) / GIB == pytest.approx(measured_gib, rel=0.03)
+
+
+def test_blocks_to_keep_is_the_most_that_fit() -> None:
+    memory = acc.step_memory(get_preset("8B"), PARAMS_8B, TOKENS_8B, 2, compiled=True)
+    n = acc.blocks_to_keep(memory, 124 * GIB)
+    assert memory.peak(n) <= 124 * GIB < memory.peak(n + 1)
+    assert n == 14  # (124 - 72.2) / (4.02 - 0.5) GiB per kept block
+    assert acc.blocks_to_keep(memory, memory.peak(0) - 1) == 0  # nothing fits: every:1
+    assert acc.blocks_to_keep(memory, 1e15) == 34  # everything fits: none
+    eager = acc.step_memory(get_preset("8B"), PARAMS_8B, TOKENS_8B, 2, compiled=False)
+    assert acc.blocks_to_keep(eager, 124 * GIB) < n  # an eager block saves more

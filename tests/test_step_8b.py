@@ -19,6 +19,7 @@ from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.training.step_8b import (
     ABLATIONS,
     RECIPES,
+    StepModel,
     StepOptions,
     build_meta_model,
     chunked_linear_cross_entropy,
@@ -26,6 +27,7 @@ from cs336_systems.training.step_8b import (
     model_flops_per_step,
     recipe,
     run_step,
+    step_checkpoint_policy,
 )
 
 # SPEC "2026 edition": the 8B configuration's parameter count and model FLOPs of one step.
@@ -88,8 +90,12 @@ def test_each_ablation_swaps_one_piece_of_ours() -> None:
         (dict(loss="logits"), "unknown loss"),
         (dict(fsdp="ddp"), "unknown fsdp"),
         (dict(optimizer="sgd"), "unknown optimizer"),
-        (dict(checkpoint="every:0"), "every:K"),
-        (dict(checkpoint="sometimes"), "every:K"),
+        (dict(checkpoint="every:0"), "'every:0' for the 8B step; expected .*keep:N"),
+        (dict(checkpoint="sometimes"), "'sometimes' for the 8B step; expected .*keep:auto"),
+        (dict(checkpoint="keep:-1"), "'keep:-1' for the 8B step"),
+        (dict(checkpoint="every:2"), "'every:2' is not supported by the 8B step: it checkpoints each block"),
+        (dict(checkpoint="nested"), "'nested' is not supported by the 8B step"),
+        (dict(checkpoint="keep:auto", keep_budget_gib=0), "keep_budget_gib must be positive"),
     ],
 )
 def test_step_options_reject_unknown_choices(change: dict, match: str) -> None:
@@ -112,10 +118,15 @@ def test_chunked_loss_equals_full_cross_entropy(generator: torch.Generator) -> N
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
-def test_two_rank_step_with_our_pieces_equals_one_process(run_distributed) -> None:
-    ours = RECIPES["ours"] | dict(checkpoint="every:1")  # flash_triton, fused loss, FusedAdamW, +attn
-    per_rank = run_distributed(run_step, 2, small_options(**ours), backend="gloo", timeout=180)
-    single = run_step(small_options(**(ours | dict(fsdp="none", batch_per_rank=2))))
+@pytest.mark.parametrize("policy", ["every:1", "keep:1"])
+def test_two_rank_step_with_our_pieces_equals_one_process(run_distributed, policy: str) -> None:
+    # keep:1 on 2 ranks against every:1 in one process: the kept block changes nothing either
+    ours = RECIPES["ours"]  # flash_triton, fused loss, FusedAdamW, +attn
+    per_rank = run_distributed(
+        run_step, 2, small_options(**(ours | dict(checkpoint=policy))), backend="gloo", timeout=180
+    )
+    single = run_step(small_options(**(ours | dict(fsdp="none", batch_per_rank=2, checkpoint="every:1"))))
+    assert [r["kept_blocks"] for r in per_rank] == [int(policy == "keep:1")] * 2
 
     combined = combine_step_results(per_rank)
     assert len(combined["losses"]) == 2
@@ -214,3 +225,45 @@ def test_materialization_holds_one_unit_at_a_time(run_distributed) -> None:
 )
 def test_kernel_categories(kernel: str, category: str) -> None:
     assert kernel_category(kernel) == category
+
+
+@pytest.mark.parametrize("policy, kept", [("none", 2), ("keep:1", 1), ("keep:2", 2), ("keep:0", 0)])
+def test_keep_trains_as_every_block_checkpointed(policy: str, kept: int) -> None:
+    base = small_options(fsdp="none", loss="chunked", optimizer="torch_fused")
+    ref = run_step(dataclasses.replace(base, checkpoint="every:1"))
+    run = run_step(dataclasses.replace(base, checkpoint=policy))
+    assert run["kept_blocks"] == kept and ref["kept_blocks"] == 0
+    assert run["losses"] == pytest.approx(ref["losses"], rel=1e-6)
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(run["params"][name], value, rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("save_attention", [True, False])
+def test_keep_skips_the_last_blocks_rerun(save_attention: bool) -> None:
+    """keep:N re-runs the first L - N blocks in backward and not the last N: count each block's
+    QKV projection calls (its forward, plus one per re-run)."""
+    layers = 4
+    options = small_options(
+        fsdp="none",
+        loss="chunked",
+        checkpoint="keep:1",
+        save_attention=save_attention,
+        model_changes=SMALL | dict(num_layers=layers),
+    )
+    torch.manual_seed(0)
+    model = StepModel(options.model_config(), options)
+    calls = [0] * layers
+    for i, block in enumerate(model.layers):
+        block.attn.qkv_proj.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
+    tokens = torch.randint(SMALL["vocab_size"], (1, SMALL["context_length"]))
+    model(tokens, tokens).backward()
+    assert calls == [2, 2, 2, 1]
+
+
+def test_keep_auto_resolves_from_the_budget() -> None:
+    # 8B, 2 GPUs, 32,768 tokens each: the accounting's closed form (tests/test_checkpointing.py)
+    compiled = StepOptions(compile=True, checkpoint="keep:auto", keep_budget_gib=124)
+    assert step_checkpoint_policy(compiled, world_size=2) == "keep:14"
+    assert step_checkpoint_policy(dataclasses.replace(compiled, keep_budget_gib=60), 2) == "keep:0"
+    assert step_checkpoint_policy(dataclasses.replace(compiled, keep_budget_gib=1e6), 2) == "keep:34"
+    assert step_checkpoint_policy(dataclasses.replace(compiled, checkpoint="keep:3"), 2) == "keep:3"

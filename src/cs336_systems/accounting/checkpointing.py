@@ -12,12 +12,18 @@ two forwards, so a step without checkpointing is ~3N forwards).
   ceil(log2 N) + 1, plus one block's activations: O(log N) memory; each block is recomputed once per
   checkpoint that encloses it, ~log2 N times: O(N log N) compute. Torch's non-reentrant checkpoint stops
   a recomputation as soon as the tensors it needs exist, so the measured count is at most this.
+- keep:N (D26, the 8B step): the last N blocks are not checkpointed. In bytes, for the driver's
+  per-block checkpointing with attention's output kept: :func:`block_activation_bytes`,
+  :func:`step_memory` (``StepMemory.peak(N)``) and :func:`blocks_to_keep` (the largest N under a memory budget).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
+
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -93,3 +99,93 @@ class D22a:
 
 def d22a(n_blocks: int, block_activations: float = 1.0) -> D22a:
     return D22a(n_blocks, best_single_level(n_blocks, block_activations), nested(n_blocks))
+
+
+# -- keep:N, in bytes (D26) ---------------------------------------------------------------------------
+
+
+class BlockShape(Protocol):  # a ModelConfig, without importing the model package here
+    d_model: int
+    d_ff: int
+    num_layers: int
+    vocab_size: int
+
+
+def block_activation_bytes(config: BlockShape, tokens: int, compiled: bool, compute_bytes: int = 2) -> int:
+    """Bytes one plain (un-checkpointed) block holds for backward, ``tokens`` = batch · seq per GPU.
+
+    With u = tokens · d_model and f = tokens · d_ff elements in the compute dtype:
+
+    - eager, 14u + 4f: each RMSNorm saves its fp32 input copy and fp32 normalized tensor (2 · 2u each,
+      8u), the two norm outputs feed matmuls (2u), attention keeps q, k (after RoPE), v and its output
+      (4u; the QKV projection's output and the head-merge are then views or freed), SwiGLU keeps w1's
+      and w3's outputs, silu(w1) and the product (4f).
+    - compiled (the block's forward under ``torch.compile``), 8u + 3f: the partitioner recomputes the
+      pointwise work in backward, so the norms keep only their bf16 inputs (2u) next to their outputs
+      (2u), attention the same 4u, SwiGLU w1's and w3's outputs and the product w2 needs (3f).
+
+    8B at 32,768 tokens, bf16: eager 6.19 GiB, compiled 4.02 GiB; the lost earlier attempt measured
+    +6.20 and +4.02 GiB of peak per un-checkpointed block.
+    """
+    u, f = tokens * config.d_model, tokens * config.d_ff
+    if compiled:
+        return (8 * u + 3 * f) * compute_bytes
+    fp32_norms = 2 * 2 * u * 4  # two norms, two fp32 tensors each (8u in bf16 units)
+    return fp32_norms + (2 * u + 4 * u + 4 * f) * compute_bytes
+
+
+def checkpointed_block_bytes(
+    config: BlockShape, tokens: int, save_attention: bool, compute_bytes: int = 2
+) -> int:
+    """Bytes a checkpointed block keeps: its input, and attention's output when it is kept (the
+    log-sum-exp, tokens · heads fp32, is left out: 0.4% of it at 8B)."""
+    return tokens * config.d_model * compute_bytes * (2 if save_attention else 1)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Predicted peak per GPU of the FSDP step (fp32 master weights, gradients and Adam state
+    sharded over ``world_size``; bf16 compute), at the start of backward, where it peaks: every
+    checkpointed block's kept tensors and the kept blocks' activations are alive, no block gradient
+    shard exists yet (they are created as backward goes), and the LM head's backward holds its full
+    fp32 weight gradient and gathered bf16 weight next to the embedding's full fp32 gradient buffer."""
+
+    states: int  # fp32 parameters + Adam moments, this rank's shards
+    head: int  # LM-head / embedding full buffers at the start of backward
+    checkpointed: int  # per checkpointed block (its input, attention's output)
+    block: int  # per plain block (every activation it saves)
+    n_blocks: int
+
+    def peak(self, keep: int) -> int:
+        """Peak with the last ``keep`` blocks plain. Under every:1 one block's activations are alive
+        again while the last block is re-run; a plain last block needs no re-run, but its saved
+        activations count the same, so that term stays (an upper bound by one block for keep >= 1)."""
+        keep = max(0, min(keep, self.n_blocks))
+        return self.states + self.head + (self.n_blocks - keep) * self.checkpointed + (keep + 1) * self.block
+
+
+def step_memory(
+    config: BlockShape,
+    n_params: int,
+    tokens: int,
+    world_size: int,
+    compiled: bool,
+    save_attention: bool = True,
+) -> StepMemory:
+    """:class:`StepMemory` of the D26 step; 8B, 32,768 tokens per GPU, 2 GPUs: every:1 predicted
+    72.2 GiB compiled / 74.4 eager against 72.7 / 75.8 measured (docs/perf-notes.md, D26)."""
+    head = config.vocab_size * config.d_model * (4 + 2 + 4)
+    return StepMemory(
+        states=n_params * (4 + 8) // world_size,
+        head=head,
+        checkpointed=checkpointed_block_bytes(config, tokens, save_attention),
+        block=block_activation_bytes(config, tokens, compiled),
+        n_blocks=config.num_layers,
+    )
+
+
+def blocks_to_keep(memory: StepMemory, budget_bytes: float) -> int:
+    """The largest N (0..n_blocks) whose predicted peak fits ``budget_bytes``; 0 if none does (every:1
+    is then the best there is)."""
+    fits = [n for n in range(memory.n_blocks + 1) if memory.peak(n) <= budget_bytes]
+    return max(fits, default=0)

@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 -m cs336_systems.cli.train_8b                     # the suite's pieces
     torchrun --nproc-per-node 2 -m cs336_systems.cli.train_8b --recipe torch --compile   # torch's
     torchrun --nproc-per-node 2 -m cs336_systems.cli.train_8b --attention sdpa    # one piece swapped
+    torchrun --nproc-per-node 2 -m cs336_systems.cli.train_8b --compile --checkpoint keep:auto  # spare memory
     python -m cs336_systems.cli.train_8b --nproc 2 ...                            # spawns the ranks itself
 
 ``--recipe ours`` (default) or ``--recipe torch`` sets every piece; each piece flag then overrides one
@@ -50,7 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     pieces.add_argument("--attention", help="attention registry name (flash_triton, sdpa, ...)")
     pieces.add_argument("--loss", choices=LOSS_CHOICES)
     pieces.add_argument("--optimizer", choices=OPTIMIZER_CHOICES)
-    pieces.add_argument("--checkpoint", help="none | every:K")
+    pieces.add_argument(
+        "--checkpoint",
+        help="none | every:1 | keep:N (the last N blocks not checkpointed) | keep:auto (the most that fit "
+        "--keep-budget-gib by the accounting's predicted peak)",
+    )
+    p.add_argument(
+        "--keep-budget-gib",
+        type=float,
+        default=None,
+        help="peak budget per GPU for --checkpoint keep:auto (default: 88.5%% of the GPU's memory)",
+    )
     pieces.add_argument(
         "--save-attention",
         action=argparse.BooleanOptionalAction,
@@ -87,6 +98,7 @@ def options_from_args(args: argparse.Namespace) -> StepOptions:
         batch_per_rank=args.batch_per_rank,
         seq_len=args.seq_len,
         loss_chunk_tokens=args.loss_chunk_tokens,
+        keep_budget_gib=args.keep_budget_gib,
         compile=args.compile,
         compute_dtype=args.compute_dtype,
         reduce_dtype=args.reduce_dtype,

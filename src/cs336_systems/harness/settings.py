@@ -49,6 +49,26 @@ def _list(env: Mapping[str, str], name: str, default: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in (_str(env, name, default) or "").split(",") if v.strip())
 
 
+def _keep_list(env: Mapping[str, str], name: str, default: str) -> tuple[str, ...]:
+    """Blocks to keep un-checkpointed: integers >= 0 or "auto"."""
+    values = _list(env, name, default)
+    bad = [v for v in values if v != "auto" and not v.isdigit()]
+    if bad or not values:
+        raise ValueError(f"environment variable {name} must list integers >= 0 or 'auto', got {values}")
+    return values
+
+
+def _step_checkpoint(env: Mapping[str, str], name: str, default: str) -> str:
+    from cs336_systems.training.step_8b import validate_step_checkpoint
+
+    value = _str(env, name, default) or default
+    try:
+        validate_step_checkpoint(value)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}: {exc}") from None
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """The bench knobs (README "Knobs"); field ``x_y`` is variable ``CS336_X_Y``."""
@@ -84,6 +104,9 @@ class Settings:
     step8b_ablation_compile: bool = False  # ablation rows eager (False) or block-compiled (True)
     step8b_timeout_s: float = 240.0  # per case (eager); a compiled case gets twice as long
     step8b_profile: bool = True  # one profiled step of each compiled case (kernel time by category)
+    step8b_ours_checkpoint: str = "keep:auto"  # the compiled "ours" rows' (main and ablation) policy
+    step8b_keep: tuple[str, ...] = ("0", "auto")  # the keep ablation: one row per N ("auto": keep:auto)
+    step8b_keep_budget_gib: float | None = None  # keep:auto's budget (None: 88.5% of the GPU)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, on_gpu: bool | None = None) -> Settings:
@@ -122,6 +145,9 @@ class Settings:
             step8b_ablation_compile=_str(env, "CS336_8B_ABLATION_COMPILE", "0") == "1",
             step8b_timeout_s=_float(env, "CS336_8B_TIMEOUT_S", 240.0),
             step8b_profile=_str(env, "CS336_8B_PROFILE", "1") == "1",
+            step8b_ours_checkpoint=_step_checkpoint(env, "CS336_8B_OURS_CHECKPOINT", "keep:auto"),
+            step8b_keep=_keep_list(env, "CS336_8B_KEEP", "0,auto"),
+            step8b_keep_budget_gib=_float(env, "CS336_8B_KEEP_BUDGET_GIB", 0.0) or None,  # 0: default
         )
 
 

@@ -93,6 +93,12 @@ def format_summary(result: dict[str, Any]) -> str:
             else "-"
         ),
     ]
+    if str(result.get("checkpoint_resolved", "")).startswith("keep:"):
+        lines.append(
+            f"checkpoint {result['checkpoint_resolved']}: the last {result['kept_blocks']} blocks not "
+            f"checkpointed; predicted peak {result['predicted_peak_gib']:.1f} GiB "
+            f"(keep:auto budget {result['keep_budget_gib']:.1f})"
+        )
     if result.get("tflops_per_gpu"):
         mfu = f", MFU {result['mfu']:.1%} of {result['matmul_tflops']:.0f}" if result.get("mfu") else ""
         lines.append(f"model TFLOP/s per GPU {result['tflops_per_gpu']:.1f}{mfu}")

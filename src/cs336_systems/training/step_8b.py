@@ -14,7 +14,10 @@ field           the suite's (default)                       torch's
 ``loss``        ``fused`` (linear + cross-entropy kernel,    ``chunked`` (checkpointed chunks of 4096
                 no logits in memory)                         tokens), ``full`` (whole logits, fp32 CE)
 ``optimizer``   ``fused_ours`` (FusedAdamW on the shards)    ``torch_fused`` (``AdamW(fused=True)``)
-``checkpoint``  ``every:1`` (each block recomputed)          the same
+``checkpoint``  ``every:1`` (each block recomputed);        the same
+                ``keep:N`` / ``keep:auto``: the last N
+                blocks not checkpointed (the bench's
+                compiled ``ours`` row uses ``keep:auto``)
 ``compile``     False / True: each block's forward compiled  the same
 ==============  ==========================================  ===========================================
 
@@ -54,9 +57,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
+from cs336_systems.accounting import checkpointing as ckpt_accounting
 from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, share_cpu_threads, world
 from cs336_systems.distributed.fsdp import FSDP, is_sharded_layer
-from cs336_systems.model import ModelConfig, TransformerLM, get_preset
+from cs336_systems.model import ModelConfig, TransformerLM, count_parameters, get_preset
+from cs336_systems.model.checkpointing import checkpointed_blocks, parse_checkpoint
 from cs336_systems.model.transformer import Embedding, Linear, RMSNorm, RotaryEmbedding
 from cs336_systems.profiling.flops import measure_matmul_tflops
 from cs336_systems.profiling.timing import synchronize
@@ -79,7 +84,8 @@ class StepOptions:
     loss: str = "fused"
     loss_chunk_tokens: int = 4096
     optimizer: str = "fused_ours"
-    checkpoint: str = "every:1"  # "none" or "every:K"
+    checkpoint: str = "every:1"  # "none", "every:1", "keep:N" or "keep:auto" (step_checkpoint_policy)
+    keep_budget_gib: float | None = None  # keep:auto's peak budget; None: KEEP_BUDGET_SHARE of the GPU
     save_attention: bool = True  # selective: checkpointed blocks keep attention's output (no re-run)
     compile: bool = False
     compute_dtype: str = "bf16"  # what the gathered weights (and so activations) are cast to
@@ -103,7 +109,9 @@ class StepOptions:
         ):
             if value not in choices:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {choices}")
-        checkpoint_every(self.checkpoint)  # validates
+        validate_step_checkpoint(self.checkpoint)
+        if self.keep_budget_gib is not None and self.keep_budget_gib <= 0:
+            raise ValueError(f"keep_budget_gib must be positive, got {self.keep_budget_gib}")
         if self.batch_per_rank < 1 or self.steps < 0 or self.warmup < 0:
             raise ValueError(f"need batch_per_rank >= 1 and non-negative steps, got {self}")
 
@@ -150,14 +158,63 @@ def recipe(name: str, **changes: Any) -> StepOptions:
     return StepOptions(**(RECIPES[name] | changes))
 
 
-def checkpoint_every(policy: str) -> int:
-    """ "none" -> 0, "every:K" -> K (blocks 0, K, 2K, ... are checkpointed, each on its own)."""
-    if policy == "none":
-        return 0
-    kind, _, k = policy.partition(":")
-    if kind != "every" or not k.isdigit() or int(k) < 1:
-        raise ValueError(f"checkpoint policy must be 'none' or 'every:K' with K >= 1, got {policy!r}")
-    return int(k)
+STEP_CHECKPOINT_GRAMMAR = "'none', 'every:1', 'keep:N' (N >= 0 last blocks not checkpointed) or 'keep:auto'"
+# keep:auto's default budget: this share of the GPU's memory (124 GiB of an H200's 140). The rest is
+# the allocator's fragmentation (reserved runs ~1-4 GiB over allocated), NCCL's buffers and the
+# error of the closed form (within 2% of the measured every:1 peaks).
+KEEP_BUDGET_SHARE = 0.885
+KEEP_BUDGET_CPU_GIB = 124.0  # without a GPU (tests, planning): an H200's budget
+
+
+def validate_step_checkpoint(policy: str) -> None:
+    """The driver checkpoints per block (its FSDP units are blocks, each wrapped on its own), so it
+    takes the per-block policies only; every:K with K > 1 would need a segment of units."""
+    if policy == "keep:auto":
+        return
+    try:
+        kind, k = parse_checkpoint(policy)
+    except ValueError:
+        raise ValueError(
+            f"invalid checkpoint policy {policy!r} for the 8B step; expected {STEP_CHECKPOINT_GRAMMAR}"
+        ) from None
+    if kind == "nested" or (kind == "every" and k > 1):
+        raise ValueError(
+            f"checkpoint policy {policy!r} is not supported by the 8B step: it checkpoints each block on "
+            f"its own (FSDP units are blocks); expected {STEP_CHECKPOINT_GRAMMAR}"
+        )
+
+
+def keep_budget_bytes(options: StepOptions) -> float:
+    """keep:auto's budget: ``keep_budget_gib`` if set, else KEEP_BUDGET_SHARE of this GPU's memory."""
+    if options.keep_budget_gib is not None:
+        return options.keep_budget_gib * 2**30
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return KEEP_BUDGET_SHARE * total
+    return KEEP_BUDGET_CPU_GIB * 2**30
+
+
+def predicted_step_memory(options: StepOptions, world_size: int) -> ckpt_accounting.StepMemory:
+    config = options.model_config()
+    return ckpt_accounting.step_memory(
+        config,
+        n_params=count_parameters(config),
+        tokens=options.batch_per_rank * options.sequence_length,
+        world_size=world_size,
+        compiled=options.compile,
+        save_attention=options.save_attention,
+    )
+
+
+def step_checkpoint_policy(options: StepOptions, world_size: int | None = None) -> str:
+    """The concrete policy the step runs: ``keep:auto`` becomes ``keep:N``, N the most last blocks
+    whose predicted peak (``accounting.checkpointing.step_memory``) fits :func:`keep_budget_bytes`.
+    Every rank computes the same N (same model, same GPU kind), so the ranks' models agree."""
+    if options.checkpoint != "keep:auto":
+        return options.checkpoint
+    world_size = world()[1] if world_size is None else world_size
+    memory = predicted_step_memory(options, world_size)
+    return f"keep:{ckpt_accounting.blocks_to_keep(memory, keep_budget_bytes(options))}"
 
 
 # -- FLOPs: the SPEC's convention for D26 ------------------------------------------------------------
@@ -228,11 +285,11 @@ class StepModel(TransformerLM):
         self.lm_head = LossHead(
             config.d_model, config.vocab_size, options.loss, options.loss_chunk_tokens, device=device
         )
-        every = checkpoint_every(options.checkpoint)
+        self.checkpoint_policy = step_checkpoint_policy(options)
         kwargs: dict[str, Any] = {"use_reentrant": False}
         if options.save_attention:
             kwargs["context_fn"] = save_attention_context
-        self.checkpointed = [bool(every) and i % every == 0 for i in range(config.num_layers)]
+        self.checkpointed = checkpointed_blocks(self.checkpoint_policy, config.num_layers)
         self.checkpoint_hooks = options.fsdp != "torch"
         for block, checkpointed in zip(self.layers, self.checkpointed, strict=True):
             body = torch.compile(block.forward) if options.compile else block.forward
@@ -547,7 +604,9 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     share_cpu_threads()
     device = rank_device() if distributed else _single_device()
     config = options.model_config()
-    model = shard_model(build_meta_model(options), options, device)
+    meta_model = build_meta_model(options)
+    checkpointed = meta_model.checkpointed
+    model = shard_model(meta_model, options, device)
     optimizer = build_optimizer(model, options)
     tokens, targets = local_batch(options, config.vocab_size, device)
     world_size = world()[1]
@@ -561,7 +620,14 @@ def run_step(options: StepOptions) -> dict[str, Any]:
         ),
         "local_params": sum(p.numel() for p in _local_tensors(model)),
         "mem_after_init_mib": _allocated_mib(device),
+        "checkpoint_resolved": meta_model.checkpoint_policy,  # keep:auto -> keep:N
+        "checkpointed_blocks": sum(checkpointed),
+        "kept_blocks": len(checkpointed) - sum(checkpointed),  # blocks not checkpointed
     }
+    if options.checkpoint.startswith("keep:"):
+        memory = predicted_step_memory(options, world_size)
+        out["predicted_peak_gib"] = memory.peak(out["kept_blocks"]) / 2**30
+        out["keep_budget_gib"] = keep_budget_bytes(options) / 2**30
     autocast = _autocast(options, device)
     losses = []
     with autocast:
