@@ -14,7 +14,7 @@ The same group's keep ablation (``swap`` = ``keep:N``, one row per CS336_8B_KEEP
 
 Checkpointing of ``ours``: eager rows checkpoint every block (``every:1``); compiled rows (main and
 ablation) use CS336_8B_OURS_CHECKPOINT, default ``keep:auto``: the last N blocks are not checkpointed,
-N the most whose predicted peak (``accounting.checkpointing.step_memory``) fits 88.5% of the GPU's
+N the most whose predicted peak (``accounting.checkpointing.step_memory``) fits 80% of the GPU's
 memory (CS336_8B_KEEP_BUDGET_GIB to set it); ``extra_info`` records the policy asked for
 (``pieces.checkpoint``) and the one run (``checkpoint_resolved``, ``kept_blocks``). The built-ins
 rows are unchanged (``every:1``).

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-budget-gib",
         type=float,
         default=None,
-        help="peak budget per GPU for --checkpoint keep:auto (default: 88.5%% of the GPU's memory)",
+        help="peak budget per GPU for --checkpoint keep:auto (default: 80%% of the GPU's memory)",
     )
     pieces.add_argument(
         "--save-attention",

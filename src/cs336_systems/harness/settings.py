@@ -106,7 +106,7 @@ class Settings:
     step8b_profile: bool = True  # one profiled step of each compiled case (kernel time by category)
     step8b_ours_checkpoint: str = "keep:auto"  # the compiled "ours" rows' (main and ablation) policy
     step8b_keep: tuple[str, ...] = ("0", "auto")  # the keep ablation: one row per N ("auto": keep:auto)
-    step8b_keep_budget_gib: float | None = None  # keep:auto's budget (None: 88.5% of the GPU)
+    step8b_keep_budget_gib: float | None = None  # keep:auto's budget (None: 80% of the GPU)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, on_gpu: bool | None = None) -> Settings:
