@@ -691,8 +691,10 @@ def _use_expandable_segments(device: torch.device) -> None:
     """Segments that grow in place instead of many fixed-size ones: with un-checkpointed blocks the step
     runs near the GPU's capacity, where fixed segments left 13.6 GiB reserved but unusable (measured).
     A user's own PYTORCH_CUDA_ALLOC_CONF wins."""
-    if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    if device.type == "cuda" and not {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(os.environ):
+        # The CUDA context exists by now, so the environment variable would be read too late.
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+        (setter or torch.cuda.memory._set_allocator_settings)("expandable_segments:True")
 
 
 def _allocated_mib(device: torch.device) -> float | None:
