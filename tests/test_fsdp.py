@@ -526,32 +526,3 @@ def test_suite_model_with_checkpointing_and_fused_loss(results) -> None:
     for name, ref in res["ref"].items():
         torch.testing.assert_close(res["fsdp"][name], ref, rtol=1e-5, atol=1e-6, msg=name)
     assert res["live"] == 0
-
-
-@pytest.mark.parametrize(("gather_end", "ready"), [(15.0, True), (25.0, False)])
-def test_unit_readiness_from_a_trace(gather_end: float, ready: bool) -> None:
-    """D24(b): a unit's forward all-gather counts as ready when it ended before the unit's first
-    compute kernel could have started (its launch, and the kernel before it on its stream)."""
-    from cs336_systems.distributed.overlap import overlap_stats, unit_readiness
-
-    def x(cat: str, name: str, ts: float, dur: float, **args) -> dict:
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": 1, "args": args}
-
-    first_kernel = max(gather_end, 16.0)  # the stream waits for the gather
-    trace = {
-        "traceEvents": [
-            x("user_annotation", "fsdp.gather.u1", 0, 2),
-            x("cuda_runtime", "cudaLaunchKernelExC", 1, 0.5, correlation=10),
-            x("kernel", "ncclDevKernel_AllGather_RING_LL", 5, gather_end - 5, correlation=10, stream=20),
-            x("kernel", "gemm_of_the_previous_unit", 6, 10, correlation=9, stream=7),  # ends at 16
-            x("user_annotation", "fsdp.forward.u1", 3, 30),
-            x("cuda_runtime", "cudaLaunchKernel", 4, 0.5, correlation=11),
-            x("kernel", "gemm_of_unit_1", first_kernel, 8, correlation=11, stream=7),
-        ]
-    }
-    stats = unit_readiness(trace)
-    assert stats["unit_forwards"] == 1
-    assert stats["allgather_ready_share"] == (1.0 if ready else 0.0)
-    assert stats["allgather_exposed_mean_us"] == pytest.approx(0.0 if ready else gather_end - 16.0)
-    assert overlap_stats(trace)["allgather_ready_share"] == stats["allgather_ready_share"]
-    assert unit_readiness({"traceEvents": []})["allgather_ready_share"] is None  # e.g. FSDP2

@@ -47,7 +47,6 @@ forward prefetch.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -58,7 +57,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from cs336_systems.distributed.comm import broadcast_module, require_process_group, world
-from cs336_systems.distributed.overlap import FORWARD_RANGE, GATHER_RANGE
 
 # torch >= 2.12 names them *_single (the *_tensor forms warn that they are deprecated).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -77,17 +75,6 @@ def is_sharded_layer(module: nn.Module) -> bool:
 
 def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
-
-
-def _profiling() -> bool:
-    return torch.autograd.profiler._is_profiler_enabled
-
-
-def _open_range(name: str) -> Any:
-    """A profiler range opened here and closed in another hook (``__exit__``)."""
-    rf = torch.profiler.record_function(name)
-    rf.__enter__()
-    return rf
 
 
 @dataclass
@@ -124,7 +111,6 @@ class _Unit:
     bwd: list[torch.Tensor] | None = None  # storage-owning tensors gathered for the backward
     bwd_pending: _Pending | None = None
     needs_bwd_gather: bool = False
-    fwd_range: Any = None  # the open profiler range of this unit's forward (only while profiling)
     launched: bool = False  # this backward's reduce-scatter is out
     expected: list[int] = field(default_factory=list)  # forward uses per entry (grad arrivals due)
     grads: list[torch.Tensor | None] = field(default_factory=list)
@@ -304,8 +290,6 @@ class FSDP(nn.Module):
         for nxt in self._next_units(unit):
             if nxt.fwd is None and nxt.fwd_pending is None:
                 nxt.fwd_pending = self._launch_gather(nxt)
-        if _profiling():  # from the wait for its gather to the unit's end: overlap.unit_readiness
-            unit.fwd_range = _open_range(f"{FORWARD_RANGE}{unit.index}")
         unit.fwd = self._materialize(unit, pending)
         for k, t in enumerate(unit.fwd):
             self._live[t.untyped_storage().data_ptr()] = (unit, k)
@@ -339,9 +323,6 @@ class FSDP(nn.Module):
         for t in unit.fwd or []:
             self._live.pop(t.untyped_storage().data_ptr(), None)
         unit.fwd = None
-        if unit.fwd_range is not None:
-            unit.fwd_range.__exit__(None, None, None)
-            unit.fwd_range = None
         if _in_backward():  # the re-run forward's saved tensors hold what the backward needs
             unit.bwd = None
 
@@ -358,10 +339,7 @@ class FSDP(nn.Module):
             for e in unit.entries:
                 send[e.offset : e.offset + e.shard.numel()].copy_(e.shard.reshape(-1))
         out = send.new_empty(unit.numel * self.world_size)
-        name = f"{GATHER_RANGE if phase == 'gather' else 'fsdp.bwd_gather.u'}{unit.index}"
-        with torch.profiler.record_function(name) if _profiling() else contextlib.nullcontext():
-            work = _all_gather(out, send, async_op=True)
-        return _Pending(work, out, send)
+        return _Pending(_all_gather(out, send, async_op=True), out, send)
 
     def _materialize(self, unit: _Unit, pending: _Pending) -> list[torch.Tensor]:
         """Wait for a gather and return each entry's full weight (trimmed of its padding rows)."""

@@ -10,10 +10,8 @@ neither communication nor compute and are left out.
 
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
-import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable
@@ -105,104 +103,6 @@ def overlap_stats(trace: dict[str, Any], steps: int = 1) -> dict[str, float | No
         "allgather_hidden_mean": sum(gathers) / len(gathers) if gathers else None,
         "allgather_hidden_min": min(gathers) if gathers else None,
         "allgather_kernels": len(gathers) / steps,
-    } | unit_readiness(trace, steps)
-
-
-# How FSDP names its profiler ranges (``distributed.fsdp``): the launch of a unit's forward all-gather,
-# and its forward from the moment it waits for that gather to its end.
-GATHER_RANGE = "fsdp.gather.u"
-FORWARD_RANGE = "fsdp.forward.u"
-_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-
-
-class _Launches:
-    """Kernel launches (runtime/driver calls) per CPU thread, sorted by time, with the kernel each one
-    launched (matched by correlation id): which kernels a CPU range launched is then two bisections."""
-
-    def __init__(self, events: list[dict], kernels: dict[int, dict]):
-        per_thread: dict[Any, list[tuple[float, dict]]] = {}
-        for ev in events:
-            if ev.get("cat") in _LAUNCH_CATS:
-                kernel = kernels.get(ev.get("args", {}).get("correlation"))
-                if kernel is not None:
-                    per_thread.setdefault(ev.get("tid"), []).append((float(ev["ts"]), kernel))
-        self.times = {tid: [t for t, _ in sorted(v, key=lambda x: x[0])] for tid, v in per_thread.items()}
-        self.kernels = {tid: sorted(v, key=lambda x: x[0]) for tid, v in per_thread.items()}
-
-    def within(self, ann: dict) -> list[dict]:
-        """Kernels launched on the annotation's thread inside its CPU time range (with ``launch_ts``)."""
-        times = self.times.get(ann.get("tid"), [])
-        lo, hi = float(ann["ts"]), float(ann["ts"]) + float(ann.get("dur", 0.0))
-        a, b = bisect.bisect_left(times, lo), bisect.bisect_right(times, hi)
-        return [k | {"launch_ts": t} for t, k in self.kernels[ann.get("tid")][a:b]] if b > a else []
-
-
-def unit_readiness(trace: dict[str, Any], steps: int = 1, slack_us: float = 2.0) -> dict[str, float | None]:
-    """Whether each unit's forward all-gather was done before the unit's forward needed it (D24(b)).
-
-    For each ``fsdp.forward.u<i>`` range: its first compute kernel could have started at the later
-    of its launch and the end of the kernel before it on the same stream; the gather (the kernels of
-    the last ``fsdp.gather.u<i>`` range before it) made the stream wait for
-    ``exposed = max(0, gather end - that time)``. Ready: exposed <= ``slack_us``. Returns the share of
-    ready unit forwards (``allgather_ready_share``, None without ranges, e.g. torch's FSDP2), the
-    mean exposed µs per unit forward and the exposed ms per step."""
-    events = [ev for ev in trace.get("traceEvents", []) if ev.get("ph") == "X"]
-    kernels = {
-        ev["args"]["correlation"]: ev
-        for ev in events
-        if ev.get("cat") == "kernel" and "correlation" in ev.get("args", {})
-    }
-    annotations = sorted(
-        (
-            ev
-            for ev in events
-            if ev.get("cat") == "user_annotation" and ev.get("name", "").startswith("fsdp.")
-        ),
-        key=lambda ev: float(ev["ts"]),
-    )
-    by_stream: dict[Any, list[tuple[float, float]]] = {}  # compute kernels per stream, by start
-    for ev in kernels.values():
-        if not is_comm_kernel(ev.get("name", "")):
-            start = float(ev["ts"])
-            by_stream.setdefault(ev.get("args", {}).get("stream"), []).append(
-                (start, start + float(ev["dur"]))
-            )
-    for intervals in by_stream.values():
-        intervals.sort()
-    starts = {stream: [s for s, _ in intervals] for stream, intervals in by_stream.items()}
-    launches = _Launches(events, kernels)
-    last_gather: dict[str, dict] = {}
-    exposed = []
-    for ann in annotations:
-        name = ann["name"]
-        if name.startswith(GATHER_RANGE):
-            last_gather[name.removeprefix(GATHER_RANGE)] = ann
-            continue
-        if not name.startswith(FORWARD_RANGE):
-            continue
-        gather = last_gather.pop(name.removeprefix(FORWARD_RANGE), None)
-        compute = [k for k in launches.within(ann) if not is_comm_kernel(k["name"])]
-        comm = [k for k in launches.within(gather) if is_comm_kernel(k["name"])] if gather else []
-        if not compute or not comm:
-            continue
-        first = min(compute, key=lambda k: float(k["ts"]))
-        start = float(first["ts"])
-        stream = first.get("args", {}).get("stream")
-        i = bisect.bisect_left(starts.get(stream, []), start)  # kernels on a stream run one after another
-        could_start = max(first["launch_ts"], by_stream[stream][i - 1][1] if i > 0 else -math.inf)
-        gather_end = max(float(k["ts"]) + float(k["dur"]) for k in comm)
-        exposed.append(max(0.0, min(gather_end, start) - could_start))
-    if not exposed:
-        return {
-            "allgather_ready_share": None,
-            "allgather_exposed_mean_us": None,
-            "allgather_exposed_ms": None,
-        }
-    return {
-        "allgather_ready_share": sum(e <= slack_us for e in exposed) / len(exposed),
-        "allgather_exposed_mean_us": sum(exposed) / len(exposed),
-        "allgather_exposed_ms": sum(exposed) / 1e3 / steps,
-        "unit_forwards": len(exposed) / steps,
     }
 
 

@@ -54,13 +54,8 @@ from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
 from cs336_systems.units import MIB
 
-VARIANTS = (
-    "local", "naive", "flat", "individual", "bucketed", "torch_ddp",
-    "fsdp", "torch_fsdp2", "fsdp_blocks", "torch_fsdp2_blocks",
-)  # fmt: skip
-# bf16 for these is a compute dtype (cast weights), not autocast. "_blocks": one unit per Transformer
-# block (and the embedding, the LM head on their own), the torchtitan recipe; else one per Linear/Embedding.
-SHARDED = ("fsdp", "torch_fsdp2", "fsdp_blocks", "torch_fsdp2_blocks")
+VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", "fsdp", "torch_fsdp2")
+SHARDED = ("fsdp", "torch_fsdp2")  # bf16 for these is a compute dtype (cast weights), not autocast
 BUCKETED = ("bucketed", "torch_ddp")
 OPTIMIZERS = ("adamw", "sharded", "zero")
 
@@ -113,38 +108,23 @@ class TrainCase:
 # -- building blocks -----------------------------------------------------------------------------
 
 
-def _ancestors(root: nn.Module, target: nn.Module) -> list[nn.Module]:
-    """The modules on the path from ``root`` down to ``target`` (both included)."""
-    for name, sub in root.named_modules():
-        if sub is target:
-            path, m = [root], root
-            for part in name.split(".") if name else []:
-                m = getattr(m, part)
-                path.append(m)
-            return path
-    return []
-
-
 def wrap_model(
     model: nn.Module, case: TrainCase, device: torch.device, compute_dtype: torch.dtype | None = None
 ) -> nn.Module:
     if case.variant == "local":
         return model
-    blocks = list(getattr(model, "layers", [])) if case.variant.endswith("_blocks") else None
-    if case.variant in ("fsdp", "fsdp_blocks"):
+    if case.variant == "fsdp":
         from cs336_systems.distributed.fsdp import FSDP
 
-        return FSDP(model, compute_dtype=compute_dtype, units=blocks)
-    if case.variant in ("torch_fsdp2", "torch_fsdp2_blocks"):
+        return FSDP(model, compute_dtype=compute_dtype)
+    if case.variant == "torch_fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        # Same setting as ours: the same units, weights cast to the compute dtype before the
-        # all-gather, gradients reduced in fp32.
+        # Same setting as ours: one unit per Linear/Embedding, weights cast to the compute dtype
+        # before the all-gather, gradients reduced in fp32.
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-        block_ids = {id(b) for b in blocks or []}
         for sub in model.modules():
-            inside_block = blocks is not None and any(id(m) in block_ids for m in _ancestors(model, sub))
-            if id(sub) in block_ids or (isinstance(sub, nn.Linear | nn.Embedding) and not inside_block):
+            if isinstance(sub, nn.Linear | nn.Embedding):
                 fully_shard(sub, mp_policy=mp)
         return fully_shard(model, mp_policy=mp)
     if case.variant != "torch_ddp":
@@ -302,9 +282,7 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     out.update(
         step_ms=step_ms,
         fwd_bwd_ms=statistics.fmean(fwd_bwd),
-        comm_ms=statistics.fmean(comm)
-        if case.variant not in ("local", "torch_ddp", "torch_fsdp2", "torch_fsdp2_blocks")
-        else None,
+        comm_ms=statistics.fmean(comm) if case.variant not in ("local", "torch_ddp", "torch_fsdp2") else None,
         optim_ms=statistics.fmean(optim),
         optim_state_mib=optimizer_state_bytes(optimizer) / MIB,
         peak_memory_mib=memory_mib(device)[1],
@@ -346,8 +324,7 @@ def run_cases(setup: TrainSetup, cases: list[TrainCase]) -> dict[str, dict[str, 
 def combine_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One case's numbers over ranks: a step ends when its slowest rank does, so the step times are
     the per-step max over ranks (``times_ms``, and ``mean_ms``/``std_ms``/``median_ms`` of them);
-    every other figure is the max over ranks, except the overlap share (mean over ranks) and the
-    all-gather ready share (min over ranks: every rank's forward must find its weights there)."""
+    every other figure is the max over ranks, except the overlap share (mean over ranks)."""
     if any(r.get("oom") for r in per_rank):
         return {"oom": True, "error": next(r.get("error") for r in per_rank if r.get("oom"))}
     times = [max(ts) for ts in zip(*(r["step_ms"] for r in per_rank), strict=True)]
@@ -364,11 +341,9 @@ def combine_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         if key in out or key == "step_ms":
             continue
         values = [r.get(key) for r in per_rank]
-        present = [v for v in values if v is not None]
         if key == "overlap_share":
+            present = [v for v in values if v is not None]
             out[key] = statistics.fmean(present) if present else None
-        elif key == "allgather_ready_share":
-            out[key] = min(present) if present else None
         elif isinstance(value, int | float) and not isinstance(value, bool) and None not in values:
             out[key] = max(values)
         else:
