@@ -19,8 +19,8 @@ Public API
   the handout allows at most 2. The backward prefetches one unit ahead in reverse order.
 
 Methods and attributes: ``forward(*args, **kwargs)`` (call the model through this);
-``finish_gradient_synchronization()`` (after ``backward``: waits for the reduce-scatters, runs one
-all-reduce of all replicated gradients, divides by the world size and leaves a ``.grad`` of the parameter's own shape and dtype
+``finish_gradient_synchronization()`` (after ``backward``: waits for the reduce-scatters and
+all-reduces, divides by the world size and leaves a ``.grad`` of the parameter's own shape and dtype
 on every trainable parameter); ``gather_full_params() -> {name: full tensor}`` (keyed by the
 unwrapped model's names); ``.module`` (the wrapped model); ``parameters()`` / ``.module.named_parameters()``
 (the local shards of the sharded weights, the full replicated parameters, so any ``torch.optim``
@@ -174,10 +174,14 @@ class FSDP(nn.Module):
         self._recorded: list[_Unit] = []
         self._live: dict[int, tuple[_Unit, int]] = {}  # storage ptr of a gathered weight -> (unit, k)
         self._rs_pending: list[tuple[_Pending, _Unit]] = []
+        self._ar_pending: list[tuple[Any, torch.Tensor]] = []
         self._bwd_seen: set[int] = set()
         self._full_storages: list[weakref.ref] = []  # for tests: every gathered buffer's storage
         sharded = {id(e.shard) for u in self._units for e in u.entries}
         self._replicated = [p for p in module.parameters() if id(p) not in sharded and p.requires_grad]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._on_replicated_grad) for p in self._replicated
+        ]
         self._register_module_hooks()
 
     # ---- construction -------------------------------------------------------------------------
@@ -439,27 +443,18 @@ class FSDP(nn.Module):
             g = pending.out[e.offset : e.offset + e.shard.numel()].view_as(e.shard).to(e.shard.dtype)
             e.shard.grad = g.clone() if e.shard.grad is None else e.shard.grad.add_(g)
 
-    @torch.no_grad()
-    def _all_reduce_replicated(self) -> None:
-        """One all-reduce of every replicated gradient, flattened: they are small (norm gains, biases),
-        and one collective per parameter launched from gradient hooks left dozens of NCCL kernels per
-        step spinning on SMs until the peer arrived (69 in the 8B step)."""
-        grads = [p.grad for p in self._replicated if p.grad is not None]
-        if not grads:
-            return
-        flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat)
-        flat.div_(self.world_size)
-        for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
-            g.copy_(reduced)
+    def _on_replicated_grad(self, param: torch.Tensor) -> None:
+        self._ar_pending.append((dist.all_reduce(param.grad, async_op=True), param.grad))
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
-        """Wait for this backward's reduce-scatters, all-reduce the replicated gradients (one call);
-        leave averaged gradients."""
-        self._all_reduce_replicated()
+        """Wait for this backward's reduce-scatters and all-reduces; leave averaged gradients."""
         while self._rs_pending:
             self._finish_reduce_scatter(*self._rs_pending.pop(0))
+        for work, grad in self._ar_pending:
+            work.wait()
+            grad.div_(self.world_size)
+        self._ar_pending.clear()
         incomplete = [u.entries[0].name for u in self._units if any(u.received) and not u.launched]
         for unit in self._units:
             for e in unit.entries:
