@@ -1,0 +1,250 @@
+"""Variants of the FlashAttention backward kernels at d = 128, long causal sequences (issues 14, 17).
+
+    python scripts/flash_bwd_variants.py --out DIR [--budget-s 300]
+
+1. At (1, 32, 32768, 128, causal), bf16: the backward launcher (dQ pass + dK/dV pass) with one kernel
+   varied at a time (tiles / warps / stages, and the loop hints DQ_* / DKDV_* of the kernels module, run
+   as copies of the kernel with those globals rebound), the other pinned to its current 32k choice. Each
+   variant's dQ, dK, dV are checked against the pinned baseline's before it is timed.
+2. The best dQ and dK/dV variants together, then per shape: ours (tuned over the short lists), ours with
+   the best loop hints, SDPA cuDNN and flash; backward-only and forward+backward do_bench medians (ms).
+
+Writes ``bwd_variants.json`` under --out after every measurement (a timeout still leaves the rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from cs336_systems.attention.flash_triton import FlashAttentionTriton
+from cs336_systems.kernels import flash_attention as kernels
+
+C = kernels.TileConfig
+KERNEL_ATTR = {"dq": "flash_bwd_dq_kernel", "dkdv": "flash_bwd_dkdv_kernel"}
+ORIGINAL = {name: getattr(kernels, attr) for name, attr in KERNEL_ATTR.items()}
+# The current 32k d128 choices (docs/results/issue14/h100-flash-check-call2.json).
+BASE = {"dq": C(128, 32, 4, 3, True), "dkdv": C(32, 64, 4, 3, True)}
+# (kernel, config, loop hints): hints are STAGES / UNROLL / SINGLE_ACC of that kernel's globals.
+VARIANTS: list[tuple[str, C, dict]] = [
+    ("dkdv", BASE["dkdv"], {}),
+    ("dkdv", BASE["dkdv"], {"STAGES": 3}),
+    ("dkdv", BASE["dkdv"], {"STAGES": 4}),
+    ("dkdv", C(64, 128, 8, 3, True), {}),
+    ("dkdv", C(64, 128, 8, 2, True), {}),
+    ("dkdv", C(32, 128, 8, 3, True), {}),
+    ("dkdv", C(32, 128, 8, 2, True), {}),
+    ("dkdv", C(32, 64, 4, 4, True), {}),
+    ("dkdv", C(32, 64, 4, 2, True), {}),
+    ("dkdv", C(64, 128, 8, 3, True), {"STAGES": 3}),
+    ("dkdv", BASE["dkdv"], {"UNROLL": 2}),
+    ("dkdv", BASE["dkdv"], {"SINGLE_ACC": True}),
+    ("dkdv", C(64, 128, 8, 2, True), {"SINGLE_ACC": True}),
+    ("dkdv", C(16, 64, 4, 3, True), {}),
+    ("dkdv", C(16, 128, 8, 3, True), {}),
+    ("dkdv", C(64, 64, 4, 3, True), {}),
+    ("dq", BASE["dq"], {}),
+    ("dq", BASE["dq"], {"STAGES": 3}),
+    ("dq", BASE["dq"], {"STAGES": 4}),
+    ("dq", C(128, 32, 4, 4, True), {}),
+    ("dq", C(128, 32, 4, 2, True), {}),
+    ("dq", C(128, 64, 8, 3, True), {}),
+    ("dq", C(128, 64, 8, 2, True), {}),
+    ("dq", C(128, 32, 8, 3, True), {}),
+    ("dq", C(64, 64, 4, 3, True), {}),
+    ("dq", C(128, 64, 8, 3, True), {"STAGES": 3}),
+    ("dq", BASE["dq"], {"UNROLL": 2}),
+    ("dq", BASE["dq"], {"SINGLE_ACC": True}),
+    ("dq", C(256, 64, 8, 2, True), {}),
+    ("dq", C(128, 16, 4, 3, True), {}),
+]
+SHAPES = [(1, 32, 32768, 128), (2, 32, 4096, 128), (1, 16, 16384, 64), (8, 12, 2048, 64)]
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+
+
+def variant_kernel(kernel: str, hints: dict):
+    """A copy of ``kernel``'s JIT function whose globals have the given loop hints (Triton keys its
+    compile cache on the constexpr globals a kernel reads, so copies do not collide)."""
+    jit = ORIGINAL[kernel]
+    if not hints:
+        return jit
+    scope = dict(jit.fn.__globals__)
+    prefix = {"dq": "DQ", "dkdv": "DKDV"}[kernel]
+    names = {"STAGES": "LOOP_STAGES", "UNROLL": "LOOP_UNROLL", "SINGLE_ACC": "SINGLE_ACC"}
+    for hint, value in hints.items():
+        scope[f"{prefix}_{names[hint]}"] = triton.language.constexpr(value)
+    fn = jit.fn
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return triton.jit(copy)
+
+
+@contextlib.contextmanager
+def using(kernel: str, jit, config: C | None):
+    """Launch ``jit`` for ``kernel`` (the launchers read the module attribute), pinned to ``config``."""
+    setattr(kernels, KERNEL_ATTR[kernel], jit)
+    if config is not None:
+        kernels.force_config(kernel, config)
+    try:
+        yield
+    finally:
+        setattr(kernels, KERNEL_ATTR[kernel], ORIGINAL[kernel])
+        kernels.force_config(kernel, None)
+
+
+def bench(fn) -> float:
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def make(shape: tuple[int, int, int, int], seed: int = 0):
+    b, h, n, d = shape
+    g = torch.Generator("cuda").manual_seed(seed)
+    mk = lambda: torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+    return mk(), mk(), mk(), mk()
+
+
+def phase_variants(result: dict, save, deadline: float) -> None:
+    q, k, v, do = make(SHAPES[0])
+    o, lse = kernels.flash_forward(q, k, v, True)
+    for name, cfg in BASE.items():
+        kernels.force_config(name, cfg)
+    ref = kernels.flash_backward(q, k, v, o, do, lse, True)
+    for kernel, cfg, hints in VARIANTS:
+        row = {"kernel": kernel, "config": str(cfg), "hints": hints}
+        result["variants"].append(row)
+        if time.perf_counter() > deadline:
+            row["skipped"] = "budget"
+            continue
+        for name, base in BASE.items():
+            kernels.force_config(name, base)
+        try:
+            with using(kernel, variant_kernel(kernel, hints), cfg):
+                t0 = time.perf_counter()
+                out = kernels.flash_backward(q, k, v, o, do, lse, True)
+                torch.cuda.synchronize()
+                row["first_call_s"] = round(time.perf_counter() - t0, 2)
+                row["rel_err_vs_base"] = [rel(x, r) for x, r in zip(out, ref, strict=True)]
+                row["bwd_ms"] = bench(lambda: kernels.flash_backward(q, k, v, o, do, lse, True))
+        except Exception as exc:  # a variant that does not build is a result
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+        print(row, flush=True)
+        save()
+    for name in BASE:
+        kernels.force_config(name, None)
+
+
+def best(result: dict, kernel: str) -> dict | None:
+    ok = [
+        r
+        for r in result["variants"]
+        if r["kernel"] == kernel and "bwd_ms" in r and max(r["rel_err_vs_base"]) < 1e-2
+    ]
+    return min(ok, key=lambda r: r["bwd_ms"]) if ok else None
+
+
+def time_ours(q, k, v, do) -> dict:
+    o, lse = kernels.flash_forward(q, k, v, True)
+    kernels.flash_backward(q, k, v, o, do, lse, True)  # tunes
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def fwd_bwd():
+        FlashAttentionTriton.apply(qg, kg, vg, True).backward(do)
+
+    fwd_bwd()
+    return {
+        "bwd_ms": bench(lambda: kernels.flash_backward(q, k, v, o, do, lse, True)),
+        "fwd_bwd_ms": bench(fwd_bwd),
+        "configs": kernels.chosen_configs(q.shape[0] * q.shape[1], q.shape[2], q.shape[2], q.shape[3], True,
+                                          q.dtype),
+    }  # fmt: skip
+
+
+def time_sdpa(backend: str, q, k, v, do) -> dict:
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(BACKENDS[backend]):
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+        bwd = lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)  # noqa: E731
+
+        def fwd_bwd():
+            F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)
+
+        return {"bwd_ms": bench(bwd), "fwd_bwd_ms": bench(fwd_bwd)}
+
+
+def phase_shapes(result: dict, save) -> None:
+    winners = {kernel: best(result, kernel) for kernel in BASE}
+    result["winners"] = winners
+    hinted = {kernel: w["hints"] for kernel, w in winners.items() if w and w["hints"]}
+    for shape in SHAPES:
+        q, k, v, do = make(shape, seed=1)
+        row: dict = {"shape": [*shape[:3], shape[2], shape[3], True]}
+        result["shapes"].append(row)
+        for name, fn in [
+            ("ours", lambda: time_ours(q, k, v, do)),
+            ("cudnn", lambda: time_sdpa("cudnn", q, k, v, do)),
+            ("flash", lambda: time_sdpa("flash", q, k, v, do)),
+        ]:
+            try:
+                row[name] = fn()
+            except Exception as exc:
+                row[name] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"}
+            print(shape, name, row[name], flush=True)
+            save()
+        if hinted:  # the best loop hints on the same tuned tiles
+            stack = contextlib.ExitStack()
+            for kernel, hints in hinted.items():
+                stack.enter_context(using(kernel, variant_kernel(kernel, hints), None))
+            with stack:
+                try:
+                    row["ours_hinted"] = {"hints": hinted, **time_ours(q, k, v, do)}
+                except Exception as exc:
+                    row["ours_hinted"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(shape, "ours_hinted", row["ours_hinted"], flush=True)
+            save()
+        del q, k, v, do
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=300.0, help="stop starting variants after this")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "base": {k: str(v) for k, v in BASE.items()},
+        "variants": [],
+        "shapes": [],
+    }
+
+    def save() -> None:
+        (args.out / "bwd_variants.json").write_text(json.dumps(result, indent=1))
+
+    start = time.perf_counter()
+    phase_variants(result, save, start + args.budget_s)
+    result["variants_s"] = round(time.perf_counter() - start, 1)
+    phase_shapes(result, save)
+    result["report"] = kernels.tuning_report()
+    result["total_s"] = round(time.perf_counter() - start, 1)
+    save()
+
+
+if __name__ == "__main__":
+    main()
