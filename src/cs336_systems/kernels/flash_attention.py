@@ -486,6 +486,7 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 128, 8, 2, T),
             C(32, 64, 4, 4, T),
             C(32, 128, 4, 3, T),  # the Triton tutorial's dK/dV tiles
+            C(32, 128, 8, 2, T),  # two warp groups share each Q/dO tile; 221 registers, 2 CTAs per SM
         ],
         ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
         ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],
@@ -501,6 +502,7 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 3, T),
             C(64, 32, 4, 4, T),
             C(128, 32, 4, 3, T),  # the Triton tutorial's dQ tiles
+            C(128, 32, 8, 2, T),  # 132 registers (w4: 255 and spills), 2 CTAs per SM
         ],
         ("dq", True, False): [C(128, 32, 8, 2, T), C(64, 32, 4, 2, T), C(128, 32, 8, 3, T)],
         ("dq", True, True): [C(64, 16, 4, 2), C(64, 16, 4, 2, T), C(32, 32, 4, 2)],
