@@ -2,12 +2,16 @@
 
     python scripts/flash_bwd_variants.py --out DIR [--budget-s 300]
 
-1. At (1, 32, 32768, 128, causal), bf16: the backward launcher (dQ pass + dK/dV pass) with one kernel
-   varied at a time (tiles / warps / stages, and the loop hints DQ_* / DKDV_* of the kernels module, run
-   as copies of the kernel with those globals rebound), the other pinned to its current 32k choice. Each
-   variant's dQ, dK, dV are checked against the pinned baseline's before it is timed.
-2. The best dQ and dK/dV variants together, then per shape: ours (tuned over the short lists), ours with
-   the best loop hints, SDPA cuDNN and flash; backward-only and forward+backward do_bench medians (ms).
+1. At (1, 32, 32768, 128, causal), bf16: the backward launcher (dQ pass + dK/dV pass) with one kernel's
+   tiles / warps / stages varied at a time, the other pinned to its previous 32k choice. Each variant's
+   dQ, dK, dV are checked against the pinned baseline's before it is timed.
+2. Per shape: ours (tuned over the short lists), ours tuned without the candidates issue 17 added
+   ("ours_before", d = 128), ours with the best variant tiles added if not listed, SDPA cuDNN and flash;
+   backward-only and forward+backward do_bench medians (ms).
+
+The run in docs/results/issue14/h100-bwd-d128.json also had loop-hint variants (``tl.range`` num_stages
+4, unroll 2, disallow_acc_multi_buffer on the inner loops, via rebound kernel globals; commit e3cfdc0):
+they did not build on the device or compiled to the same kernel, and were dropped.
 
 Writes ``bwd_variants.json`` under --out after every measurement (a timeout still leaves the rows).
 """
@@ -19,7 +23,6 @@ import contextlib
 import itertools
 import json
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -32,74 +35,49 @@ from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.kernels import flash_attention as kernels
 
 C = kernels.TileConfig
-KERNEL_ATTR = {"dq": "flash_bwd_dq_kernel", "dkdv": "flash_bwd_dkdv_kernel"}
-ORIGINAL = {name: getattr(kernels, attr) for name, attr in KERNEL_ATTR.items()}
-# The current 32k d128 choices (docs/results/issue14/h100-flash-check-call2.json).
+# The 32k d128 choices before issue 17 (docs/results/issue14/h100-flash-check-call2.json).
 BASE = {"dq": C(128, 32, 4, 3, True), "dkdv": C(32, 64, 4, 3, True)}
-# (kernel, config, loop hints): hints are STAGES / UNROLL / SINGLE_ACC of that kernel's globals. Most
-# promising first; the two kernels' lists are interleaved so that a short budget still covers both.
-_VARIANTS: list[tuple[str, C, dict]] = [
-    ("dkdv", BASE["dkdv"], {}),
-    ("dkdv", C(32, 128, 8, 2, True), {}),
-    ("dkdv", C(32, 128, 8, 3, True), {}),
-    ("dkdv", C(16, 128, 8, 3, True), {}),
-    ("dkdv", C(16, 128, 8, 2, True), {}),
-    ("dkdv", C(64, 128, 8, 2, True), {}),
-    ("dkdv", C(32, 64, 4, 2, True), {}),
-    ("dkdv", C(32, 64, 4, 4, True), {}),
-    ("dkdv", BASE["dkdv"], {"STAGES": 4}),
-    ("dkdv", BASE["dkdv"], {"UNROLL": 2}),
-    ("dkdv", C(16, 64, 4, 3, True), {}),
-    ("dkdv", C(64, 64, 4, 3, True), {}),
-    ("dkdv", C(64, 128, 8, 3, True), {}),
-    ("dq", BASE["dq"], {}),
-    ("dq", C(128, 32, 8, 2, True), {}),
-    ("dq", C(128, 32, 8, 3, True), {}),
-    ("dq", C(128, 64, 8, 2, True), {}),
-    ("dq", C(128, 64, 8, 3, True), {}),
-    ("dq", C(128, 32, 4, 2, True), {}),
-    ("dq", C(128, 32, 4, 4, True), {}),
-    ("dq", BASE["dq"], {"STAGES": 4}),
-    ("dq", C(64, 64, 4, 3, True), {}),
-    ("dq", C(64, 32, 4, 4, True), {}),
-    ("dq", C(128, 16, 4, 3, True), {}),
-    ("dq", C(256, 32, 8, 2, True), {}),
+# (kernel, config), most promising first; the two kernels' lists are interleaved so that a short budget
+# still covers both.
+_VARIANTS: list[tuple[str, C]] = [
+    ("dkdv", BASE["dkdv"]),
+    ("dkdv", C(32, 128, 8, 2, True)),
+    ("dkdv", C(32, 128, 8, 3, True)),
+    ("dkdv", C(16, 128, 8, 3, True)),
+    ("dkdv", C(16, 128, 8, 2, True)),
+    ("dkdv", C(64, 128, 8, 2, True)),
+    ("dkdv", C(32, 64, 4, 2, True)),
+    ("dkdv", C(32, 64, 4, 4, True)),
+    ("dkdv", C(16, 64, 4, 3, True)),
+    ("dkdv", C(64, 64, 4, 3, True)),
+    ("dkdv", C(64, 128, 8, 3, True)),
+    ("dq", BASE["dq"]),
+    ("dq", C(128, 32, 8, 2, True)),
+    ("dq", C(128, 32, 8, 3, True)),
+    ("dq", C(128, 64, 8, 2, True)),
+    ("dq", C(128, 64, 8, 3, True)),
+    ("dq", C(128, 32, 4, 2, True)),
+    ("dq", C(128, 32, 4, 4, True)),
+    ("dq", C(64, 64, 4, 3, True)),
+    ("dq", C(64, 32, 4, 4, True)),
+    ("dq", C(128, 16, 4, 3, True)),
+    ("dq", C(256, 32, 8, 2, True)),
 ]
 _BY_KERNEL = [[v for v in _VARIANTS if v[0] == kernel] for kernel in ("dkdv", "dq")]
 VARIANTS = [v for pair in itertools.zip_longest(*_BY_KERNEL) for v in pair if v is not None]
-# Candidates this change added to the bf16 d > 64 short lists ("ours_before" tunes without them).
-ADDED = {"dkdv": [C(32, 128, 8, 2, True)], "dq": [C(128, 32, 8, 2, True)]}
+# Candidates issue 17 added to the bf16 d > 64 short lists ("ours_before" tunes without them).
+ADDED = {"dkdv": [C(64, 128, 8, 3, True)], "dq": [C(128, 64, 8, 3, True)]}
 SHAPES = [(1, 32, 32768, 128), (2, 32, 4096, 128), (1, 16, 16384, 64), (8, 12, 2048, 64)]
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
-def variant_kernel(kernel: str, hints: dict):
-    """A copy of ``kernel``'s JIT function whose globals have the given loop hints (Triton keys its
-    compile cache on the constexpr globals a kernel reads, so copies do not collide)."""
-    jit = ORIGINAL[kernel]
-    if not hints:
-        return jit
-    scope = dict(jit.fn.__globals__)
-    prefix = {"dq": "DQ", "dkdv": "DKDV"}[kernel]
-    names = {"STAGES": "LOOP_STAGES", "UNROLL": "LOOP_UNROLL", "SINGLE_ACC": "SINGLE_ACC"}
-    for hint, value in hints.items():
-        scope[f"{prefix}_{names[hint]}"] = triton.language.constexpr(value)
-    fn = jit.fn
-    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    return triton.jit(copy)
-
-
 @contextlib.contextmanager
-def using(kernel: str, jit, config: C | None):
-    """Launch ``jit`` for ``kernel`` (the launchers read the module attribute), pinned to ``config``."""
-    setattr(kernels, KERNEL_ATTR[kernel], jit)
-    if config is not None:
-        kernels.force_config(kernel, config)
+def using(kernel: str, config: C):
+    """``kernel`` pinned to ``config``."""
+    kernels.force_config(kernel, config)
     try:
         yield
     finally:
-        setattr(kernels, KERNEL_ATTR[kernel], ORIGINAL[kernel])
         kernels.force_config(kernel, None)
 
 
@@ -124,8 +102,8 @@ def phase_variants(result: dict, save, deadline: float) -> None:
     for name, cfg in BASE.items():
         kernels.force_config(name, cfg)
     ref = kernels.flash_backward(q, k, v, o, do, lse, True)
-    for kernel, cfg, hints in VARIANTS:
-        row = {"kernel": kernel, "config": str(cfg), "hints": hints}
+    for kernel, cfg in VARIANTS:
+        row = {"kernel": kernel, "config": str(cfg)}
         result["variants"].append(row)
         if time.perf_counter() > deadline:
             row["skipped"] = "budget"
@@ -133,7 +111,7 @@ def phase_variants(result: dict, save, deadline: float) -> None:
         for name, base in BASE.items():
             kernels.force_config(name, base)
         try:
-            with using(kernel, variant_kernel(kernel, hints), cfg):
+            with using(kernel, cfg):
                 t0 = time.perf_counter()
                 out = kernels.flash_backward(q, k, v, o, do, lse, True)
                 torch.cuda.synchronize()
@@ -214,11 +192,10 @@ def extended_lists(extra: dict, drop: dict | None = None):
 def phase_shapes(result: dict, save) -> None:
     winners = {kernel: best(result, kernel) for kernel in BASE}
     result["winners"] = winners
-    hinted = {kernel: w["hints"] for kernel, w in winners.items() if w and w["hints"]}
     listed = {kernel: kernels.candidate_configs(kernel, 128, torch.bfloat16) for kernel in BASE}
     extra = {}
     for kernel, w in winners.items():
-        cfg = next(c for kern, c, h in VARIANTS if kern == kernel and str(c) == w["config"]) if w else None
+        cfg = next(c for kern, c in VARIANTS if kern == kernel and str(c) == w["config"]) if w else None
         if cfg is not None and cfg not in listed[kernel]:
             extra[kernel] = cfg
     result["extra_candidates"] = {k: str(c) for k, c in extra.items()}
@@ -252,17 +229,6 @@ def phase_shapes(result: dict, save) -> None:
                 except Exception as exc:
                     row["ours_extended"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             print(shape, "ours_extended", row["ours_extended"], flush=True)
-            save()
-        if hinted:  # the best loop hints on the same tuned tiles
-            stack = contextlib.ExitStack()
-            for kernel, hints in hinted.items():
-                stack.enter_context(using(kernel, variant_kernel(kernel, hints), None))
-            with stack:
-                try:
-                    row["ours_hinted"] = {"hints": hinted, **time_ours(q, k, v, do)}
-                except Exception as exc:
-                    row["ours_hinted"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            print(shape, "ours_hinted", row["ours_hinted"], flush=True)
             save()
         del q, k, v, do
         torch.cuda.empty_cache()
