@@ -9,9 +9,11 @@
    ("ours_before", d = 128), ours with the best variant tiles added if not listed, SDPA cuDNN and flash;
    backward-only and forward+backward do_bench medians (ms).
 
-The run in docs/results/issue14/h100-bwd-d128.json also had loop-hint variants (``tl.range`` num_stages
-4, unroll 2, disallow_acc_multi_buffer on the inner loops, via rebound kernel globals; commit e3cfdc0):
-they did not build on the device or compiled to the same kernel, and were dropped.
+docs/results/issue14/h100-bwd-d128.json comes from this script at commit 60cda7b: it also had loop-hint
+variants (``tl.range`` num_stages 4, unroll 2, via rebound kernel globals; they did not build on the
+device and were dropped), and there "ours" tuned the lists with two since-dropped candidates (it
+failed at 32k), "ours_before" the lists before issue 17 and "ours_extended" those plus the winners,
+which are the lists now.
 
 Writes ``bwd_variants.json`` under --out after every measurement (a timeout still leaves the rows).
 """
