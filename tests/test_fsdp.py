@@ -311,6 +311,31 @@ def _suite_lm() -> dict:
         }
 
 
+def _count_collectives(steps: int = 2) -> dict:
+    """Calls to ``dist.all_reduce`` per step of CourseTiny (3 replicated norm gains), and how many
+    replicated parameters there are."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = CourseTiny()
+    fsdp = adapters.get_fsdp(model)
+    calls, real = [], dist.all_reduce
+    dist.all_reduce = lambda *a, **k: (calls.append(a[0].numel()), real(*a, **k))[1]
+    try:
+        for step in range(steps):
+            ids, targets = _batch(step)
+            _loss(fsdp, shard_batch(ids, rank, world_size), shard_batch(targets, rank, world_size)).backward()
+            adapters.fsdp_on_after_backward(fsdp, None)
+    finally:
+        dist.all_reduce = real
+    replicated = [p for p in model.parameters() if p.dim() == 1]
+    return {
+        "calls": calls,
+        "steps": steps,
+        "replicated": len(replicated),
+        "numel": sum(p.numel() for p in replicated),
+    }
+
+
 def _tied_error() -> str:
     model = CourseTiny()
     model.lm_head.weight = model.embedding.weight
@@ -334,6 +359,8 @@ def _rank_suite(world_cases: list[tuple]) -> dict:
             out[case] = _suite_lm()
         elif case[0] == "grads":
             out[case] = _first_step_grads()
+        elif case[0] == "collectives":
+            out[case] = _count_collectives()
         elif case[0] == "tied":
             out[case] = _tied_error()
     return out
@@ -348,6 +375,7 @@ CASES = {
         ("trace", False),
         ("trace", True),
         ("tied",),
+        ("collectives",),
         ("grads",),
         ("suite_lm",),
     ],
@@ -510,3 +538,70 @@ def test_suite_model_with_checkpointing_and_fused_loss(results) -> None:
     for name, ref in res["ref"].items():
         torch.testing.assert_close(res["fsdp"][name], ref, rtol=1e-5, atol=1e-6, msg=name)
     assert res["live"] == 0
+
+
+@pytest.mark.distributed
+def test_replicated_gradients_batched(results) -> None:
+    """The replicated gradients (norm gains) go out as one flat all-reduce per step, not one per
+    parameter (on GPU each would be a tiny NCCL kernel holding SMs)."""
+    res = results[2][0][("collectives",)]
+    assert res["replicated"] == 3
+    assert res["calls"] == [res["numel"]] * res["steps"], res
+
+
+def _readiness_trace() -> dict:
+    """Three unit forwards on one thread. Unit 0 gathers in its own forward and prefetches unit 1;
+    unit 2 gathers early enough. A cast kernel inside a gather range and a reduce-scatter outside
+    every range must be ignored."""
+
+    def rng(name: str, ts: float, end: float) -> dict:
+        return {"ph": "X", "cat": "user_annotation", "name": name, "tid": 1, "ts": ts, "dur": end - ts}
+
+    def kernel(name: str, corr: int, launch: float, ts: float, end: float) -> list[dict]:
+        args = {"correlation": corr}
+        return [
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "tid": 1,
+                "ts": launch,
+                "dur": 0.1,
+                "args": args,
+            },
+            {"ph": "X", "cat": "kernel", "name": name, "tid": 7, "ts": ts, "dur": end - ts, "args": args},
+        ]
+
+    gather = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    events = [
+        rng("fsdp.forward[0]", 0, 30),
+        rng("fsdp.allgather[0]", 1, 3),
+        *kernel(gather, 1, 2, 5, 15),
+        *kernel("elementwise_cast", 10, 2.5, 4, 5),
+        rng("fsdp.allgather[1]", 4, 6),
+        *kernel(gather, 2, 5, 15, 40),
+        *kernel("gemm", 3, 8, 15, 35),
+        rng("fsdp.forward[1]", 31, 50),
+        *kernel("gemm", 4, 32, 40, 60),
+        rng("fsdp.forward[2]", 51, 70),
+        rng("fsdp.allgather[2]", 52, 53),
+        *kernel(gather, 5, 52.5, 53, 58),
+        *kernel("gemm", 6, 55, 60, 80),
+        *kernel("ncclDevKernel_ReduceScatter_RING_LL", 7, 90, 91, 95),
+    ]
+    return {"traceEvents": events}
+
+
+def test_unit_readiness_on_a_synthetic_trace() -> None:
+    """Unit 0: no compute before it, its gather ends at 15 while its first kernel was launched at 8
+    (7 us exposed); unit 1: the compute stream is free at 35, its gather ends at 40 (5 us); unit 2:
+    gather done at 58, compute free at 60 (ready)."""
+    from cs336_systems.distributed.overlap import overlap_stats, unit_readiness
+
+    trace = _readiness_trace()
+    got = [(r["unit"], r["ready"], r["exposed_us"]) for r in unit_readiness(trace)]
+    assert got == [(0, False, 7.0), (1, False, 5.0), (2, True, 0.0)]
+    stats = overlap_stats(trace)
+    assert stats["allgather_ready_share"] == pytest.approx(1 / 3)
+    assert stats["allgather_exposed_ms"] == pytest.approx(0.012)
+    assert overlap_stats({"traceEvents": []})["allgather_ready_share"] is None
