@@ -147,14 +147,22 @@ def unit_readiness(trace: dict[str, Any]) -> list[dict[str, float | int | bool]]
 
     gather_end: dict[int, float] = {}  # index in ``gathers`` -> end of its NCCL all-gather kernel
     compute = []  # (start, end, launch) of non-communication kernels outside gather ranges
+    unlinked = []  # all-gather kernels whose launch the trace lacks (e.g. a driver API not traced)
     for start, end, name, corr in kernels:
         launch = launches.get(corr)
         owner = gather_of(launch)
         if is_comm_kernel(name):
-            if owner is not None and "allgather" in name.lower():
+            if "allgather" not in name.lower():
+                continue
+            if owner is not None:
                 gather_end[owner] = max(gather_end.get(owner, end), end)
+            elif launch is None:
+                unlinked.append((start, end))
         elif owner is None and launch is not None:
             compute.append((start, end, launch))
+    orphans = [i for i in range(len(gathers)) if i not in gather_end]
+    if unlinked and len(unlinked) == len(orphans):  # one NCCL stream runs them in launch order
+        gather_end.update((i, end) for i, (_, end) in zip(orphans, sorted(unlinked), strict=True))
     compute.sort(key=lambda k: k[0])
     starts = [k[0] for k in compute]
     ends_max = list(itertools.accumulate((k[1] for k in compute), max))
@@ -171,7 +179,9 @@ def unit_readiness(trace: dict[str, Any]) -> list[dict[str, float | int | bool]]
         first = min(mine, key=lambda k: k[0])
         first_launch = min(k[2][1] for k in mine)
         feeding = [
-            i for i, g in enumerate(gathers) if g[1] == unit and g[3] <= first_launch and i in gather_end
+            i
+            for i, g in enumerate(gathers)
+            if g[1] == unit and g[2] == tid and g[3] <= first_launch and i in gather_end
         ]
         if not feeding:
             continue
