@@ -612,3 +612,65 @@ def test_unit_readiness_on_a_synthetic_trace() -> None:
         if e["cat"] != "cuda_runtime" or e["args"]["correlation"] not in (1, 2, 5)
     ]
     assert unit_readiness({"traceEvents": untraced}) == unit_readiness(trace)
+
+
+# ---- CUDA: the gather stream and readiness ------------------------------------------------------
+def _gpu_readiness(broken: bool) -> dict:
+    """Six blocks of four 2048x2048 Linears (one unit each), GEMM-bound: each unit's all-gather
+    should be done before its forward. ``broken``: no prefetch and the gathers issued on the compute
+    stream (at first use, behind the previous unit's kernels), the design this replaced."""
+    from cs336_systems.distributed.overlap import is_comm_kernel, load_trace, profile_overlap, unit_readiness
+
+    torch.manual_seed(0)
+    device = torch.device("cuda", torch.cuda.current_device())
+    blocks = nn.Sequential(*[nn.Sequential(*[Linear(2048, 2048) for _ in range(4)]) for _ in range(6)])
+    model = FSDP(blocks.to(device), units=list(blocks), prefetch=0 if broken else 2)
+    gather_stream = model._gather_stream
+    if broken:
+        model._gather_stream = None
+    x = torch.randn(8192, 2048, device=device)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        model.finish_gradient_synchronization()
+
+    for _ in range(2):
+        step()
+    path = f"/tmp/fsdp_gpu_readiness_{dist.get_rank()}_{broken}.json"
+    profile_overlap(step, device, trace_path=path)
+    trace = load_trace(path)
+    streams: dict[str, set] = {"gather": set(), "compute": set()}
+    for e in trace["traceEvents"]:
+        if e.get("cat") == "kernel" and ("AllGather" in e["name"] or not is_comm_kernel(e["name"])):
+            streams["gather" if "AllGather" in e["name"] else "compute"].add(e["args"].get("stream"))
+    ready = unit_readiness(trace)
+    later = [r["ready"] for r in ready if r["unit"] != 0]  # unit 0 has nothing to hide behind
+    torch.cuda.synchronize()
+    return {
+        "gather_stream_is_default": gather_stream == torch.cuda.default_stream(device),
+        "gather_streams": streams["gather"],
+        "compute_streams": streams["compute"],
+        "units": [r["unit"] for r in ready],
+        "later_ready_share": sum(later) / len(later) if later else None,
+    }
+
+
+def _gpu_suite() -> dict:
+    return {"good": _gpu_readiness(False), "broken": _gpu_readiness(True)}
+
+
+@pytest.mark.gpu(2)
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_gathers_on_their_own_stream_and_ready_nccl(run_distributed) -> None:
+    """nccl: the all-gather kernels run on a stream other than the compute kernels', and (from the
+    profiler, each rank on its own trace) every prefetched unit's gather has finished before its
+    forward starts; gathering at first use on the compute stream must read as not ready, or the
+    metric could not tell."""
+    for res in run_distributed(_gpu_suite, 2, backend="nccl", timeout=200):
+        good, late = res["good"], res["broken"]
+        assert not good["gather_stream_is_default"]
+        assert good["gather_streams"] and not good["gather_streams"] & good["compute_streams"], good
+        assert sorted(set(good["units"])) == list(range(6)), good
+        assert good["later_ready_share"] >= 0.8, good
+        assert late["later_ready_share"] <= 0.5, late
