@@ -655,7 +655,7 @@ def _gpu_readiness(broken: bool) -> dict:
     }
 
 
-def _gpu_suite() -> dict:
+def _gpu_readiness_suite() -> dict:
     return {"good": _gpu_readiness(False), "broken": _gpu_readiness(True)}
 
 
@@ -667,7 +667,7 @@ def test_gathers_on_their_own_stream_and_ready_nccl(run_distributed) -> None:
     profiler, each rank on its own trace) every prefetched unit's gather has finished before its
     forward starts; gathering at first use on the compute stream must read as not ready, or the
     metric could not tell."""
-    for res in run_distributed(_gpu_suite, 2, backend="nccl", timeout=200):
+    for res in run_distributed(_gpu_readiness_suite, 2, backend="nccl", timeout=200):
         good, late = res["good"], res["broken"]
         assert not good["gather_stream_is_default"]
         assert good["gather_streams"] and not good["gather_streams"] & good["compute_streams"], good
