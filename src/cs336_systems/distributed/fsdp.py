@@ -16,7 +16,8 @@ Public API
   block). Sharded layers outside every listed unit (embedding, LM head) are units of their own.
   Default ``None``: one unit per Linear/Embedding layer (the course contract).
 - ``prefetch``: how many units ahead (in the recorded forward order) the forward all-gathers run;
-  the handout allows at most 2. The backward prefetches one unit ahead in reverse order.
+  the handout allows at most 2. The backward prefetches ``max(prefetch, 1)`` units ahead in
+  reverse order.
 
 Methods and attributes: ``forward(*args, **kwargs)`` (call the model through this);
 ``finish_gradient_synchronization()`` (after ``backward``: waits for the reduce-scatters and
@@ -43,10 +44,20 @@ it once the layer's gradient is out. Any module that reads ``self.weight`` in it
 (einsum, ``F.linear``, an autograd function or Triton kernel that saves the weight), and so does
 non-reentrant activation checkpointing: a re-run forward inside the backward gathers again, without
 forward prefetch.
+
+Streams (CUDA): all-gathers (with their cast / copy-in) run on a dedicated high-priority stream; it
+waits on the compute stream at each launch (so buffers the host has dropped may be reused, without
+``record_stream``), and the compute stream waits on the gather's completion event just before the
+unit's forward or backward uses the weights. Under gloo the gathers are waited on by the host.
+Replicated gradients are all-reduced as one flat buffer per dtype in
+``finish_gradient_synchronization`` (they are small: one collective each would cost more than the
+bytes). With the profiler on, ``fsdp.allgather[i]`` / ``fsdp.forward[i]`` ranges name each unit's
+gather and forward (``overlap.unit_readiness`` reads them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -71,6 +82,13 @@ def is_sharded_layer(module: nn.Module) -> bool:
     )
     weight = module._parameters.get("weight")
     return is_kind and isinstance(weight, nn.Parameter) and weight.dim() == 2
+
+
+def _profiler_range(name: str) -> contextlib.AbstractContextManager:
+    """A named profiler range while the profiler runs; nothing otherwise (it costs µs per unit)."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
 
 
 def _in_backward() -> bool:
@@ -98,6 +116,7 @@ class _Pending:
     work: Any
     out: torch.Tensor
     keep: torch.Tensor  # the send buffer, alive until the call is waited on
+    done: torch.cuda.Event | None = None  # CUDA: recorded on the gather stream when ``out`` is full
 
 
 @dataclass
@@ -174,14 +193,14 @@ class FSDP(nn.Module):
         self._recorded: list[_Unit] = []
         self._live: dict[int, tuple[_Unit, int]] = {}  # storage ptr of a gathered weight -> (unit, k)
         self._rs_pending: list[tuple[_Pending, _Unit]] = []
-        self._ar_pending: list[tuple[Any, torch.Tensor]] = []
         self._bwd_seen: set[int] = set()
+        self._fwd_ranges: dict[int, Any] = {}  # unit index -> open profiler range of its forward
+        device = next((e.shard.device for u in self._units for e in u.entries), torch.device("cpu"))
+        # CUDA: gathers on their own stream so they run beside the compute stream (gloo: synchronous)
+        self._gather_stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self._full_storages: list[weakref.ref] = []  # for tests: every gathered buffer's storage
         sharded = {id(e.shard) for u in self._units for e in u.entries}
         self._replicated = [p for p in module.parameters() if id(p) not in sharded and p.requires_grad]
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._on_replicated_grad) for p in self._replicated
-        ]
         self._register_module_hooks()
 
     # ---- construction -------------------------------------------------------------------------
@@ -257,7 +276,7 @@ class FSDP(nn.Module):
         if not _in_backward():
             for unit in self._units:  # a prefetch the forward never used
                 if unit.fwd_pending is not None:
-                    unit.fwd_pending.work.wait()
+                    self._wait_gather(unit.fwd_pending)
                     unit.fwd_pending = None
             seen = {id(u) for u in self._recorded}
             self._order = self._recorded + [u for u in self._units if id(u) not in seen]
@@ -271,7 +290,7 @@ class FSDP(nn.Module):
         self.live_gathered_buffers()  # prunes the weak references of freed buffers
         for unit in self._units:
             if unit.bwd_pending is not None:
-                unit.bwd_pending.work.wait()
+                self._wait_gather(unit.bwd_pending)
             unit.needs_bwd_gather = unit.launched = False
             unit.bwd = unit.bwd_pending = None
             unit.expected = [0] * len(unit.entries)
@@ -281,6 +300,11 @@ class FSDP(nn.Module):
     def _begin_unit(self, unit: _Unit) -> None:
         if self.trace is not None:
             self.trace.append(("fwd_start", unit.index))
+        if torch.autograd.profiler._is_profiler_enabled and unit.index not in self._fwd_ranges:
+            # entered here, left in _end_unit: the range spans the unit's forward (overlap.unit_readiness)
+            rf = torch.profiler.record_function(f"fsdp.forward[{unit.index}]")
+            rf.__enter__()
+            self._fwd_ranges[unit.index] = rf
         if _in_backward():  # a checkpointed block re-running its forward
             unit.fwd = self._backward_bases(unit)
             return
@@ -324,6 +348,9 @@ class FSDP(nn.Module):
     def _end_unit(self, unit: _Unit) -> None:
         if self.trace is not None:
             self.trace.append(("fwd_end", unit.index))
+        rf = self._fwd_ranges.pop(unit.index, None)
+        if rf is not None:
+            rf.__exit__(None, None, None)
         for t in unit.fwd or []:
             self._live.pop(t.untyped_storage().data_ptr(), None)
         unit.fwd = None
@@ -335,6 +362,23 @@ class FSDP(nn.Module):
     def _launch_gather(self, unit: _Unit, phase: str = "gather") -> _Pending:
         if self.trace is not None:
             self.trace.append((phase, unit.index))
+        with _profiler_range(f"fsdp.{'allgather' if phase == 'gather' else 'bwd_allgather'}[{unit.index}]"):
+            if self._gather_stream is None:
+                return self._issue_gather(unit)
+            # Event-based reuse (as FSDP2, no record_stream): every use of an earlier gathered
+            # buffer that the host has dropped is queued on the compute stream before this event,
+            # and every allocation on the gather stream comes after the wait, so the allocator may
+            # hand that memory to this gather; the event also orders the gather after the optimizer.
+            compute = torch.cuda.current_stream(self._gather_stream.device)
+            self._gather_stream.wait_stream(compute)
+            with torch.cuda.stream(self._gather_stream):
+                pending = self._issue_gather(unit)
+                pending.work.wait()  # the gather stream waits for NCCL's; the host does not
+                pending.done = torch.cuda.Event()
+                pending.done.record(self._gather_stream)
+            return pending
+
+    def _issue_gather(self, unit: _Unit) -> _Pending:
         dtype = self.compute_dtype or unit.entries[0].shard.dtype
         if len(unit.entries) == 1:
             send = unit.entries[0].shard.to(dtype).reshape(-1)  # cast before communicating
@@ -345,9 +389,17 @@ class FSDP(nn.Module):
         out = send.new_empty(unit.numel * self.world_size)
         return _Pending(_all_gather(out, send, async_op=True), out, send)
 
+    @staticmethod
+    def _wait_gather(pending: _Pending) -> None:
+        """The compute stream (or, without one, the host) waits until the gathered buffer is full."""
+        if pending.done is None:
+            pending.work.wait()
+        else:
+            torch.cuda.current_stream(pending.out.device).wait_event(pending.done)
+
     def _materialize(self, unit: _Unit, pending: _Pending) -> list[torch.Tensor]:
         """Wait for a gather and return each entry's full weight (trimmed of its padding rows)."""
-        pending.work.wait()
+        self._wait_gather(pending)
         out = pending.out
         self._full_storages.append(weakref.ref(out.untyped_storage()))
         if len(unit.entries) == 1:
@@ -369,19 +421,26 @@ class FSDP(nn.Module):
             pending = unit.bwd_pending or self._launch_gather(unit, "bwd_gather")
             unit.bwd_pending = None
             self._bwd_seen.add(unit.index)
-            prev = self._previous_needing_gather(unit)
-            if prev is not None:
+            for prev in self._previous_needing_gather(unit, max(self.prefetch, 1)):
                 prev.bwd_pending = self._launch_gather(prev, "bwd_gather")
                 self._bwd_seen.add(prev.index)
             unit.bwd = self._materialize(unit, pending)
         return unit.bwd
 
-    def _previous_needing_gather(self, unit: _Unit) -> _Unit | None:
+    def _previous_needing_gather(self, unit: _Unit, ahead: int) -> list[_Unit]:
+        """Of the next ``ahead`` units the backward will gather for (reverse forward order), those
+        not gathered or prefetched yet."""
         pos = next((i for i, u in enumerate(self._recorded) if u is unit), None)
+        out, considered = [], 0
         for prev in reversed(self._recorded[:pos] if pos is not None else []):
-            if prev.needs_bwd_gather:
-                return None if prev.index in self._bwd_seen else prev
-        return None
+            if not prev.needs_bwd_gather:
+                continue
+            if prev.index not in self._bwd_seen:
+                out.append(prev)
+            considered += 1
+            if considered >= ahead:
+                break
+        return out
 
     def _pack(self, t: torch.Tensor) -> Any:
         if not self._live or t.layout != torch.strided:
@@ -443,25 +502,19 @@ class FSDP(nn.Module):
             g = pending.out[e.offset : e.offset + e.shard.numel()].view_as(e.shard).to(e.shard.dtype)
             e.shard.grad = g.clone() if e.shard.grad is None else e.shard.grad.add_(g)
 
-    def _on_replicated_grad(self, param: torch.Tensor) -> None:
-        self._ar_pending.append((dist.all_reduce(param.grad, async_op=True), param.grad))
-
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
         """Wait for this backward's reduce-scatters and all-reduces; leave averaged gradients."""
+        self._all_reduce_replicated()
         while self._rs_pending:
             self._finish_reduce_scatter(*self._rs_pending.pop(0))
-        for work, grad in self._ar_pending:
-            work.wait()
-            grad.div_(self.world_size)
-        self._ar_pending.clear()
         incomplete = [u.entries[0].name for u in self._units if any(u.received) and not u.launched]
         for unit in self._units:
             for e in unit.entries:
                 self._swap_out(e)
             unit.fwd = None
             if unit.bwd_pending is not None:  # a backward prefetch nobody used
-                unit.bwd_pending.work.wait()
+                self._wait_gather(unit.bwd_pending)
         for unit in self._units:
             unit.expected = [0] * len(unit.entries)
             unit.received = [0] * len(unit.entries)
@@ -472,6 +525,23 @@ class FSDP(nn.Module):
             raise RuntimeError(
                 f"the backward did not reach every use of {incomplete}; gradients are incomplete"
             )
+
+    def _all_reduce_replicated(self) -> None:
+        """One flat all-reduce per dtype for every replicated gradient (norm gains, biases): a
+        collective per parameter means hundreds of tiny NCCL kernels each holding SMs. Launched
+        before the reduce-scatters are waited on, so it runs behind them."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for p in self._replicated:
+            if p.grad is not None:  # every rank alike: the same graph reached it or not
+                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat.div_(self.world_size)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
 
     # ---- inspection ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -10,9 +10,12 @@ neither communication nor compute and are left out.
 
 from __future__ import annotations
 
+import bisect
 import gzip
+import itertools
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -89,14 +92,121 @@ def hidden_shares(trace: dict[str, Any], pattern: str = "allgather") -> list[flo
     return shares
 
 
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+_RANGE = re.compile(r"fsdp\.(allgather|forward)\[(\d+)\]$")
+
+
+def _unit_ranges(trace: dict[str, Any]) -> list[tuple[str, int, Any, float, float]]:
+    """(kind, unit, thread, start, end) of the ``fsdp.allgather[i]`` / ``fsdp.forward[i]`` host
+    ranges our FSDP opens under the profiler, by start."""
+    ranges = []
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") != "X" or event.get("cat") != "user_annotation":
+            continue
+        match = _RANGE.match(event.get("name", ""))
+        if match:
+            start = float(event["ts"])
+            ranges.append(
+                (match[1], int(match[2]), event.get("tid"), start, start + float(event.get("dur", 0.0)))
+            )
+    return sorted(ranges, key=lambda r: r[3])
+
+
+def unit_readiness(trace: dict[str, Any]) -> list[dict[str, float | int | bool]]:
+    """Per unit forward in the trace: was its all-gather done when the compute stream could start it?
+
+    A kernel belongs to a host range when its launch (the runtime / driver call with the same
+    correlation id) lies inside the range on the same thread. A unit forward's compute kernels are
+    the non-NCCL kernels launched inside ``fsdp.forward[i]`` but outside every ``fsdp.allgather[*]``
+    (a prefetch's cast / copy-in runs on the gather stream). Its all-gather is the NCCL all-gather
+    kernel of the last ``fsdp.allgather[i]`` range opened before that forward's first kernel launch.
+    The compute stream could start the unit at ``ready_at`` = max(end of the compute kernels that
+    started before the unit's first one, host launch time of that first kernel); the gather is
+    ``ready`` when it ended by then, and ``exposed_us`` = max(0, min(gather end, first start) -
+    ready_at) is the time the compute stream sat idle waiting for it alone."""
+    launches: dict[Any, tuple[Any, float]] = {}
+    kernels = []
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") != "X":
+            continue
+        corr = (event.get("args") or {}).get("correlation")
+        if event.get("cat") in _LAUNCH_CATS and corr is not None:
+            launches[corr] = (event.get("tid"), float(event["ts"]))
+        elif event.get("cat") == "kernel":
+            start = float(event["ts"])
+            kernels.append((start, start + float(event.get("dur", 0.0)), event.get("name", ""), corr))
+    ranges = _unit_ranges(trace)
+    gathers = [r for r in ranges if r[0] == "allgather"]  # never nested in one another
+    gather_starts = [g[3] for g in gathers]
+
+    def gather_of(launch: tuple[Any, float] | None) -> int | None:
+        if launch is None:
+            return None
+        i = bisect.bisect_right(gather_starts, launch[1]) - 1
+        return i if i >= 0 and gathers[i][2] == launch[0] and launch[1] <= gathers[i][4] else None
+
+    gather_end: dict[int, float] = {}  # index in ``gathers`` -> end of its NCCL all-gather kernel
+    compute = []  # (start, end, launch) of non-communication kernels outside gather ranges
+    unlinked = []  # all-gather kernels whose launch the trace lacks (e.g. a driver API not traced)
+    for start, end, name, corr in kernels:
+        launch = launches.get(corr)
+        owner = gather_of(launch)
+        if is_comm_kernel(name):
+            if "allgather" not in name.lower():
+                continue
+            if owner is not None:
+                gather_end[owner] = max(gather_end.get(owner, end), end)
+            elif launch is None:
+                unlinked.append((start, end))
+        elif owner is None and launch is not None:
+            compute.append((start, end, launch))
+    orphans = [i for i in range(len(gathers)) if i not in gather_end]
+    if unlinked and len(unlinked) == len(orphans):  # one NCCL stream runs them in launch order
+        gather_end.update((i, end) for i, (_, end) in zip(orphans, sorted(unlinked), strict=True))
+    compute.sort(key=lambda k: k[0])
+    starts = [k[0] for k in compute]
+    ends_max = list(itertools.accumulate((k[1] for k in compute), max))
+    by_launch = sorted(compute, key=lambda k: k[2][1])
+    launch_times = [k[2][1] for k in by_launch]
+    out = []
+    for kind, unit, tid, lo, hi in ranges:
+        if kind != "forward":
+            continue
+        window = by_launch[bisect.bisect_left(launch_times, lo) : bisect.bisect_right(launch_times, hi)]
+        mine = [k for k in window if k[2][0] == tid]
+        if not mine:
+            continue
+        first = min(mine, key=lambda k: k[0])
+        first_launch = min(k[2][1] for k in mine)
+        feeding = [
+            i
+            for i, g in enumerate(gathers)
+            if g[1] == unit and g[2] == tid and g[3] <= first_launch and i in gather_end
+        ]
+        if not feeding:
+            continue
+        done = gather_end[feeding[-1]]
+        before = bisect.bisect_left(starts, first[0])
+        ready_at = max(ends_max[before - 1] if before else first[2][1], first[2][1])
+        out.append(
+            {"unit": unit, "ready": done <= ready_at, "exposed_us": max(0.0, min(done, first[0]) - ready_at)}
+        )
+    return out
+
+
 def overlap_stats(trace: dict[str, Any], steps: int = 1) -> dict[str, float | None]:
     """``overlap_share`` (None without communication kernels, e.g. on CPU), the per-step
-    communication / compute kernel time in ms, and over the all-gather kernels the mean and the
-    minimum share hidden behind compute (None without all-gathers)."""
+    communication / compute kernel time in ms, over the all-gather kernels the mean and the
+    minimum share hidden behind compute (None without all-gathers), and from our FSDP's unit ranges
+    (:func:`unit_readiness`; None without them) the share of unit forwards whose all-gather was
+    done in time and the per-step time the compute stream waited for gathers."""
     comm, compute = kernel_intervals(trace)
     comm_us, compute_us = total(comm), total(compute)
     gathers = hidden_shares(trace, "allgather")
+    ready = unit_readiness(trace)
     return {
+        "allgather_ready_share": sum(r["ready"] for r in ready) / len(ready) if ready else None,
+        "allgather_exposed_ms": sum(r["exposed_us"] for r in ready) / 1e3 / steps if ready else None,
         "overlap_share": intersection(comm, compute) / comm_us if comm_us > 0 else None,
         "comm_kernel_ms": comm_us / 1e3 / steps,
         "compute_kernel_ms": compute_us / 1e3 / steps,

@@ -20,7 +20,8 @@ Per timed step (all on the device timeline, read after the step's final synchron
   so its figure is None and its overhead shows against the ``local`` case (same step, no
   communication).
 
-Variants: local (no communication), naive, flat, individual, bucketed, torch_ddp; optimizers:
+Variants: local (no communication), naive, flat, individual, bucketed, torch_ddp, fsdp / fsdp_blocks
+(ours per Linear / per Transformer block), torch_fsdp2 / torch_fsdp2_blocks (fully_shard alike); optimizers:
 adamw (torch.optim.AdamW), sharded (our ShardedOptimizer over AdamW), zero (torch's
 ZeroRedundancyOptimizer over AdamW).
 """
@@ -54,8 +55,9 @@ from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
 from cs336_systems.units import MIB
 
-VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", "fsdp", "torch_fsdp2")
-SHARDED = ("fsdp", "torch_fsdp2")  # bf16 for these is a compute dtype (cast weights), not autocast
+SHARDED = ("fsdp", "torch_fsdp2", "fsdp_blocks", "torch_fsdp2_blocks")  # bf16: cast weights, not autocast
+VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", *SHARDED)
+NO_SYNC_STEP = ("local", "torch_ddp", "torch_fsdp2", "torch_fsdp2_blocks")  # nothing to finish after backward
 BUCKETED = ("bucketed", "torch_ddp")
 OPTIMIZERS = ("adamw", "sharded", "zero")
 
@@ -113,19 +115,24 @@ def wrap_model(
 ) -> nn.Module:
     if case.variant == "local":
         return model
-    if case.variant == "fsdp":
+    if case.variant in ("fsdp", "fsdp_blocks"):
         from cs336_systems.distributed.fsdp import FSDP
 
-        return FSDP(model, compute_dtype=compute_dtype)
-    if case.variant == "torch_fsdp2":
+        units = list(model.layers) if case.variant == "fsdp_blocks" else None
+        return FSDP(model, compute_dtype=compute_dtype, units=units)
+    if case.variant in ("torch_fsdp2", "torch_fsdp2_blocks"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        # Same setting as ours: one unit per Linear/Embedding, weights cast to the compute dtype
-        # before the all-gather, gradients reduced in fp32.
+        # Same setting as ours: one unit per Linear/Embedding (or per Transformer block, plus the
+        # embedding and the LM head), weights cast to the compute dtype before the all-gather,
+        # gradients reduced in fp32.
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-        for sub in model.modules():
-            if isinstance(sub, nn.Linear | nn.Embedding):
-                fully_shard(sub, mp_policy=mp)
+        if case.variant == "torch_fsdp2_blocks":
+            subs = [*model.layers, model.token_embeddings, model.lm_head]
+        else:
+            subs = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Embedding)]
+        for sub in subs:
+            fully_shard(sub, mp_policy=mp)
         return fully_shard(model, mp_policy=mp)
     if case.variant != "torch_ddp":
         return make_ddp(case.variant, model, case.bucket_mb)
@@ -282,7 +289,7 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     out.update(
         step_ms=step_ms,
         fwd_bwd_ms=statistics.fmean(fwd_bwd),
-        comm_ms=statistics.fmean(comm) if case.variant not in ("local", "torch_ddp", "torch_fsdp2") else None,
+        comm_ms=statistics.fmean(comm) if case.variant not in NO_SYNC_STEP else None,
         optim_ms=statistics.fmean(optim),
         optim_state_mib=optimizer_state_bytes(optimizer) / MIB,
         peak_memory_mib=memory_mib(device)[1],
@@ -324,7 +331,8 @@ def run_cases(setup: TrainSetup, cases: list[TrainCase]) -> dict[str, dict[str, 
 def combine_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One case's numbers over ranks: a step ends when its slowest rank does, so the step times are
     the per-step max over ranks (``times_ms``, and ``mean_ms``/``std_ms``/``median_ms`` of them);
-    every other figure is the max over ranks, except the overlap share (mean over ranks)."""
+    every other figure is the max over ranks, except the overlap share (mean over ranks) and the
+    all-gather ready share (min over ranks)."""
     if any(r.get("oom") for r in per_rank):
         return {"oom": True, "error": next(r.get("error") for r in per_rank if r.get("oom"))}
     times = [max(ts) for ts in zip(*(r["step_ms"] for r in per_rank), strict=True)]
@@ -344,6 +352,8 @@ def combine_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         if key == "overlap_share":
             present = [v for v in values if v is not None]
             out[key] = statistics.fmean(present) if present else None
+        elif key == "allgather_ready_share":  # the worst rank's: a late gather stalls every rank
+            out[key] = None if None in values else min(values)
         elif isinstance(value, int | float) and not isinstance(value, bool) and None not in values:
             out[key] = max(values)
         else:
