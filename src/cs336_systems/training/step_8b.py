@@ -742,12 +742,13 @@ def _profile_step(model, optimizer, tokens, targets, device, autocast) -> dict[s
     with profile(activities=activities) as prof, autocast:
         train_step(model, optimizer, tokens, targets)
         synchronize(device)
-    # Device kernels only: user annotations ("nccl:all_reduce", "Optimizer.step#...") carry their
-    # kernels' device time too, and would count it twice.
+    # Device kernels only: user annotations ("nccl:all_reduce", "Optimizer.step#...", our FSDP's
+    # "fsdp.forward[i]" ranges) carry their kernels' device time too, and would count it twice.
+    annotation = ("nccl:", "fsdp.")
     kernels = [
         e
         for e in prof.key_averages()
-        if e.device_type == DeviceType.CUDA and not e.key.startswith("nccl:") and "#" not in e.key
+        if e.device_type == DeviceType.CUDA and not e.key.startswith(annotation) and "#" not in e.key
     ]
     by_category: dict[str, float] = {}
     for e in kernels:
