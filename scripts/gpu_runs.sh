@@ -7,6 +7,7 @@
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
+#   bash scripts/gpu_runs.sh leaderboard-2026-compiled fsdp-blocks tests-fsdp             (2 GPUs, issues 15/17)
 # Output (JSON, logs, traces) goes to $OUT (default runs/gpu). Each stage fits a 10-minute command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +100,16 @@ for stage in "$@"; do
       python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026_keep.jsonl" ;;
     fsdp)  # D23/D24(b): xl ctx 512, ours vs FSDP2 vs DDP (individual), fp32 and bf16, 2 GPUs (~2 min)
       CUDA_VISIBLE_DEVICES=0,1 "${BENCH[@]}" bench/bench_fsdp.py --benchmark-json="$OUT/fsdp.json" 2>&1 | tail -20 ;;
+    fsdp-blocks)  # issue 15 headline: ours vs FSDP2 per block and DDP, fp32 and bf16, traces kept (~1.5 min)
+      CUDA_VISIBLE_DEVICES=0,1 CS336_DDP_WARMUP=2 CS336_DDP_STEPS=5 CS336_TRACE_DIR=$OUT/traces "${BENCH[@]}" -s \
+        bench/bench_fsdp.py -k "blocks or individual" --benchmark-json="$OUT/fsdp-blocks.json" \
+        > "$OUT/fsdp-blocks.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/fsdp-blocks.log" | tail -4 ;;
+    leaderboard-2026-compiled)  # D26 headline: ours compiled keep:auto vs built-ins compiled, same run (~2.5 min)
+      CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026.jsonl CS336_8B_TIMEOUT_S=170 \
+        CS336_FLASH_TUNE_CACHE=/tmp/flash_tune.json "${BENCH[@]}" -s bench/bench_leaderboard_2026.py \
+        -k "compiled and not ablation" --benchmark-json="$OUT/leaderboard_2026.json" > "$OUT/leaderboard_2026.log" 2>&1
+      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
     tests-fsdp)  # the GPU-marked FSDP tests (nccl, 2 GPUs)
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
     tests-nccl)
