@@ -875,7 +875,7 @@ def tune_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
     layout, outside any tracing mode: a traced launch bakes its config into the compiled graph, so the
     choice must exist when the graph is traced, not at its first run."""
     batch, heads, n_q, d = q.shape
-    keys = [_tune_key(f"{kernel}-ptr", batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
+    keys = [_tune_key(_POINTERS.kernel_key(kernel), batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
             for kernel in ("fwd", "dq", "dkdv")]  # fmt: skip
     if all(key in _TUNE.cache for key in keys) or not AUTOTUNE or INTERPRET:
         return
