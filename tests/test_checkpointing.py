@@ -16,6 +16,7 @@ from cs336_systems.attention import attention_names
 from cs336_systems.model import ModelConfig, TransformerLM, count_parameters, cross_entropy, get_preset
 from cs336_systems.model.checkpointing import checkpointed_blocks, parse_checkpoint, run_blocks
 from cs336_systems.model.transformer import Linear, LMHead
+from cs336_systems.units import GIB
 
 CFG = ModelConfig(d_model=32, d_ff=64, num_layers=5, num_heads=2, vocab_size=50, context_length=16)
 POLICIES = ["every:1", "every:2", "every:3", "every:8", "nested", "keep:0", "keep:2", "keep:9"]
@@ -253,7 +254,6 @@ def test_gpu_bf16_fused_loss_and_checkpointing(attention: str, generator) -> Non
 
 # -- keep:N in bytes (D26): the 8B step, 32,768 tokens per GPU, bf16, 2 GPUs ------------------------
 
-GIB = 2**30
 TOKENS_8B = 32_768
 PARAMS_8B = 8_125_698_048
 

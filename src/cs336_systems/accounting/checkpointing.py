@@ -23,8 +23,6 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-GIB = 2**30
-
 
 @dataclass(frozen=True)
 class CheckpointPlan:

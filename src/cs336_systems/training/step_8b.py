@@ -65,12 +65,12 @@ from cs336_systems.model.checkpointing import checkpointed_blocks, parse_checkpo
 from cs336_systems.model.transformer import Embedding, Linear, RMSNorm, RotaryEmbedding
 from cs336_systems.profiling.flops import measure_matmul_tflops
 from cs336_systems.profiling.timing import synchronize
+from cs336_systems.units import GIB, MIB
 
 FSDP_CHOICES = ("ours", "torch", "none")
 LOSS_CHOICES = ("fused", "chunked", "full")
 OPTIMIZER_CHOICES = ("fused_ours", "torch_fused")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -188,11 +188,11 @@ def validate_step_checkpoint(policy: str) -> None:
 def keep_budget_bytes(options: StepOptions) -> float:
     """keep:auto's budget: ``keep_budget_gib`` if set, else KEEP_BUDGET_SHARE of this GPU's memory."""
     if options.keep_budget_gib is not None:
-        return options.keep_budget_gib * 2**30
+        return options.keep_budget_gib * GIB
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         return KEEP_BUDGET_SHARE * total
-    return KEEP_BUDGET_CPU_GIB * 2**30
+    return KEEP_BUDGET_CPU_GIB * GIB
 
 
 def predicted_step_memory(options: StepOptions, world_size: int) -> ckpt_accounting.StepMemory:
@@ -628,8 +628,8 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     }
     if options.checkpoint.startswith("keep:"):
         memory = predicted_step_memory(options, world_size)
-        out["predicted_peak_gib"] = memory.peak(out["kept_blocks"]) / 2**30
-        out["keep_budget_gib"] = keep_budget_bytes(options) / 2**30
+        out["predicted_peak_gib"] = memory.peak(out["kept_blocks"]) / GIB
+        out["keep_budget_gib"] = keep_budget_bytes(options) / GIB
     autocast = _autocast(options, device)
     losses = []
     with autocast:
