@@ -158,6 +158,50 @@ def test_model_layout_without_copies(device, generator) -> None:
     assert out.transpose(1, 2).is_contiguous(), out.stride()
 
 
+# -- per-signature plans: later calls of a signature launch what its first call compiled ------------------
+
+
+def test_plans_by_call_signature(device, generator) -> None:
+    # A plan fixes strides, dtypes, alignment and causality: a call that differs in any of them gets a plan
+    # of its own, and every call is right on its own data.
+    kernels.clear_plans()
+    shape = (2, 3, 40, 32)
+    tol = tolerance(torch.float32, device)
+    leaf = lambda t: t.detach().requires_grad_()
+    draw = lambda *s: torch.randn(*s, generator=generator).to(device)
+
+    def check(q, k, v, do, planned: int, is_causal: bool = True) -> None:
+        check_against_reference(FlashAttentionTriton.apply, q, k, v, do, is_causal, tol)
+        assert len(kernels._PLANS) == planned
+
+    check(*(leaf(draw(*shape)) for _ in range(3)), draw(*shape), planned=1)
+    check(*(leaf(draw(*shape)) for _ in range(3)), draw(*shape), planned=1)  # reused, on new data
+    check(*(leaf(draw(*shape)) for _ in range(3)), draw(*shape), planned=2, is_causal=False)
+    v_t = leaf(draw(2, 3, 32, 40).transpose(-2, -1))  # same shape, other strides
+    check(leaf(draw(*shape)), leaf(draw(*shape)), v_t, draw(*shape), planned=3)
+    # q 4 bytes past a 16-byte boundary: the kernels compiled for aligned pointers must not see it.
+    q_off = leaf(draw(2 * 3 * 40 * 32 + 1)[1:].view(shape))
+    assert q_off.data_ptr() % 16
+    check(q_off, leaf(draw(*shape)), leaf(draw(*shape)), draw(*shape), planned=4)
+    # dO with stride 0 (what o.sum().backward() hands down) reuses the forward's plan.
+    check(*(leaf(draw(*shape)) for _ in range(3)), torch.ones((), device=device).expand(shape), planned=4)
+    # The same data as 3-D (batch * heads, seq, d) input.
+    check(*(leaf(draw(6, 40, 32)) for _ in range(3)), draw(6, 40, 32), planned=5)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        x = draw(*shape)
+        FlashAttentionTriton.apply(x, x, x, 1)  # equal to True as a dict key
+
+
+@pytest.mark.gpu(2)
+def test_inputs_off_the_current_device_are_refused(generator) -> None:
+    # Triton launches on the current device; another device's pointers there would fault the kernel.
+    x = torch.randn(1, 2, 64, 32, generator=generator).to("cuda:1")
+    with torch.cuda.device(0), pytest.raises(ValueError, match="current CUDA device is cuda:0"):
+        FlashAttentionTriton.apply(x, x, x, True)
+    with torch.cuda.device(1):
+        assert torch.isfinite(FlashAttentionTriton.apply(x, x, x, True)).all()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bad", ["no", 1, None])
 def test_is_causal_must_be_bool(impl, bad, device) -> None:

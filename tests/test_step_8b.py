@@ -148,8 +148,10 @@ def test_saving_attention_skips_its_rerun_and_changes_nothing(monkeypatch) -> No
     from cs336_systems.kernels import flash_attention
 
     calls = []
-    forward = flash_attention.flash_forward
-    monkeypatch.setattr(flash_attention, "flash_forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    forward = flash_attention.AttentionPlan.forward
+    monkeypatch.setattr(
+        flash_attention.AttentionPlan, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k)
+    )
     runs = {}
     for save in (False, True):
         calls.clear()

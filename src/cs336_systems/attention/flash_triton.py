@@ -11,9 +11,11 @@ GPU work per launch) go through ``torch.library.triton_op``: inductor traces int
 tuned block-pointer config and launches the kernels from its own generated code, so a compiled step runs
 none of our Python per call (and CUDA graphs can capture it). Large cases go through two opaque custom
 ops whose launchers tune at first run and may use tensor descriptors (TMA), which pay off there. In eager
-mode the launchers are called directly: a custom op's Python dispatch costs more than the launch itself,
-and the model calls attention 2 x layers times per step; the forward goes through its op again under a
-Python dispatch mode (selective checkpointing keeps its output by op).
+mode the call signature's plan (:class:`kernels.flash_attention.AttentionPlan`) launches the kernels:
+inputs are checked when a signature is first seen, and later calls cost a few allocations and the
+launches (a custom op's Python dispatch would cost more than the launch itself, and the model calls
+attention 2 x layers times per step). Under a Python dispatch mode the forward goes through its op
+(selective checkpointing keeps its output by op).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from cs336_systems.attention.flash_pytorch import (
     compiled_flash_backward,
 )
 from cs336_systems.kernels import flash_attention as kernels
+from cs336_systems.kernels.flash_attention import as_4d
 
 INTERPRET = kernels.INTERPRET
 MIN_HEAD_DIM = 16
@@ -111,39 +114,29 @@ def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
         )
 
 
-def _as_4d(t: torch.Tensor) -> torch.Tensor:
-    """(..., seq, d) -> (batch, heads, seq, d): a view for 2-, 3- and 4-D input (strides kept as they are);
-    more leading dims are folded into the batch axis."""
-    if t.ndim == 4:
-        return t
-    if t.ndim == 3:
-        return t.unsqueeze(1)
-    if t.ndim == 2:
-        return t[None, None]
-    return t.reshape(-1, *t.shape[-3:])
-
-
-def _fwd(q, k, v, is_causal):
+def _fwd_via_op(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool):
+    """The forward through a custom op, on 4-D views: while compiling (small cases traced into the graph,
+    large ones opaque), or under a Python dispatch mode (selective activation checkpointing,
+    FlopCounterMode), which then sees one attention op that it can keep or count."""
+    _check_triton_inputs(Q, K, V, is_causal)
+    q, k, v = as_4d(Q), as_4d(K), as_4d(V)
     if torch.compiler.is_compiling():
-        return (_flash_fwd_traced if _traced(q, k) else _flash_fwd_op)(q, k, v, is_causal)
-    # Under a Python dispatch mode (selective activation checkpointing, FlopCounterMode) the mode sees one
-    # attention op, which it can keep or count, instead of the launcher's inner ops.
-    via_op = _get_current_dispatch_mode() is not None
-    return (_flash_fwd_op if via_op else kernels.flash_forward)(q, k, v, is_causal)
-
-
-def _bwd(q, k, v, o, do, lse, is_causal):
-    if torch.compiler.is_compiling():
-        op = _flash_bwd_traced if _traced(q, k) else _flash_bwd_op
-        return op(q, k, v, o, do, lse, is_causal)
-    return kernels.flash_backward(q, k, v, o, do, lse, is_causal)
+        op = _flash_fwd_traced if _traced(q, k) else _flash_fwd_op
+    else:
+        op = _flash_fwd_op
+    o4, lse4 = op(q, k, v, is_causal)
+    return o4.reshape(Q.shape), lse4.reshape(Q.shape[:-1])
 
 
 def _forward(ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    _check_triton_inputs(Q, K, V, is_causal)
-    o4, lse4 = _fwd(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal)
-    O = o4.reshape(Q.shape)
-    L = lse4.reshape(Q.shape[:-1])
+    check_is_causal(is_causal)
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        O, L = _fwd_via_op(Q, K, V, is_causal)
+        ctx.plan = None
+    else:
+        # Eager: the plan of this call signature launches the kernels (inputs checked once per signature).
+        ctx.plan = kernels.attention_plan(Q, K, V, is_causal, check=_check_triton_inputs)
+        O, L = ctx.plan.forward(Q, K, V)
     ctx.save_for_backward(L, Q, K, V, O)
     ctx.is_causal = is_causal
     return O
@@ -161,8 +154,14 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dO: torch.Tensor):
         L, Q, K, V, O = ctx.saved_tensors
-        q, k, v, o, do = (_as_4d(t) for t in (Q, K, V, O, dO))
-        dq, dk, dv = _bwd(q, k, v, o, do, L.reshape(q.shape[:-1]), ctx.is_causal)
+        if ctx.plan is not None:
+            return (*ctx.plan.backward(Q, K, V, O, dO, L), None)
+        q, k, v, o, do = (as_4d(t) for t in (Q, K, V, O, dO))
+        if torch.compiler.is_compiling():
+            op = _flash_bwd_traced if _traced(q, k) else _flash_bwd_op
+        else:  # the forward ran under a dispatch mode
+            op = kernels.flash_backward
+        dq, dk, dv = op(q, k, v, o, do, L.reshape(q.shape[:-1]), ctx.is_causal)
         return dq.reshape(Q.shape), dk.reshape(K.shape), dv.reshape(V.shape), None
 
 

@@ -17,8 +17,14 @@ forward and dQ grids start with the heaviest query tiles; on Hopper, tiles move 
 descriptors (the TMA copy engine; block pointers where strides do not allow it, or where the host-side
 cost of building descriptors outweighs the gain, which the tuner measures). Tile sizes, warps, stages and
 descriptors-or-not are tuned per (kernel, batch x heads bucket, seq buckets, d, causal, dtype) among a
-short candidate list, timed once per key and cached (in memory, optionally in a JSON file); the lookup on
-later calls is one dict access, since the model calls these launchers 2 x layers times per step.
+short candidate list, timed once per key (device plus host time per launch: short cases are host-bound)
+and cached (in memory, optionally in a JSON file).
+
+Launches: the model calls attention 2 x layers times per step, and at short sequences a call is
+host-bound, so every call signature (shapes, strides, dtypes, alignment, device, causality) gets an
+:class:`AttentionPlan` on its first call: the tuned configs and the compiled kernels, with their integer
+arguments bound. Later calls of the signature allocate the outputs and hand the tensors to the compiled
+kernels' launchers: no checks, tuning lookups, argument building or Triton JIT dispatch.
 
 Boundaries: sequence lengths need not be multiples of the tiles. Out-of-range rows load as zeros; in the
 forward and dQ kernels the last key tile is masked explicitly (padding keys must add nothing to the
@@ -53,13 +59,11 @@ AUTOTUNE = os.environ.get("CS336_FLASH_AUTOTUNE", "1") != "0"
 TUNE_CACHE_PATH = os.environ.get("CS336_FLASH_TUNE_CACHE")
 # "wide": tune over a broad grid of tiles x warps x stages (slow; to find what the short lists should hold).
 CANDIDATE_SET = os.environ.get("CS336_FLASH_CANDIDATES", "default")
-# What the tuner minimises: "launch" (default: back-to-back launches, i.e. the larger of device and host
-# time per launch, what a host-bound call pays) or "device" (do_bench kernel time, L2 flushed between
-# launches: what a GPU-bound step pays; it picked host-heavier TMA configs for short shapes on H100).
+# What the tuner minimises: "launch" (default: per launch of back-to-back launches, their event time plus
+# the host's enqueue time: what a host-bound call pays, see _launch_time_ms) or "device" (do_bench kernel
+# time, L2 flushed between launches: what a GPU-bound step pays; it picks host-heavier TMA configs for
+# short shapes).
 TUNE_METRIC = os.environ.get("CS336_FLASH_TUNE_METRIC", "launch")
-# "0": every launch goes through Triton's JIT dispatch (argument binding, specialization, cache key)
-# instead of the compiled kernel remembered for the call's signature.
-DIRECT_LAUNCH = os.environ.get("CS336_FLASH_DIRECT_LAUNCH", "1") != "0"
 
 # Globals read inside kernels must be constexpr.
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -458,6 +462,7 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 8, 3, T),
             C(64, 64, 4, 4, T),
             C(128, 32, 4, 3, T),
+            C(128, 128, 8, 3, T),  # (2, 32, 4096) causal: 0.540 vs 0.560 ms for q64-k64-w4-s3 (wide sweep)
         ],
         ("fwd", True, False): [C(128, 32, 8, 3, T), C(128, 64, 8, 2, T), C(64, 32, 4, 3, T)],
         ("fwd", True, True): [C(128, 32, 8, 2, T), C(128, 32, 8, 2), C(64, 32, 4, 2)],
@@ -473,6 +478,7 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(32, 64, 4, 4, T),
             C(32, 128, 4, 3, T),  # the Triton tutorial's dK/dV tiles
             C(64, 128, 8, 3, T),  # 32k causal: backward -2.8 ms vs q32-k64-w4-s3 (issue 17)
+            C(64, 64, 4, 2, T),  # (2, 32, 4096) causal: 0.938 vs 1.062 ms for q32-k64-w4-s4 (wide sweep)
         ],
         ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
         ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],
@@ -574,14 +580,22 @@ def chosen_configs(
     return out
 
 
+def clear_plans() -> None:
+    """Forget every call signature's plan (the next call of each is planned, and tuned, again)."""
+    _PLANS.clear()
+
+
 def clear_tuning_cache() -> None:
+    _PLANS.clear()
     _TUNE.cache.clear()
     _TUNE.timings.clear()
     _TUNE.tune_seconds = 0.0
 
 
 def force_config(kernel: str, config: TileConfig | None) -> None:
-    """Pin ``kernel`` ("fwd", "dkdv", "dq") to ``config`` (None unpins): tests check every candidate."""
+    """Pin ``kernel`` ("fwd", "dkdv", "dq") to ``config`` (None unpins): tests check every candidate.
+    Plans made before keep the configs they were made with, so they are dropped."""
+    _PLANS.clear()
     if config is None:
         _TUNE.forced.pop(kernel, None)
     else:
@@ -598,10 +612,13 @@ def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConf
 
 
 def _launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float:
-    """Milliseconds per launch of back-to-back launches (best of 3 rounds): the larger of device time and
-    host time per launch. do_bench would flush L2 between launches, which also gives the host time to
-    catch up and hides its cost; but short cases are host-bound (the model calls these 2 x layers times
-    per step), and there building tensor descriptors on the host costs more than TMA saves."""
+    """Milliseconds per launch of back-to-back launches (best of 3 rounds): their CUDA-event time per
+    launch (the larger of device and host time) plus the host's enqueue time per launch. A short case's
+    call is host-bound as a whole (autograd, allocations and the other launches add host time, measured
+    at (4, 25, 512, 64): 11 tensor descriptors cost the backward ~120 us of a ~300 us call), so a
+    launch's host cost counts even where one kernel alone looks device-bound; for long cases it is noise
+    next to milliseconds of kernel. (do_bench would flush L2 between launches, which also lets the host
+    catch up and hides host cost.)"""
     launch()  # compiles
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -613,11 +630,13 @@ def _launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float
     best = math.inf
     for _ in range(3):
         start.record()
+        host_start = time.perf_counter()
         for _ in range(reps):
             launch()
+        host_ms = (time.perf_counter() - host_start) * 1e3
         end.record()
         end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
+        best = min(best, (start.elapsed_time(end) + host_ms) / reps)
     return best
 
 
@@ -663,46 +682,39 @@ def _choose(
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Launchers on (batch, heads, seq, d) tensors of any strides
+# Launches: one call's arguments (_Call), one kernel compiled for a call signature (_KernelPlan), and the
+# plan of a whole attention call (AttentionPlan)
 # ----------------------------------------------------------------------------------------------------------
 
 
-# Compiled kernels by call signature: the model calls the same three launches 2 x layers times per step,
-# and Triton's JIT dispatch (binding ~40 arguments, specializing each, building a cache key) costs more
-# host time than the launch itself.
-_COMPILED: dict[tuple, Any] = {}
+@dataclass(frozen=True)
+class _Call:
+    """One kernel launch: leading tensors (or tensor descriptors), then integers and the scale, then the
+    constexprs by name, in the kernel's parameter order."""
 
+    fn: Any
+    grid: tuple[int, int]
+    args: tuple
+    constexprs: dict[str, Any]
+    config: TileConfig
 
-def _signature(args: tuple) -> tuple:
-    """What Triton specializes a compiled kernel on, for our argument kinds: every integer's value (we
-    pass only shapes and strides, which repeat call after call), each tensor's dtype and 16-byte alignment
-    and each descriptor's block shape (its other fields are integers passed at launch)."""
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif isinstance(a, TensorDescriptor):
-            sig.append((a.base.dtype, tuple(a.block_shape)))
-        elif isinstance(a, float):
-            sig.append(float)
-        else:
-            sig.append(a)
-    return tuple(sig)
+    def jit(self) -> Any:
+        """Launch through Triton's JIT (compiling on first use); the compiled kernel (None when
+        interpreted)."""
+        c = self.config
+        return self.fn[self.grid](
+            *self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
+        )
 
+    def traced(self) -> None:
+        """The launch as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` under torch.compile,
+        inductor puts the kernel into its own generated code (and CUDA graphs can capture it)."""
+        from torch.library import wrap_triton
 
-def _launch(fn: Any, grid: tuple[int, int], args: tuple, c: TileConfig, constexprs: tuple) -> None:
-    """``fn[grid](*args, *constexprs)`` with ``c``'s warps and stages: through Triton's JIT the first time
-    for this signature, then straight through the compiled kernel's launcher."""
-    key = (fn, grid, c, constexprs, _signature(args)) if DIRECT_LAUNCH and not INTERPRET else None
-    compiled = _COMPILED.get(key) if key is not None else None
-    if compiled is None:
-        compiled = fn[grid](*args, *constexprs, num_warps=c.num_warps, num_stages=c.num_stages)
-        if key is not None:
-            _COMPILED[key] = compiled
-        return
-    stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
-    compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                 *args, *constexprs)  # fmt: skip
+        c = self.config
+        wrap_triton(self.fn)[self.grid](
+            *self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
+        )
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
@@ -724,25 +736,260 @@ def _rows(t: torch.Tensor, rows: int, use_tma: bool):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, _bucket(t.shape[3])])
 
 
+def _tiles(c: TileConfig, d: int, is_causal: bool, tma: bool) -> dict[str, Any]:
+    """The trailing constexprs of the forward, dQ and dK/dV kernels."""
+    return dict(D=d, Q_TILE_SIZE=c.q_tile, K_TILE_SIZE=c.k_tile, is_causal=is_causal, BLOCK_D=_bucket(d),
+                USE_TMA=tma)  # fmt: skip
+
+
+def _fwd_call(c: TileConfig, is_causal: bool, q, k, v, o, lse) -> _Call:
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    tma = c.tma and _tma_ok(q, k, v, o)
+    args = (
+        _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma), _rows(o, c.q_tile, tma), lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        heads, n_q, n_k, 1.0 / math.sqrt(d),
+    )  # fmt: skip
+    grid = (-(-n_q // c.q_tile), batch * heads)
+    return _Call(flash_fwd_kernel, grid, args, _tiles(c, d, is_causal, tma), c)
+
+
+def _dq_call(c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dq) -> _Call:
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    tma = c.tma and _tma_ok(q, k, v, do, dq)
+    qt, kt = c.q_tile, c.k_tile
+    args = (
+        _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma), lse, delta,
+        _rows(dq, qt, tma),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
+        heads, n_q, n_k, 1.0 / math.sqrt(d),
+    )  # fmt: skip
+    grid = (-(-n_q // qt), batch * heads)
+    return _Call(flash_bwd_dq_kernel, grid, args, _tiles(c, d, is_causal, tma), c)
+
+
+def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv) -> _Call:
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    tma = c.tma and _tma_ok(q, k, v, do, dk, dv)
+    qt, kt = c.q_tile, c.k_tile
+    args = (
+        _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma), lse, delta,
+        _rows(dk, kt, tma), _rows(dv, kt, tma),
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        heads, n_q, n_k, 1.0 / math.sqrt(d),
+    )  # fmt: skip
+    grid = (-(-n_k // kt), batch * heads)
+    return _Call(flash_bwd_dkdv_kernel, grid, args, _tiles(c, d, is_causal, tma), c)
+
+
+def _descriptor(base: torch.Tensor, box: tuple) -> TensorDescriptor:
+    """A tensor descriptor of a layout its plan checked once (``TensorDescriptor``'s own checks cost more
+    host time than the launch)."""
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.padding = base, "zero"
+    desc.shape, desc.strides, desc.block_shape = box
+    return desc
+
+
+class _KernelPlan:
+    """One kernel compiled for one call signature (shapes, strides, dtypes, alignment, config): a launch
+    hands only the call's tensors to the compiled kernel's launcher. Triton's JIT dispatch would bind and
+    specialize ~40 arguments and build a cache key per launch, which costs more host time than the
+    launch itself; the model launches attention kernels 3 x layers times per step."""
+
+    __slots__ = ("boxes", "compiled", "grid", "launch_jit", "tail")
+
+    def __init__(self, call: _Call):
+        """Launches ``call`` once through the JIT (compiling it) and keeps what later launches reuse."""
+        kinds = (torch.Tensor, TensorDescriptor)
+        n = next(i for i, a in enumerate(call.args) if not isinstance(a, kinds))
+        boxes = tuple(
+            (a.shape, a.strides, a.block_shape) if isinstance(a, TensorDescriptor) else None
+            for a in call.args[:n]
+        )
+        self.boxes = boxes if any(boxes) else None
+        self.tail = (*call.args[n:], *call.constexprs.values())
+        self.grid = call.grid
+        c = call.config
+        self.launch_jit = functools.partial(
+            call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages
+        )
+        self.compiled = call.jit()  # None under the interpreter, which always goes through the JIT
+
+    def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
+        if self.boxes is not None:
+            tensors = tuple(
+                t if box is None else _descriptor(t, box) for t, box in zip(tensors, self.boxes, strict=True)
+            )
+        k = self.compiled
+        if k is None:
+            self.launch_jit(*tensors, *self.tail)
+        else:
+            k.run(self.grid[0], self.grid[1], 1, stream, k.function, k.packed_metadata, None, None, None,
+                  *tensors, *self.tail)  # fmt: skip
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., seq, d) -> (batch, heads, seq, d): a view for 2-, 3- and 4-D tensors (strides kept as they are);
+    more leading dims are folded into the batch axis."""
+    if t.ndim == 4:
+        return t
+    if t.ndim == 3:
+        return t.unsqueeze(1)
+    if t.ndim == 2:
+        return t[None, None]
+    return t.reshape(-1, *t.shape[-3:])
+
+
 def new_output(q: torch.Tensor) -> torch.Tensor:
     """O for a (batch, heads, n, d) Q, stored as (batch, n, heads, d): the model's
-    ``out.transpose(1, 2).reshape(batch, n, heads * d)`` is then a view, not a copy."""
+    ``out.transpose(1, 2).reshape(batch, n, heads * d)`` is then a view, not a copy. Other ranks: Q's shape,
+    contiguous (one head: the same memory order)."""
+    if q.ndim != 4:
+        return q.new_empty(q.shape)
     batch, heads, n, d = q.shape
     return q.new_empty((batch, n, heads, d)).transpose(1, 2)
 
 
-# Names of the kernels' trailing constexpr parameters, in the order the launchers pass them.
-_CONSTEXPRS = ("D", "Q_TILE_SIZE", "K_TILE_SIZE", "is_causal", "BLOCK_D", "USE_TMA")
+def _layout_key(*tensors: torch.Tensor) -> tuple:
+    """Strides and the 16-byte alignment of each tensor: what a compiled kernel is specialized on besides
+    shapes and dtypes."""
+    return tuple((t.stride(), t.data_ptr() & 15) for t in tensors)
 
 
-def _launch_traced(fn: Any, grid: tuple[int, int], args: tuple, c: TileConfig, constexprs: tuple) -> None:
-    """The launch as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` under torch.compile,
-    inductor puts the kernel into its own generated code, so the compiled model launches it with no
-    Python of ours on the way (and CUDA graphs can capture it)."""
-    from torch.library import wrap_triton
+class AttentionPlan:
+    """Everything about an attention call that its shapes, strides, dtypes, alignment, device and causality
+    fix: the tuned configs and compiled kernels of the forward, and of the backward per (O, dO, L) layout.
+    After the first call of a signature, a forward or backward is a few allocations and one or two
+    launches, with no tuning lookup, argument building or input checks (the plan's key implies them).
 
-    meta = dict(zip(_CONSTEXPRS, constexprs, strict=True))
-    wrap_triton(fn)[grid](*args, **meta, num_warps=c.num_warps, num_stages=c.num_stages)
+    Tensors have any rank >= 2: (..., seq, d), as (batch, heads, seq, d) inside; outputs come back in the
+    inputs' rank. ``pointers`` restricts tuning to block-pointer configs (what a traced graph can launch)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, pointers: bool):
+        q4, k4 = as_4d(q), as_4d(k)
+        batch, heads, n_q, d = q4.shape
+        self.case = (batch * heads, n_q, k4.shape[2], d, is_causal, q.dtype)
+        self.is_causal = is_causal
+        self.pointers = pointers
+        self.four_d = q.ndim == 4
+        self.device = q.get_device()
+        if q.is_cuda and self.device != torch.cuda.current_device():
+            # Triton compiles and launches on the current device: device pointers of another would fault.
+            raise ValueError(
+                f"inputs are on {q.device} but the current CUDA device is cuda:{torch.cuda.current_device()}: "
+                f"call torch.cuda.set_device({self.device}) (or run inside `with torch.cuda.device({self.device})`)"
+            )
+        self.fwd: _KernelPlan | None = None
+        self.bwd: dict[tuple, tuple[_KernelPlan, _KernelPlan]] = {}
+
+    def _stream(self) -> int:
+        return 0 if INTERPRET else torch._C._cuda_getCurrentRawStream(self.device)
+
+    def _tuned(self, kernel: str, make_call: Callable[..., _Call], tensors: tuple) -> _KernelPlan:
+        """The plan of ``kernel`` for these tensors: tuned (each candidate timed through a plan of its own,
+        so the tuner sees the host cost that calls will pay), compiled, and launched once."""
+        built: dict[TileConfig, _KernelPlan] = {}
+
+        def launch(c: TileConfig) -> None:
+            if c in built:
+                built[c](self._stream(), *tensors)
+            else:
+                built[c] = _KernelPlan(make_call(c, self.is_causal, *tensors))
+
+        cfg = _pick(kernel, self.pointers, launch, *self.case)
+        launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
+        return built[cfg]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous, Q.shape[:-1])."""
+        o = new_output(q)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
+        if self.fwd is None:
+            self.fwd = self._tuned("fwd", _fwd_call, tensors)
+        else:
+            self.fwd(self._stream(), *tensors)
+        return o, lse
+
+    def backward(self, q, k, v, o, do, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """dQ, dK, dV (input dtype, the inputs' layouts): the dQ pass (which also writes D = rowsum(dO ∘ O)),
+        then the dK/dV pass. Two launches."""
+        grads = dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        key = _layout_key(o, do, lse)
+        if not self.four_d:
+            q, k, v, o, do, dq, dk, dv = map(as_4d, (q, k, v, o, do, dq, dk, dv))
+        plans = self.bwd.get(key)
+        delta = torch.empty_like(lse)
+        dq_tensors, dkdv_tensors = (q, k, v, o, do, lse, delta, dq), (q, k, v, do, lse, delta, dk, dv)
+        if plans is None:
+            self._check_lse(lse)
+            # dQ first: it writes D, which the dK/dV pass reads (tuning dK/dV runs after a real dQ pass).
+            dq_plan = self._tuned("dq", _dq_call, dq_tensors)
+            self.bwd[key] = (dq_plan, self._tuned("dkdv", _dkdv_call, dkdv_tensors))
+        else:
+            stream = self._stream()
+            plans[0](stream, *dq_tensors)
+            plans[1](stream, *dkdv_tensors)
+        return grads
+
+    @staticmethod
+    def _check_lse(lse: torch.Tensor) -> None:
+        if not lse.is_contiguous():
+            raise ValueError(f"L must be contiguous, got strides {lse.stride()} for shape {tuple(lse.shape)}")
+
+
+# Plans by call signature. Grows with the distinct shapes and layouts a process uses (a few per model);
+# cleared with the tuning cache and whenever a config is forced.
+_PLANS: dict[tuple, AttentionPlan] = {}
+
+
+def attention_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    *,
+    pointers: bool = False,
+    check: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None] | None = None,
+) -> AttentionPlan:
+    """The plan for this call's signature; ``check`` validates the inputs when a new plan is made (a known
+    signature was valid when it was first seen, and its key holds everything the checks look at)."""
+    try:
+        key = (
+            q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(),
+            is_causal, pointers, *_layout_key(q, k, v),
+        )  # fmt: skip
+    except (AttributeError, TypeError, RuntimeError):
+        if check is not None:
+            check(q, k, v, is_causal)  # names what is wrong with the inputs
+        raise
+    plan = _PLANS.get(key)
+    if plan is None:
+        if check is not None:
+            check(q, k, v, is_causal)
+        plan = _PLANS[key] = AttentionPlan(q, k, v, is_causal, pointers)
+    return plan
+
+
+def _pick(
+    kernel: str,
+    pointers: bool,
+    launch: Callable[[TileConfig], None],
+    bh: int,
+    n_q: int,
+    n_k: int,
+    d: int,
+    is_causal: bool,
+    dtype: torch.dtype,
+) -> TileConfig:
+    name = f"{kernel}-ptr" if pointers else kernel
+    candidates = (pointer_configs if pointers else candidate_configs)(kernel, d, dtype)
+    cfg = _choose(kernel, launch, _tune_key(name, bh, n_q, n_k, d, is_causal, dtype), candidates)
+    return replace(cfg, tma=False) if pointers and cfg.tma else cfg  # a forced TMA config
 
 
 @functools.cache
@@ -752,111 +999,15 @@ def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig
     return tuple(dict.fromkeys(replace(c, tma=False) for c in candidate_configs(kernel, d, dtype)))
 
 
-@dataclass(frozen=True)
-class _Mode:
-    """How a launcher picks and launches: the tuned candidates and direct launches (default), or the
-    block-pointer candidates (``pointers``) launched through ``wrap_triton`` (``traced``)."""
-
-    pointers: bool = False
-    traced: bool = False
-
-    def kernel_key(self, kernel: str) -> str:
-        return f"{kernel}-ptr" if self.pointers else kernel
-
-    def candidates(self, kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
-        return (pointer_configs if self.pointers else candidate_configs)(kernel, d, dtype)
-
-    def launch(self, fn: Any, grid: tuple[int, int], args: tuple, c: TileConfig, constexprs: tuple) -> None:
-        (_launch_traced if self.traced else _launch)(fn, grid, args, c, constexprs)
-
-
-_DIRECT = _Mode()
-_POINTERS = _Mode(pointers=True)
-_TRACED = _Mode(pointers=True, traced=True)
-
-
-def _pick(
-    kernel: str,
-    mode: _Mode,
-    launch: Callable[[TileConfig], None],
-    bh: int,
-    n_q: int,
-    n_k: int,
-    d: int,
-    is_causal: bool,
-    dtype: torch.dtype,
-) -> TileConfig:
-    key = _tune_key(mode.kernel_key(kernel), bh, n_q, n_k, d, is_causal, dtype)
-    cfg = _choose(kernel, launch, key, mode.candidates(kernel, d, dtype))
-    return replace(cfg, tma=False) if mode.pointers and cfg.tma else cfg  # a forced TMA config
-
-
-def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, mode: _Mode = _DIRECT):
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
     """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous (batch, heads, n_q)) for
     4-D (batch, heads, seq, d) inputs of any strides."""
-    batch, heads, n_q, d = q.shape
-    n_k = k.shape[2]
-    o = new_output(q)
-    lse = q.new_empty((batch, heads, n_q), dtype=torch.float32)
-    scale = 1.0 / math.sqrt(d)
-    block_d = _bucket(d)
-
-    def launch(c: TileConfig) -> None:
-        tma = c.tma and _tma_ok(q, k, v, o)
-        args = (
-            _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma),
-            _rows(o, c.q_tile, tma), lse,
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            heads, n_q, n_k, scale,
-        )  # fmt: skip
-        constexprs = (d, c.q_tile, c.k_tile, is_causal, block_d, tma)
-        mode.launch(flash_fwd_kernel, (-(-n_q // c.q_tile), batch * heads), args, c, constexprs)
-
-    launch(_pick("fwd", mode, launch, batch * heads, n_q, n_k, d, is_causal, q.dtype))
-    return o, lse
+    return attention_plan(q, k, v, is_causal).forward(q, k, v)
 
 
-def flash_backward(q, k, v, o, do, lse, is_causal: bool, mode: _Mode = _DIRECT):
-    """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q): the dQ
-    pass (which also writes D = rowsum(dO ∘ O)), then the dK/dV pass. Two launches."""
-    batch, heads, n_q, d = q.shape
-    n_k = k.shape[2]
-    scale = 1.0 / math.sqrt(d)
-    block_d = _bucket(d)
-    delta = torch.empty_like(lse)
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-
-    def launch_dq(c: TileConfig) -> None:
-        tma = c.tma and _tma_ok(q, k, v, do, dq)
-        qt, kt = c.q_tile, c.k_tile
-        args = (
-            _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma),
-            lse, delta, _rows(dq, qt, tma),
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
-            heads, n_q, n_k, scale,
-        )  # fmt: skip
-        constexprs = (d, qt, kt, is_causal, block_d, tma)
-        mode.launch(flash_bwd_dq_kernel, (-(-n_q // qt), batch * heads), args, c, constexprs)
-
-    def launch_dkdv(c: TileConfig) -> None:
-        tma = c.tma and _tma_ok(q, k, v, do, dk, dv)
-        qt, kt = c.q_tile, c.k_tile
-        args = (
-            _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma),
-            lse, delta, _rows(dk, kt, tma), _rows(dv, kt, tma),
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            heads, n_q, n_k, scale,
-        )  # fmt: skip
-        constexprs = (d, qt, kt, is_causal, block_d, tma)
-        mode.launch(flash_bwd_dkdv_kernel, (-(-n_k // kt), batch * heads), args, c, constexprs)
-
-    # dQ first: it writes D, which the dK/dV pass reads (tuning dK/dV below runs after a real dQ pass).
-    case = (batch * heads, n_q, n_k, d, is_causal, q.dtype)
-    launch_dq(_pick("dq", mode, launch_dq, *case))
-    launch_dkdv(_pick("dkdv", mode, launch_dkdv, *case))
-    return dq, dk, dv
+def flash_backward(q, k, v, o, do, lse, is_causal: bool):
+    """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q)."""
+    return attention_plan(q, k, v, is_causal).backward(q, k, v, o, do, lse)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -875,7 +1026,7 @@ def tune_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
     layout, outside any tracing mode: a traced launch bakes its config into the compiled graph, so the
     choice must exist when the graph is traced, not at its first run."""
     batch, heads, n_q, d = q.shape
-    keys = [_tune_key(_POINTERS.kernel_key(kernel), batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
+    keys = [_tune_key(f"{kernel}-ptr", batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
             for kernel in ("fwd", "dq", "dkdv")]  # fmt: skip
     if all(key in _TUNE.cache for key in keys) or not AUTOTUNE or INTERPRET:
         return
@@ -883,17 +1034,35 @@ def tune_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
 
     with _disable_current_modes(), torch.no_grad():
         qr, kr, vr = (_real_like(t) for t in (q, k, v))
-        o, lse = flash_forward(qr, kr, vr, is_causal, _POINTERS)
-        flash_backward(qr, kr, vr, o, torch.randn_like(o), lse, is_causal, _POINTERS)
+        plan = AttentionPlan(qr, kr, vr, is_causal, pointers=True)
+        o, lse = plan.forward(qr, kr, vr)
+        plan.backward(qr, kr, vr, o, torch.randn_like(o), lse)
+
+
+def _traced_config(kernel: str, q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> TileConfig:
+    """The block-pointer config :func:`tune_traced` chose (or the default, with tuning off)."""
+
+    def untuned(c: TileConfig) -> None:
+        raise RuntimeError(f"{kernel}: traced configs are tuned by tune_traced, before tracing launches")
+
+    batch, heads, n_q, d = q.shape
+    return _pick(kernel, True, untuned, batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
 
 
 def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
     """:func:`flash_forward` for a ``triton_op`` body: tuned block-pointer configs, ``wrap_triton``."""
     tune_traced(q, k, v, is_causal)
-    return flash_forward(q, k, v, is_causal, _TRACED)
+    o = new_output(q)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    _fwd_call(_traced_config("fwd", q, k, is_causal), is_causal, q, k, v, o, lse).traced()
+    return o, lse
 
 
 def flash_backward_traced(q, k, v, o, do, lse, is_causal: bool):
     """:func:`flash_backward` for a ``triton_op`` body."""
     tune_traced(q, k, v, is_causal)
-    return flash_backward(q, k, v, o, do, lse, is_causal, _TRACED)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty_like(lse)
+    _dq_call(_traced_config("dq", q, k, is_causal), is_causal, q, k, v, o, do, lse, delta, dq).traced()
+    _dkdv_call(_traced_config("dkdv", q, k, is_causal), is_causal, q, k, v, do, lse, delta, dk, dv).traced()
+    return dq, dk, dv
