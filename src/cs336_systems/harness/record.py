@@ -17,6 +17,7 @@ import torch
 from cs336_systems.harness.settings import settings
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import (
+    gc_paused,
     is_oom,
     peak_memory_mib,
     reset_peak_memory,
@@ -100,9 +101,10 @@ def run_benchmark(
         return None
     times.clear()
     report("step", 0, rounds)
-    benchmark.pedantic(
-        timed, setup=lambda: guarded(warmed_setup), rounds=rounds, iterations=1, warmup_rounds=0
-    )
+    with gc_paused():  # as do_bench: a collection pass is no part of a step
+        benchmark.pedantic(
+            timed, setup=lambda: guarded(warmed_setup), rounds=rounds, iterations=1, warmup_rounds=0
+        )
     if ran_out:
         free_device_memory()
         benchmark.extra_info.update(extra_info, oom=True)

@@ -7,9 +7,11 @@ before timing so compilation, autotuning and allocator growth stay out of the nu
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +61,22 @@ def peak_memory_mib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else None
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's garbage collector off while timing (pytest-benchmark's ``--benchmark-disable-gc``): in a
+    pytest process holding thousands of collected cases a collection pass can take longer than the
+    microsecond-scale calls being timed, and it lands on whichever rep happens to allocate past the
+    threshold, more often for implementations that allocate Python objects per call."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     return float(np.quantile(np.asarray(values, dtype=float), q))
 
@@ -104,18 +122,20 @@ def device_time(
     grad_to_none: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Device time of ``fn`` per call: ``triton.testing.do_bench`` on CUDA (CUDA events around each rep,
-    L2 flushed between reps, grads of ``grad_to_none`` reset), the host-clock twin elsewhere. The median
-    is the authoritative number (``do_bench_ms``); 20/80 % quantiles and min go alongside."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
+    L2 flushed between reps, grads of ``grad_to_none`` reset), the host-clock twin elsewhere, with the
+    garbage collector paused (:func:`gc_paused`). The median is the authoritative number
+    (``do_bench_ms``); 20/80 % quantiles and min go alongside."""
+    with gc_paused():
+        if device.type == "cuda":
+            from triton.testing import do_bench
 
-        times = do_bench(
-            fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(grad_to_none or []), return_mode="all"
-        )
-        timer = "do_bench"
-    else:
-        times = host_bench(fn, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none)
-        timer = "host"
+            times = do_bench(
+                fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(grad_to_none or []), return_mode="all"
+            )
+            timer = "do_bench"
+        else:
+            times = host_bench(fn, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none)
+            timer = "host"
     return {
         "timer": timer,
         "do_bench_ms": statistics.median(times),
