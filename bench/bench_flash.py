@@ -35,8 +35,11 @@ sdpa_efficient, flash_triton} x pass_ in {fwd, bwd, fwd_bwd}, 4-D inputs. Before
 timed, its output and dQ on a sample of query rows (first and last 128 of the first and last head) are
 checked against float32 math on those rows (cheap at any length); a wrong result fails the case. Our
 rows carry ``ratio_to_<backend>`` and ``ratio_to_best_sdpa`` against the SDPA rows of the same pass
-timed just before in the same run (SDPA backends run first per shape). Backends that refuse a case are
-``unsupported`` rows with torch's reason.
+timed just before in the same run (SDPA backends run first per shape), the configs the tuner chose and
+``tune_seconds_so_far`` (the last row of a cold run is the whole grid's tuning cost). Backends that
+refuse a case are ``unsupported`` rows with torch's reason. Short shapes are host-bound: on a host
+whose speed drifts, their fwd+bwd rows can contradict their fwd and bwd rows; scripts/flash_host_overhead.py
+measures the host cost itself.
 
 On a CPU-only machine: the D12 cases and all D11 cases but seq 128, d 16 are marked ``gpu`` and skip
 with a reason; that CPU variant runs plain PyTorch and the SDPA backends (both dtypes) and compiled
@@ -403,6 +406,9 @@ def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: s
             sdpa_times = {name: ms for name, ms in times.items() if name in SDPA_BACKENDS}
             if impl == "flash_triton":
                 info["configs"] = kernels.chosen_configs(b * h, nq, nk, d, causal, torch.bfloat16)
+                # Seconds spent tuning (compiles included) in this process so far: the last row of a
+                # cold run of the group is the whole grid's tuning cost.
+                info["tune_seconds_so_far"] = kernels.tuning_report()["tune_seconds"]
             if impl == "flash_triton" and sdpa_times:
                 for name, ms in sdpa_times.items():
                     info[f"ratio_to_{name}"] = timing["do_bench_ms"] / ms

@@ -1,9 +1,9 @@
 """Compact tables from the issue-14 GPU runs (pytest-benchmark JSON):
 
-    python scripts/flash_table.py flash-shapes.json [model-attention.json]
+    python scripts/flash_table.py RESULTS.json [RESULTS.json ...]
 
-Attention shapes: per shape and pass, ms of ours and each SDPA backend, ours / flash, ours / cuDNN and
-our TFLOP/s. Model: mean ± std ms per case.
+Attention shapes rows: per shape and pass, ms of ours and each SDPA backend, ours / flash, ours / cuDNN
+and our TFLOP/s. Model rows: mean, std and median ms per case.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def shapes_table(path: str) -> None:
         e = b["extra_info"]
         if e.get("group_key") == "attention_shapes":
             rows[(e["shape"], e["pass_"])][e["impl"]] = e
+    if not rows:
+        return
     print("| shape | pass | ours ms | flash | cuDNN | mem-eff | ours/flash | ours/cuDNN | ours TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (shape, pass_), impls in rows.items():
@@ -42,18 +44,19 @@ def shapes_table(path: str) -> None:
 
 
 def model_table(path: str) -> None:
-    print("\n| model case | mean ms | std ms | std % |")
-    print("|---|---|---|---|")
-    for b in _benchmarks(path):
+    cases = [b for b in _benchmarks(path) if b["extra_info"].get("mean_ms") and "size" in b["extra_info"]]
+    if not cases:
+        return
+    print("\n| model case | mean ms | std ms | std % | median ms |")
+    print("|---|---|---|---|---|")
+    for b in cases:
         e = b["extra_info"]
-        mean, std = e.get("mean_ms"), e.get("std_ms")
-        if mean:
-            print(
-                f"| {b['name'].split('[')[-1].rstrip(']')} | {mean:.2f} | {std:.2f} | {100 * std / mean:.1f} |"
-            )
+        mean, std = e["mean_ms"], e["std_ms"]
+        name = b["name"].split("[")[-1].rstrip("]")
+        print(f"| {name} | {mean:.2f} | {std:.2f} | {100 * std / mean:.1f} | {e.get('median_ms', 0):.2f} |")
 
 
 if __name__ == "__main__":
-    shapes_table(sys.argv[1])
-    if len(sys.argv) > 2:
-        model_table(sys.argv[2])
+    for results in sys.argv[1:]:
+        shapes_table(results)
+        model_table(results)

@@ -1,12 +1,13 @@
 """Where the model's time goes with each attention (issue 14): one GPU command.
 
     python scripts/model_attention_diag.py --out DIR [--size xl] [--ctx 512] [--steps 20]
+    python scripts/model_attention_diag.py --out DIR --paired small,xl [--steps 40]
 
 For the model (bf16 autocast, forward+backward) compiled with inductor, and with CUDA graphs
 (``mode="reduce-overhead"``), per attention (sdpa, flash_triton): per-step device time (CUDA events) and host
 enqueue time (the step's Python, no sync), then one profiled window: GPU time per kernel class.
-Host-bound when host >= device. Also the host microseconds per eager attention call at the model's
-shape, direct launch against JIT dispatch. Writes ``model_attention_diag.json``; a table last.
+Host-bound when host >= device (the host cost of one eager attention call: scripts/flash_host_overhead.py).
+Writes ``model_attention_diag.json``; a table last.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.kernels import flash_attention as kernels
+from cs336_systems.profiling.timing import gc_paused, summarize_ms
 from cs336_systems.profiling.workload import Case, Workload
 
 ATTENTION_KERNELS = ("flash_fwd", "flash_bwd", "fmha", "flash_attn", "cudnn", "attention")
@@ -87,25 +88,31 @@ def run_model(size: str, ctx: int, attention: str, mode: str, steps: int) -> dic
     return res
 
 
-def eager_call_host_us(direct: bool, n_calls: int = 100) -> dict:
-    """The model's call pattern (q, k contiguous; v a permuted view of qkv), fwd+bwd, no sync."""
-    b, h, n, d = 4, 25, 512, 64
-    qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)
-    q, k = qkv[0].contiguous().requires_grad_(), qkv[1].contiguous().requires_grad_()
-    v = qkv[2].detach().requires_grad_()
-    do = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    kernels.DIRECT_LAUNCH = direct
-    step = lambda: FlashAttentionTriton.apply(q, k, v, True).backward(do)
-    for _ in range(10):
-        step()
+def paired(size: str, ctx: int, steps: int) -> dict:
+    """Both attentions' compiled models, steps alternated (see the module docstring)."""
+    works = {
+        a: Workload(Case(size, ctx, "fwd_bwd", "bf16", True, a), "cuda") for a in ("sdpa", "flash_triton")
+    }
+    for work in works.values():
+        for _ in range(5):  # compiles, tunes
+            work.step()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n_calls):
-        step()
-    host = (time.perf_counter() - t0) / n_calls * 1e6
-    torch.cuda.synchronize()
-    kernels.DIRECT_LAUNCH = True
-    return {"host_us_fwd_bwd": host}
+    times: dict[str, list[float]] = {a: [] for a in works}
+    with gc_paused():
+        for i in range(steps):
+            for name in list(works)[:: 1 if i % 2 == 0 else -1]:
+                t0 = time.perf_counter()
+                works[name].step()
+                torch.cuda.synchronize()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    for work in works.values():
+        work.close()
+    result = {a: {**summarize_ms(t), "ms": t} for a, t in times.items()}
+    ours, ref = times["flash_triton"], times["sdpa"]
+    result["ratio_of_means"] = statistics.fmean(ours) / statistics.fmean(ref)
+    result["ratio_of_medians"] = statistics.median(ours) / statistics.median(ref)
+    result["median_pair_ratio"] = statistics.median(o / r for o, r in zip(ours, ref, strict=True))
+    return result
 
 
 def main() -> None:
@@ -115,14 +122,26 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--modes", default="inductor,cudagraphs")
+    ap.add_argument("--paired", help="sizes, e.g. small,xl: compiled sdpa and flash_triton, steps alternated")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.paired:
+        result = {"device": torch.cuda.get_device_name(), "ctx": args.ctx, "steps": args.steps}
+        for size in args.paired.split(","):
+            result[size] = paired(size, args.ctx, args.steps)
+        result["tuning"] = kernels.tuning_report()
+        (args.out / "model_attention_paired.json").write_text(json.dumps(result, indent=1, default=str))
+        print(f"\nctx{args.ctx} bf16 fwd_bwd compiled, {args.steps} alternated steps each")
+        print(
+            "size | sdpa mean ± std (median) ms | flash_triton mean ± std (median) ms | ratio of means | medians"
+        )
+        for size in args.paired.split(","):
+            r = result[size]
+            cell = lambda a, r=r: f"{r[a]['mean_ms']:.2f} ± {r[a]['std_ms']:.2f} ({r[a]['median_ms']:.2f})"
+            print(f"{size} | {cell('sdpa')} | {cell('flash_triton')} | {r['ratio_of_means']:.3f} | "
+                  f"{r['ratio_of_medians']:.3f}")  # fmt: skip
+        return
     result = {"device": torch.cuda.get_device_name(), "size": args.size, "ctx": args.ctx}
-    result["eager_call"] = {
-        "direct": eager_call_host_us(True),
-        "jit": eager_call_host_us(False),
-    }
-    print("eager call", result["eager_call"], flush=True)
     rows = {}
     for mode in args.modes.split(","):
         for attention in ("sdpa", "flash_triton"):
