@@ -57,6 +57,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AUTOTUNE = os.environ.get("CS336_FLASH_AUTOTUNE", "1") != "0"
 # Optional JSON file that keeps tuning results across processes (read at first use, rewritten on change).
 TUNE_CACHE_PATH = os.environ.get("CS336_FLASH_TUNE_CACHE")
+# "0": block pointers only, never tensor descriptors (an A/B knob: descriptors are built on the host per
+# launch, which short, host-bound calls pay for).
+TMA = os.environ.get("CS336_FLASH_TMA", "1") != "0"
 # "wide": tune over a broad grid of tiles x warps x stages (slow; to find what the short lists should hold).
 CANDIDATE_SET = os.environ.get("CS336_FLASH_CANDIDATES", "default")
 # What the tuner minimises: "launch" (default: per launch of back-to-back launches, their event time plus
@@ -571,11 +574,13 @@ def tuning_report() -> dict[str, Any]:
 def chosen_configs(
     batch_heads: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype
 ) -> dict[str, str]:
-    """The config each kernel uses for this case (tuned, forced or default), for bench rows."""
+    """The config each kernel uses for this case in eager calls (tuned, forced or default), for bench
+    rows."""
     out = {}
     for kernel in ("fwd", "dq", "dkdv"):
-        key = _tune_key(kernel, batch_heads, n_q, n_k, d, causal, dtype)
-        cfg = _TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidate_configs(kernel, d, dtype)[0]
+        name, candidates = (kernel, candidate_configs) if TMA else (f"{kernel}-ptr", pointer_configs)
+        key = _tune_key(name, batch_heads, n_q, n_k, d, causal, dtype)
+        cfg = _TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidates(kernel, d, dtype)[0]
         out[kernel] = str(cfg)
     return out
 
@@ -986,6 +991,7 @@ def _pick(
     is_causal: bool,
     dtype: torch.dtype,
 ) -> TileConfig:
+    pointers = pointers or not TMA
     name = f"{kernel}-ptr" if pointers else kernel
     candidates = (pointer_configs if pointers else candidate_configs)(kernel, d, dtype)
     cfg = _choose(kernel, launch, _tune_key(name, bh, n_q, n_k, d, is_causal, dtype), candidates)
