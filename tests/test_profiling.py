@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import gzip
 import json
 import math
@@ -22,6 +23,7 @@ from cs336_systems.cli import benchmark as cli
 from cs336_systems.harness.model_case import run_case
 from cs336_systems.harness.record import Recorder, run_benchmark
 from cs336_systems.model import TransformerLM, get_preset
+from cs336_systems.profiling import timing
 from cs336_systems.profiling import workload as workload_mod
 from cs336_systems.profiling.flops import forward_flops, measure_matmul_tflops, mfu, step_flops
 from cs336_systems.profiling.memory import measure_peak, memory_history, memory_stats, snapshot_step
@@ -447,3 +449,19 @@ def test_profile_summary_on_gpu_finds_kernels():
     assert summary.category_share("forward") > 0  # cuBLAS kernels recognized as matmuls
     assert summary.kernel_ms("backward") > 0 and summary.kernel_ms("optimizer step") > 0
     assert summary.kernel_ms("computing softmax") > 0
+
+
+def test_timing_pauses_the_garbage_collector() -> None:
+    # Timed reps run with the collector off (a pass in a big pytest process would land in a rep), and it is
+    # back on afterwards, or stays off when the caller had turned it off.
+    seen = []
+    timing.device_time(lambda: seen.append(gc.isenabled()), torch.device("cpu"), warmup_ms=0, rep_ms=1)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with timing.gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
