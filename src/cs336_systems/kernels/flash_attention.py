@@ -818,11 +818,13 @@ class _KernelPlan:
         self.boxes = boxes if any(boxes) else None
         self.tail = (*call.args[n:], *call.constexprs.values())
         self.grid = call.grid
-        c = call.config
-        self.launch_jit = functools.partial(
-            call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages
-        )
         self.compiled = call.jit()  # None under the interpreter, which always goes through the JIT
+        c = call.config
+        self.launch_jit = (
+            None
+            if self.compiled is not None
+            else functools.partial(call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages)
+        )
 
     def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
         if self.boxes is not None:
