@@ -578,9 +578,9 @@ def chosen_configs(
     rows."""
     out = {}
     for kernel in ("fwd", "dq", "dkdv"):
-        name, candidates = (kernel, candidate_configs) if TMA else (f"{kernel}-ptr", pointer_configs)
+        name, candidates = _tune_space(kernel, False, d, dtype)
         key = _tune_key(name, batch_heads, n_q, n_k, d, causal, dtype)
-        cfg = _TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidates(kernel, d, dtype)[0]
+        cfg = _TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidates[0]
         out[kernel] = str(cfg)
     return out
 
@@ -591,7 +591,7 @@ def clear_plans() -> None:
 
 
 def clear_tuning_cache() -> None:
-    _PLANS.clear()
+    clear_plans()
     _TUNE.cache.clear()
     _TUNE.timings.clear()
     _TUNE.tune_seconds = 0.0
@@ -600,7 +600,7 @@ def clear_tuning_cache() -> None:
 def force_config(kernel: str, config: TileConfig | None) -> None:
     """Pin ``kernel`` ("fwd", "dkdv", "dq") to ``config`` (None unpins): tests check every candidate.
     Plans made before keep the configs they were made with, so they are dropped."""
-    _PLANS.clear()
+    clear_plans()
     if config is None:
         _TUNE.forced.pop(kernel, None)
     else:
@@ -619,10 +619,11 @@ def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConf
 def _launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float:
     """Milliseconds per launch of back-to-back launches (best of 3 rounds): their CUDA-event time per
     launch (the larger of device and host time) plus the host's enqueue time per launch. A short case's
-    call is host-bound as a whole (autograd, allocations and the other launches add host time, measured
-    at (4, 25, 512, 64): 11 tensor descriptors cost the backward ~120 us of a ~300 us call), so a
-    launch's host cost counts even where one kernel alone looks device-bound; for long cases it is noise
-    next to milliseconds of kernel. (do_bench would flush L2 between launches, which also lets the host
+    call is host-bound as a whole (autograd, allocations and the other launches add host time: at
+    (4, 25, 512, 64) on an H100 one fwd+bwd with descriptors in all three kernels took ~300 us of host
+    time, against ~160 us for a Python autograd.Function that launches nothing), so a launch's host cost
+    counts even where one kernel alone looks device-bound; for long cases it is noise next to
+    milliseconds of kernel. (do_bench would flush L2 between launches, which also lets the host
     catch up and hides host cost.)"""
     launch()  # compiles
     torch.cuda.synchronize()
@@ -993,11 +994,19 @@ def _pick(
     is_causal: bool,
     dtype: torch.dtype,
 ) -> TileConfig:
-    pointers = pointers or not TMA
-    name = f"{kernel}-ptr" if pointers else kernel
-    candidates = (pointer_configs if pointers else candidate_configs)(kernel, d, dtype)
+    name, candidates = _tune_space(kernel, pointers, d, dtype)
     cfg = _choose(kernel, launch, _tune_key(name, bh, n_q, n_k, d, is_causal, dtype), candidates)
-    return replace(cfg, tma=False) if pointers and cfg.tma else cfg  # a forced TMA config
+    return replace(cfg, tma=False) if cfg.tma and (pointers or not TMA) else cfg  # a forced TMA config
+
+
+def _tune_space(
+    kernel: str, pointers: bool, d: int, dtype: torch.dtype
+) -> tuple[str, tuple[TileConfig, ...]]:
+    """The tuning-key name and the candidates of ``kernel``: block pointers only (a traced launch, or
+    ``CS336_FLASH_TMA=0``) tune under their own "-ptr" keys."""
+    if pointers or not TMA:
+        return f"{kernel}-ptr", pointer_configs(kernel, d, dtype)
+    return kernel, candidate_configs(kernel, d, dtype)
 
 
 @functools.cache
@@ -1034,8 +1043,8 @@ def tune_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
     layout, outside any tracing mode: a traced launch bakes its config into the compiled graph, so the
     choice must exist when the graph is traced, not at its first run."""
     batch, heads, n_q, d = q.shape
-    keys = [_tune_key(f"{kernel}-ptr", batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
-            for kernel in ("fwd", "dq", "dkdv")]  # fmt: skip
+    keys = [_tune_key(_tune_space(kernel, True, d, q.dtype)[0], batch * heads, n_q, k.shape[2], d, is_causal,
+                      q.dtype) for kernel in ("fwd", "dq", "dkdv")]  # fmt: skip
     if all(key in _TUNE.cache for key in keys) or not AUTOTUNE or INTERPRET:
         return
     from torch.utils._python_dispatch import _disable_current_modes
