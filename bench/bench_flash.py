@@ -31,15 +31,22 @@ pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
 
 Attention shapes (group key "attention_shapes", issue 14): the shapes people train with, as (batch,
 heads, seq_q, seq_k, d, causal) in bf16 (``SHAPES``) x impl in {sdpa_flash, sdpa_cudnn,
-sdpa_efficient, flash_triton} x pass_ in {fwd, bwd, fwd_bwd}, 4-D inputs. Before a (shape, impl) is
-timed, its output and dQ on a sample of query rows (first and last 128 of the first and last head) are
-checked against float32 math on those rows (cheap at any length); a wrong result fails the case. Our
-rows carry ``ratio_to_<backend>`` and ``ratio_to_best_sdpa`` against the SDPA rows of the same pass
-timed just before in the same run (SDPA backends run first per shape), the configs the tuner chose and
-``tune_seconds_so_far`` (the last row of a cold run is the whole grid's tuning cost). Backends that
-refuse a case are ``unsupported`` rows with torch's reason. Short shapes are host-bound: on a host
-whose speed drifts, their fwd+bwd rows can contradict their fwd and bwd rows; scripts/flash_host_overhead.py
-measures the host cost itself.
+sdpa_efficient, flash_triton} x pass_ in {fwd, bwd, fwd_bwd}, 4-D inputs. A shape's first case
+measures all of its selected impls and passes at once:
+- each impl's output and dQ on a sample of query rows (first and last 128 of the first and last
+  head) are checked against float32 math on those rows (cheap at any length); a wrong result fails
+  the case;
+- all (impl, pass) steps are timed in ``CS336_SHAPE_ROUNDS`` (default 5) interleaved rounds of
+  do_bench (10 ms of reps each, order rotated per round): on a host whose speed drifts, sequential
+  timing compared one host state with another (short, host-bound rows swung 2x between runs).
+  ``do_bench_ms`` is the median of the round medians, ``do_bench_round_ms`` the round medians;
+- fwd and fwd_bwd are also replayed from a CUDA graph (``graph_ms``, ``do_bench_cudagraph``: no host
+  work between calls, L2 not flushed): the device time alone, what a CUDA-graphed step pays.
+Our rows carry ``ratio_to_<backend>`` (median of the per-round ratios: host drift between rounds
+cancels), ``ratio_to_best_sdpa``, ``graph_ratio_to_<backend>``, the configs the tuner chose and
+``tune_seconds_so_far`` (a cold run's last shape holds the whole grid's tuning cost). Backends that
+refuse a case are ``unsupported`` rows with torch's reason; an impl that cannot be captured in a graph
+has ``graph_error``. pytest-benchmark's own statistics are 3 synchronized host-timed passes per case.
 
 On a CPU-only machine: the D12 cases and all D11 cases but seq 128, d 16 are marked ``gpu`` and skip
 with a reason; that CPU variant runs plain PyTorch and the SDPA backends (both dtypes) and compiled
@@ -57,6 +64,8 @@ d parameter, so ``--only d=...`` keeps them)::
 from __future__ import annotations
 
 import contextlib
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -73,6 +82,7 @@ from cs336_systems.harness.attention import (
     impl_context,
     is_unsupported_error,
     load_flash_triton,
+    make_grad,
     make_qkv,
     resolve_impl,
     sdpa_unsupported_reason,
@@ -83,7 +93,14 @@ from cs336_systems.harness.settings import settings
 from cs336_systems.kernels import flash_attention as kernels
 from cs336_systems.profiling.flops import attention_flops, tflops
 from cs336_systems.profiling.memory import free_device_memory
-from cs336_systems.profiling.timing import device_time, is_oom, rounds_for
+from cs336_systems.profiling.timing import (
+    device_time,
+    graph_time,
+    interleaved_device_time,
+    is_oom,
+    paired_ratio,
+    rounds_for,
+)
 from cs336_systems.report.schema import tag
 
 D11_SEQS = tuple(2**i for i in range(7, 17))  # 128 .. 65536
@@ -315,10 +332,13 @@ def _expected_failure(benchmark: Any, exc: Exception, impl: str, info: dict[str,
 # ------------------------------------------------------------------------------- attention shapes
 
 SHAPES = ATTENTION_SHAPES
-SHAPE_IMPLS = (*SDPA_BACKENDS, "flash_triton")  # ours last: its rows hold the ratios to the SDPA rows
+# Runs everywhere (a CPU-only machine times the SDPA backends it has and our kernels under Triton's
+# interpreter, host clock): the group's code path, not a figure for the writeup.
+CPU_SHAPE = (1, 2, 64, 64, 16, True)
+SHAPE_IMPLS = (*SDPA_BACKENDS, "flash_triton")
+GRAPHED_PASSES = ("fwd", "fwd_bwd")  # a retained forward (the bwd pass) was recorded outside any capture
 CHECK_ROWS = 128
-# do_bench medians of this run, (shape, pass_) -> impl -> ms, for the ratios in our rows.
-_SHAPE_TIMES: dict[tuple, dict[str, float]] = {}
+ROUND_WARMUP_MS, ROUND_REP_MS, GRAPH_REP_MS = 5, 10, 10
 
 
 def _shape_id(shape: tuple) -> str:
@@ -344,7 +364,9 @@ def check_rows(
     b, h, nq, nk, d, causal = shape
     seed = int(torch.randint(1 << 30, ()).item())
     q, k, v = _shape_inputs(shape, device, seed=seed, dtype=dtype, three_d=three_d)
-    do = torch.randn_like(q)
+    # Explicit generators throughout: a failed CUDA-graph capture elsewhere leaves the default CUDA
+    # generator unusable ("Offset increment outside graph capture"), and must not fail later checks.
+    do = make_grad(q, seed=seed + 1)
     o = fn(q, k, v, causal)
     o.backward(do)
     rows = torch.cat([torch.arange(min(CHECK_ROWS, nq)), torch.arange(max(nq - CHECK_ROWS, 0), nq)]).unique()
@@ -366,17 +388,164 @@ def check_rows(
     return errors
 
 
+@dataclass
+class ShapeResult:
+    """One impl's results at one shape: per pass a timing dict (``interleaved_device_time`` plus
+    ``graph_ms``), or why it has none (``status`` "unsupported" / "oom" / "error" with ``error``)."""
+
+    status: str = "ok"
+    reason: str = ""
+    error: Exception | None = None
+    check_rel_err: dict[str, float] = field(default_factory=dict)
+    passes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# The shape measured last (its results serve the shape's remaining cases); one shape at a time.
+_SHAPE_RESULTS: dict[tuple, dict[str, ShapeResult]] = {}
+
+
+def _selected_impls(session: pytest.Session, shape: tuple) -> list[str]:
+    """The impls this session runs at ``shape`` (after --only / -k), in SHAPE_IMPLS order."""
+    chosen = {
+        item.callspec.params["impl"]
+        for item in session.items
+        if getattr(item, "originalname", "") == "test_attention_shapes"
+        and item.callspec.params["shape"] == shape
+    }
+    return [impl for impl in SHAPE_IMPLS if impl in chosen]
+
+
+def _prepare(impl: str, shape: tuple, device: torch.device, q, k, v) -> tuple[dict[str, PassStep], dict]:
+    """Check ``impl`` at ``shape`` (a wrong result fails the case) and build its three passes on the
+    shared inputs (do_bench resets their grads before every rep). Returns (steps, relative errors)."""
+    fn = resolve_impl(impl, shape_key=shape)
+    with impl_context(impl):
+        check = check_rows(fn, shape, device)
+        steps = {pass_: PassStep(fn, q, k, v, pass_, is_causal=shape[-1]) for pass_ in PASSES}
+    return steps, check
+
+
+def _graph_ms(impl: str, step: PassStep) -> dict[str, Any]:
+    # Fresh leaves: the bwd pass's retained graph holds AccumulateGrad nodes of the shared inputs, made
+    # on the default stream, and a backward into them from the capture stream breaks the capture.
+    fresh = (x.detach().clone().requires_grad_() for x in (step.q, step.k, step.v))
+    graphed = PassStep(step.fn, *fresh, step.pass_, is_causal=step.is_causal)
+    try:
+        with impl_context(impl):
+            return {"graph_ms": graph_time(graphed, rep_ms=GRAPH_REP_MS, grad_to_none=graphed.grads)}
+    except Exception as exc:  # an impl that cannot be captured is a finding, not the end of the run
+        if is_oom(exc):
+            return {"graph_error": "out of memory"}
+        return {"graph_error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    finally:
+        graphed.close()
+
+
+def _build_steps(
+    shape: tuple, results: dict[str, ShapeResult], device: torch.device, q, k, v
+) -> dict[tuple[str, str], PassStep]:
+    """The (impl, pass) steps of every impl that checks out at ``shape``; the others get their status."""
+    steps: dict[tuple[str, str], PassStep] = {}
+    b, h, nq, nk, d, causal = shape
+    for impl, r in results.items():
+        reason = (
+            sdpa_unsupported_reason(impl, torch.bfloat16, d, device.type) if impl in SDPA_BACKENDS else None
+        )
+        if reason is not None:
+            r.status, r.reason = "unsupported", reason
+            continue
+        try:
+            impl_steps, r.check_rel_err = _prepare(impl, shape, device, q, k, v)
+        except Exception as exc:
+            _failed(r, impl, exc)
+            continue
+        steps.update({(impl, pass_): step for pass_, step in impl_steps.items()})
+        if impl == "flash_triton":
+            r.extra["configs"] = kernels.chosen_configs(b * h, nq, nk, d, causal, torch.bfloat16)
+            # Seconds spent tuning (compiles included) in this process so far: the last row of a cold
+            # run of the group is the whole grid's tuning cost.
+            r.extra["tune_seconds_so_far"] = kernels.tuning_report()["tune_seconds"]
+    return steps
+
+
+def _measure_shape(shape: tuple, impls: list[str], device: torch.device) -> dict[str, ShapeResult]:
+    """Every impl's passes at ``shape``, timed in interleaved rounds (``settings().shape_rounds``), then
+    each fwd and fwd_bwd replayed from a CUDA graph. Failures are per impl (see ShapeResult)."""
+    results = {impl: ShapeResult() for impl in impls}
+    q, k, v = _shape_inputs(shape, device)
+    steps = _build_steps(shape, results, device, q, k, v)
+    try:
+        timings = interleaved_device_time(
+            steps,
+            device,
+            rounds=settings().shape_rounds,
+            warmup_ms=ROUND_WARMUP_MS,
+            rep_ms=ROUND_REP_MS,
+            grad_to_none={key: step.grads for key, step in steps.items()},
+            contexts={key: functools.partial(impl_context, key[0]) for key in steps},
+        )
+        for (impl, pass_), timing in timings.items():
+            if pass_ in GRAPHED_PASSES and device.type == "cuda":
+                timing.update(_graph_ms(impl, steps[impl, pass_]))
+            results[impl].passes[pass_] = timing
+    except Exception as exc:  # e.g. out of memory with every impl's inputs alive: all measured impls fail
+        for impl in {impl for impl, _ in steps}:
+            _failed(results[impl], impl, exc)
+    finally:
+        for step in steps.values():
+            step.close()
+        steps.clear()
+        q = k = v = None
+        free_device_memory(device)
+    return results
+
+
+def _failed(r: ShapeResult, impl: str, exc: Exception) -> None:
+    if is_oom(exc):
+        r.status = "oom"
+    elif impl in SDPA_BACKENDS and is_unsupported_error(exc):
+        r.status, r.reason = "unsupported", str(exc).splitlines()[0]
+    else:
+        r.status, r.error = "error", exc
+
+
+def _ratios(timing: dict[str, Any], pass_: str, results: dict[str, ShapeResult]) -> dict[str, Any]:
+    """Ours against each SDPA backend of the same run: ``ratio_to_<backend>`` pairs the interleaved
+    rounds (median of per-round ratios), ``graph_ratio_to_<backend>`` compares CUDA-graph replays."""
+    out: dict[str, Any] = {}
+    ref = {
+        name: r.passes[pass_] for name, r in results.items() if name in SDPA_BACKENDS and pass_ in r.passes
+    }
+    for name, other in ref.items():
+        out[f"ratio_to_{name}"] = paired_ratio(timing["do_bench_round_ms"], other["do_bench_round_ms"])
+        if "graph_ms" in timing and "graph_ms" in other:
+            out[f"graph_ratio_to_{name}"] = timing["graph_ms"] / other["graph_ms"]
+    if ref:
+        best = min(ref, key=lambda name: ref[name]["do_bench_ms"])
+        out.update(best_sdpa=best, ratio_to_best_sdpa=out[f"ratio_to_{best}"])
+    return out
+
+
 def _shape_cases() -> list:
-    return [
+    cases = [
+        pytest.param(CPU_SHAPE, impl, pass_, id=f"{_shape_id(CPU_SHAPE)}-{impl}-{pass_}")
+        for impl in SHAPE_IMPLS
+        for pass_ in PASSES
+    ]
+    cases += [
         pytest.param(shape, impl, pass_, marks=pytest.mark.gpu, id=f"{_shape_id(shape)}-{impl}-{pass_}")
         for shape in SHAPES
         for impl in SHAPE_IMPLS
         for pass_ in PASSES
     ]
+    return cases
 
 
 @pytest.mark.parametrize(("shape", "impl", "pass_"), _shape_cases())
-def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: str, pass_: str) -> None:
+def test_attention_shapes(
+    benchmark, request, device: torch.device, shape: tuple, impl: str, pass_: str
+) -> None:
     tag(benchmark, "attention_shapes")
     b, h, nq, nk, d, causal = shape
     flops = attention_flops(b, nq, d, heads=h, causal=causal, pass_=pass_, n_keys=nk)
@@ -384,46 +553,35 @@ def test_attention_shapes(benchmark, device: torch.device, shape: tuple, impl: s
         impl=impl, shape=_shape_id(shape), batch=b, heads=h, seq_q=nq, seq_k=nk, d=d, causal=causal,
         dtype="bf16", pass_=pass_, flops=flops, **environment_info(device),
     )  # fmt: skip
-    if impl in SDPA_BACKENDS:
-        reason = sdpa_unsupported_reason(impl, torch.bfloat16, d, device.type)
-        if reason is not None:
-            record_not_run_and_log(benchmark, "unsupported", reason, **info)
-            return
-    fn = resolve_impl(impl, shape_key=shape)
-    step: PassStep | None = None
-    status = "error"
+    if shape not in _SHAPE_RESULTS:  # the shape's first case measures all of its selected impls
+        _SHAPE_RESULTS.clear()
+        _SHAPE_RESULTS[shape] = _measure_shape(shape, _selected_impls(request.session, shape), device)
+    results = _SHAPE_RESULTS[shape]
+    r = results[impl]
+    if r.status == "unsupported":
+        record_not_run_and_log(benchmark, "unsupported", r.reason, **info)
+        return
+    if r.status == "oom":
+        record_oom(benchmark, **info)
+        log_case(benchmark)
+        return
+    if r.error is not None:
+        raise r.error
+    timing = r.passes[pass_]
+    info.update(timing)
+    info.update(r.extra, check_rel_err=r.check_rel_err, tflops=tflops(flops, timing["do_bench_ms"]))
+    if impl == "flash_triton":
+        info.update(_ratios(timing, pass_, results))
+    # pytest-benchmark's own rounds (for --benchmark-compare): 3 synchronized host-timed passes.
+    step = PassStep(
+        resolve_impl(impl, shape_key=shape), *_shape_inputs(shape, device), pass_, is_causal=causal
+    )
     try:
         with impl_context(impl):
-            if (shape, impl) not in _CHECKED:
-                info["check_rel_err"] = check_rows(fn, shape, device)
-                _CHECKED.add((shape, impl))
-            q, k, v = _shape_inputs(shape, device)
-            step = PassStep(fn, q, k, v, pass_, is_causal=causal)
-            timing = device_time(step, device, warmup_ms=10, rep_ms=50, grad_to_none=step.grads)
-            info.update(timing, tflops=tflops(flops, timing["do_bench_ms"]))
-            times = _SHAPE_TIMES.setdefault((shape, pass_), {})
-            times[impl] = timing["do_bench_ms"]
-            sdpa_times = {name: ms for name, ms in times.items() if name in SDPA_BACKENDS}
-            if impl == "flash_triton":
-                info["configs"] = kernels.chosen_configs(b * h, nq, nk, d, causal, torch.bfloat16)
-                # Seconds spent tuning (compiles included) in this process so far: the last row of a
-                # cold run of the group is the whole grid's tuning cost.
-                info["tune_seconds_so_far"] = kernels.tuning_report()["tune_seconds"]
-            if impl == "flash_triton" and sdpa_times:
-                for name, ms in sdpa_times.items():
-                    info[f"ratio_to_{name}"] = timing["do_bench_ms"] / ms
-                info["best_sdpa"] = min(sdpa_times, key=sdpa_times.get)
-                info["ratio_to_best_sdpa"] = timing["do_bench_ms"] / min(sdpa_times.values())
-            run_benchmark(benchmark, step, device, warmup=0, rounds=3, setup=step.zero_grads, **info)
-        status = "ok"
-    except Exception as exc:
-        status = _expected_failure(benchmark, exc, impl, info)
-        if status == "unsupported":
-            return
+            times = run_benchmark(benchmark, step, device, warmup=0, rounds=3, setup=step.zero_grads, **info)
     finally:
-        if step is not None:
-            step.close()
+        step.close()
         step = None
-        free_device_memory(device, collect=status != "ok")
-    benchmark.extra_info["status"] = status
+        free_device_memory(device)
+    benchmark.extra_info["status"] = "ok" if times is not None else "oom"
     log_case(benchmark)

@@ -3,7 +3,9 @@ and D7b (torch.compile'd whole model), all through ``profiling.workload`` and ``
 
 Groups (one per size so a table stays readable; the report pivots ``mode`` into columns):
 - ``D2/D4/D7b model <size>``: Table 1 size × ctx {128, 256, 512, 1024} × dtype {fp32, bf16 autocast}
-  × mode {fwd, fwd_bwd, train} × compile {eager, compiled} (× attention sdpa and flash_triton at ctx 512, bf16).
+  × mode {fwd, fwd_bwd, train} × compile {eager, compiled}; at ctx 512, bf16 also × attention {pytorch,
+  sdpa, flash_triton} and compile ``cudagraphs`` (compiled with ``mode="reduce-overhead"``: the step
+  replayed from CUDA graphs, so host speed drops out of the figure).
   5 warm-up steps, 10 timed steps, each synchronized (handout D2).
 - ``D2 warm-up small ctx256``: 0 / 1 / 2 / 5 warm-up steps (with 0 the first timed step pays for
   allocation, cuBLAS heuristics and, compiled, compilation: that is the point).
@@ -49,7 +51,7 @@ from cs336_systems.report.schema import tag
 
 CONTEXTS = (128, 256, 512, 1024)
 DTYPES = tuple(WORKLOAD_DTYPES)
-COMPILES = ("eager", "compiled")
+COMPILES = ("eager", "compiled", "cudagraphs")  # cudagraphs: compiled, mode="reduce-overhead"
 ATTENTIONS = ("pytorch", "sdpa", "flash_triton")  # flash_triton: our Triton FlashAttention-2 (issue 14)
 MUST_SHOW = {("small", 256), ("medium", 256)}
 CPU_CTX = 32
@@ -71,8 +73,12 @@ def _must_show(size: str, ctx: int, dtype: str, mode: str) -> bool:
     return (size, ctx) in MUST_SHOW or (size, ctx, dtype, mode) == ("xl", 512, "bf16", "train")
 
 
-def _case_id(size, ctx, dtype, mode, compile, attention) -> str:
-    return Case(size, ctx, mode, dtype, compile == "compiled", attention).id
+def _case(size, ctx, dtype, mode, compile, attention="pytorch") -> Case:
+    return Case(size, ctx, mode, dtype, compile != "eager", attention, cudagraphs=compile == "cudagraphs")
+
+
+def _case_id(*values) -> str:
+    return _case(*values).id
 
 
 def _param(values: tuple, marks: Sequence = ()):
@@ -87,15 +93,15 @@ def _model_cases() -> list:
     ]
     grid = itertools.product(TABLE1_SIZES, CONTEXTS, DTYPES, MODES, COMPILES, ATTENTIONS)
     for values in grid:
-        size, ctx, dtype, mode, _, attention = values
-        # torch's fused attention and ours next to the handout's eager one where the reference figures
-        # are: bf16, ctx 512
-        if attention != "pytorch" and (ctx != 512 or dtype != "bf16"):
+        size, ctx, dtype, mode, compile, attention = values
+        # torch's fused attention and ours next to the handout's eager one, and CUDA-graphed steps, where
+        # the reference figures are: bf16, ctx 512
+        if (attention != "pytorch" or compile == "cudagraphs") and (ctx != 512 or dtype != "bf16"):
             continue
         marks = [pytest.mark.gpu]
         if not _must_show(size, ctx, dtype, mode):
             marks.append(pytest.mark.slow)
-            if values[4] == "compiled":
+            if compile != "eager":
                 marks.append(pytest.mark.skipif(ON_GPU and not FULL_GRID, reason=FULL_GRID_REASON))
         cases.append(_param(values, marks))
     assert len({c.id for c in cases}) == len(cases)
@@ -104,7 +110,7 @@ def _model_cases() -> list:
 
 @pytest.mark.parametrize(*_model_cases())
 def test_model(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compile, attention) -> None:
-    case = Case(size, ctx, mode, dtype, compile == "compiled", attention)
+    case = _case(size, ctx, dtype, mode, compile, attention)
     tag(benchmark, "model", size)
     warmup, rounds = _steps()
     info = run_case(
@@ -121,7 +127,7 @@ def _warmup_cases() -> list:
     ]
     # compiled: 0 vs 1 warm-up shows the compilation landing in the first timed step; 2 and 5 add nothing
     warmups = {"eager": (0, 1, 2, 5), "compiled": (0, 1)}
-    for mode, compile in itertools.product(("fwd", "fwd_bwd"), COMPILES):
+    for mode, compile in itertools.product(("fwd", "fwd_bwd"), warmups):
         for w in warmups[compile]:
             case_id = f"small-ctx256-fp32-{mode}-{compile}-warmup{w}"
             cases.append(
@@ -133,7 +139,7 @@ def _warmup_cases() -> list:
 @pytest.mark.parametrize(*_warmup_cases())
 def test_warmup(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compile, warmup) -> None:
     """D2 (c): the same case with 0, 1, 2, 5 warm-up steps; std_ms and max vs mean show the cold start."""
-    case = Case(size, ctx, mode, dtype, compile == "compiled")
+    case = _case(size, ctx, dtype, mode, compile)
     tag(benchmark, "warmup", f"{size} ctx{ctx}")
     rounds = _steps()[1]
     info = run_case(

@@ -1,19 +1,24 @@
 """Host cost of one eager attention call at the xl model's shape (issue 14): where the microseconds go.
 
-    python scripts/flash_host_overhead.py [--out DIR] [--calls 200] [--rounds 7]
+    python scripts/flash_host_overhead.py [--out DIR] [--calls 200] [--rounds 7] [--layout contiguous] [--profile]
 
 At (4, 25, 512, 64), causal, bf16, in the model's layout (v a permuted view of the fused QKV
 projection), forward+backward without synchronizing: host microseconds per call (min and median over
-interleaved rounds) of SDPA's flash and cuDNN backends, ours, and two floors that launch nothing: a
+interleaved rounds; SDPA's backend pinned once per round, not per call) of SDPA's flash and cuDNN
+backends, ours, and two floors that launch nothing: a
 Python autograd.Function that makes the same allocations as ours ("null, our allocations") and one that
 makes the fewest ("null"). Also ours through the C++ ``_FunctionBase.apply`` without the Python
 ``Function.apply`` wrapper, and do_bench device time of the three. The fwd+bwd of this shape is
-host-bound on the lent GPUs: this is the number that decides it. Writes ``host_overhead.json``.
+host-bound on the lent GPUs: this is the number that decides it. ``--layout contiguous``: (batch, heads,
+seq, d) contiguous inputs, as the bench's attention shapes group has them. ``--profile``: the top CPU
+ops (self time) of 50 fwd+bwd calls of ours and of SDPA flash, from torch.profiler. Writes
+``host_overhead.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -60,7 +65,10 @@ class NullOurAllocations(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
 
 
-def model_inputs(b=4, h=25, n=512, d=64):
+def model_inputs(b=4, h=25, n=512, d=64, layout="model"):
+    if layout == "contiguous":
+        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
     qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)
     q, k = qkv[0].contiguous().requires_grad_(), qkv[1].contiguous().requires_grad_()
     v = qkv[2].detach().requires_grad_()
@@ -68,12 +76,26 @@ def model_inputs(b=4, h=25, n=512, d=64):
     return q, k, v, do
 
 
-def sdpa(backend):
-    def fn(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def sdpa(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    return fn
+
+BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def pinned(name: str):
+    """The SDPA backend of ``name`` pinned (entered once around many calls: its cost is not the call's)."""
+    backend = next((b for n, b in BACKENDS.items() if name.startswith(n)), None)
+    return sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+
+
+def profile_top(step, calls: int = 50, top: int = 15) -> list[tuple[str, float, int]]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [(e.key, e.self_cpu_time_total / calls, e.count // calls) for e in rows]
 
 
 def host_us(step, calls: int) -> float:
@@ -92,12 +114,14 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--heap-objects", type=int, default=2_000_000)
+    ap.add_argument("--layout", choices=("model", "contiguous"), default="model")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    q, k, v, do = model_inputs()
+    q, k, v, do = model_inputs(layout=args.layout)
     raw_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, FlashAttentionTriton)
     fns = {
-        "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
-        "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa_flash": sdpa,
+        "sdpa_cudnn": sdpa,
         "ours": FlashAttentionTriton.apply,
         "ours_raw_apply": raw_apply,
         "null_our_allocations": NullOurAllocations.apply,
@@ -111,13 +135,20 @@ def main() -> None:
     for name, fn in fns.items():
         steps[f"{name} fwd+bwd"] = lambda fn=fn: (fn(q, k, v, True).backward(do), grads_reset())
         steps[f"{name} fwd"] = lambda fn=fn: fn(q, k, v, True)
-    for step in steps.values():  # warm-up: compiles, tunes, plans
-        for _ in range(20):
-            step()
+    for name, step in steps.items():  # warm-up: compiles, tunes, plans
+        with pinned(name):
+            for _ in range(20):
+                step()
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            samples[name].append(host_us(step, args.calls))
+            with pinned(name):
+                samples[name].append(host_us(step, args.calls))
+    profiles = {}
+    if args.profile:
+        for name in ("ours fwd+bwd", "sdpa_flash fwd+bwd"):
+            with pinned(name):
+                profiles[name] = profile_top(steps[name])
     # A process that holds as many Python objects as a pytest run of the benches: does the garbage
     # collector's pass land in the timings, for us (more Python objects per call) or SDPA?
     heap = [[i] for i in range(args.heap_objects)]
@@ -126,19 +157,23 @@ def main() -> None:
             gc.collect()
             (gc.enable if gc_on else gc.disable)()
             key = f"{name}, {len(heap)} objects, gc {'on' if gc_on else 'off'}"
-            samples[key] = [host_us(steps[name], args.calls) for _ in range(args.rounds)]
-            dev = do_bench(steps[name])
+            with pinned(name):
+                samples[key] = [host_us(steps[name], args.calls) for _ in range(args.rounds)]
+                dev = do_bench(steps[name])
             samples[key + " do_bench_us"] = [dev * 1e3]
     gc.enable()
     del heap
-    device = {
-        name: do_bench(lambda fn=fns[name]: fn(q, k, v, True).backward(do), grad_to_none=[q, k, v])
-        for name in ("sdpa_flash", "sdpa_cudnn", "ours")
-    }
+    device = {}
+    for name in ("sdpa_flash", "sdpa_cudnn", "ours"):
+        with pinned(name):
+            step = lambda fn=fns[name]: fn(q, k, v, True).backward(do)
+            device[name] = do_bench(step, grad_to_none=[q, k, v])
     result = {
         "device": torch.cuda.get_device_name(),
         "host_us": {n: {"min": min(s), "median": statistics.median(s)} for n, s in samples.items()},
         "do_bench_fwd_bwd_ms": device,
+        "layout": args.layout,
+        "profile_us_per_call": profiles,
     }
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +182,10 @@ def main() -> None:
     for name, s in result["host_us"].items():
         print(f"{name:60s} {s['min']:7.1f} {s['median']:7.1f}")
     print("do_bench fwd+bwd ms:", {n: round(ms, 4) for n, ms in device.items()})
+    for name, rows in profiles.items():
+        print(f"\n{name}: top CPU ops, self us per call (count per call)")
+        for key, us, count in rows:
+            print(f"  {key[:70]:70s} {us:7.1f} ({count})")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
     python scripts/flash_table.py RESULTS.json [RESULTS.json ...]
 
-Attention shapes rows: per shape and pass, ms of ours and each SDPA backend, ours / flash, ours / cuDNN
-and our TFLOP/s. Model rows: mean, std and median ms per case.
+Attention shapes rows: per shape and pass, ms of ours and each SDPA backend (median of interleaved
+rounds), ours / flash and ours / cuDNN (paired by round), the same from CUDA-graph replays (device time
+only), and our TFLOP/s. Model rows: mean, std and median ms per case.
 """
 
 from __future__ import annotations
@@ -14,19 +15,36 @@ from collections import defaultdict
 from pathlib import Path
 
 IMPLS = ("flash_triton", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+REFERENCES = ("sdpa_flash", "sdpa_cudnn")
 
 
 def _benchmarks(path: str) -> list[dict]:
     return json.loads(Path(path).read_text())["benchmarks"]
 
 
+def _ms(impls: dict[str, dict], key: str) -> list[str]:
+    cells = []
+    for i in IMPLS:
+        e = impls.get(i, {})
+        cells.append(f"{e[key]:.3f}" if e.get(key) else e.get("status", "-") if key == "do_bench_ms" else "-")
+    return cells
+
+
+def _ratio(ours: dict, ms_key: str, ratio_key: str, impls: dict[str, dict], ref: str) -> str:
+    # Our rows hold the paired (per-round) ratio; older JSON only the two medians.
+    if ratio_key in ours:
+        return f"{ours[ratio_key]:.2f}"
+    a, b = ours.get(ms_key), impls.get(ref, {}).get(ms_key)
+    return f"{a / b:.2f}" if a and b else "-"
+
+
 def _row(shape: str, pass_: str, impls: dict[str, dict]) -> str:
-    ms = {i: impls.get(i, {}).get("do_bench_ms") for i in IMPLS}
-    cells = [f"{ms[i]:.3f}" if ms[i] else impls.get(i, {}).get("status", "-") for i in IMPLS]
-    ours = ms["flash_triton"]
-    ratios = [f"{ours / ms[i]:.2f}" if ours and ms[i] else "-" for i in ("sdpa_flash", "sdpa_cudnn")]
-    tflops = impls.get("flash_triton", {}).get("tflops")
-    return f"| {shape} | {pass_} | {' | '.join(cells)} | {' | '.join(ratios)} | {tflops or 0:.0f} |"
+    ours = impls.get("flash_triton", {})
+    cells = _ms(impls, "do_bench_ms")
+    cells += [_ratio(ours, "do_bench_ms", f"ratio_to_{r}", impls, r) for r in REFERENCES]
+    cells += _ms(impls, "graph_ms")[:3]
+    cells += [_ratio(ours, "graph_ms", f"graph_ratio_to_{r}", impls, r) for r in REFERENCES]
+    return f"| {shape} | {pass_} | {' | '.join(cells)} | {ours.get('tflops') or 0:.0f} |"
 
 
 def shapes_table(path: str) -> None:
@@ -37,8 +55,11 @@ def shapes_table(path: str) -> None:
             rows[(e["shape"], e["pass_"])][e["impl"]] = e
     if not rows:
         return
-    print("| shape | pass | ours ms | flash | cuDNN | mem-eff | ours/flash | ours/cuDNN | ours TFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| shape | pass | ours ms | flash | cuDNN | mem-eff | ours/flash | ours/cuDNN "
+        "| graph: ours ms | flash | cuDNN | ours/flash | ours/cuDNN | ours TFLOP/s |"
+    )
+    print("|---" * 14 + "|")
     for (shape, pass_), impls in rows.items():
         print(_row(shape, pass_, impls))
 

@@ -4,6 +4,7 @@
 #   bash scripts/gpu_runs.sh model-core                     (single GPU)
 #   bash scripts/gpu_runs.sh attention flash                (single GPU)
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes flash-host model-attention model-attention-paired   (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh model-attention-cudagraphs                                    (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
@@ -67,7 +68,8 @@ for stage in "$@"; do
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-shapes.log" | tail -8
       python3 scripts/flash_table.py "$OUT/flash-shapes.json" ;;
     flash-host)  # issue 14: host microseconds of one eager fwd+bwd at the xl shape, ours vs SDPA vs floors
-      python3 scripts/flash_host_overhead.py --out "$OUT" 2>&1 | tail -16 ;;
+      python3 scripts/flash_host_overhead.py --out "$OUT/host-model" 2>&1 | tail -16
+      python3 scripts/flash_host_overhead.py --out "$OUT/host-contiguous" --layout contiguous --profile 2>&1 | tail -50 ;;
     model-attention)  # issue 14: small and xl, ctx 512, bf16, fwd_bwd, eager and compiled, sdpa vs flash_triton (4 compiles)
       CS336_FULL_GRID=1 "${BENCH[@]}" bench/bench_model.py::test_model --only size=small,xl --only ctx=512 \
         --only dtype=bf16 --only mode=fwd_bwd --only compile=compiled,eager --only attention=sdpa,flash_triton \
@@ -75,6 +77,12 @@ for stage in "$@"; do
       python3 scripts/flash_table.py "$OUT/model-attention.json" ;;
     model-attention-paired)  # issue 14: small and xl compiled, sdpa and flash_triton steps alternated (4 compiles)
       python3 scripts/model_attention_diag.py --out "$OUT" --paired small,xl --steps 40 2>&1 | tail -5 ;;
+    model-attention-cudagraphs)  # issue 14: small and xl, ctx 512, bf16, fwd_bwd, CUDA-graphed: bench rows, then paired (8 compiles)
+      CS336_FULL_GRID=1 "${BENCH[@]}" bench/bench_model.py::test_model --only size=small,xl --only ctx=512 \
+        --only dtype=bf16 --only mode=fwd_bwd --only compile=cudagraphs --only attention=sdpa,flash_triton \
+        --benchmark-json="$OUT/model-attention-cudagraphs.json" 2>&1 | tail -8
+      python3 scripts/flash_table.py "$OUT/model-attention-cudagraphs.json"
+      python3 scripts/model_attention_diag.py --out "$OUT" --paired small,xl --steps 40 --cudagraphs 2>&1 | tail -5 ;;
     allreduce)  # D13: nccl at 2 and 4 GPUs (6 needs an 8-GPU machine), 1 MB .. 1 GB
       "${BENCH[@]}" bench/bench_allreduce.py --only backend=nccl --benchmark-json="$OUT/allreduce.json" 2>&1 | tail -30 ;;
     ddp)  # D14-D17 + torch DDP, xl, 2 GPUs

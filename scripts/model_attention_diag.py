@@ -1,7 +1,7 @@
 """Where the model's time goes with each attention (issue 14): one GPU command.
 
     python scripts/model_attention_diag.py --out DIR [--size xl] [--ctx 512] [--steps 20]
-    python scripts/model_attention_diag.py --out DIR --paired small,xl [--steps 40]
+    python scripts/model_attention_diag.py --out DIR --paired small,xl [--steps 40] [--cudagraphs]
 
 For the model (bf16 autocast, forward+backward) compiled with inductor, and with CUDA graphs
 (``mode="reduce-overhead"``), per attention (sdpa, flash_triton): per-step device time (CUDA events) and host
@@ -88,10 +88,12 @@ def run_model(size: str, ctx: int, attention: str, mode: str, steps: int) -> dic
     return res
 
 
-def paired(size: str, ctx: int, steps: int) -> dict:
-    """Both attentions' compiled models, steps alternated (see the module docstring)."""
+def paired(size: str, ctx: int, steps: int, cudagraphs: bool = False) -> dict:
+    """Both attentions' compiled models (``cudagraphs``: mode="reduce-overhead"), steps alternated (see
+    the module docstring)."""
     works = {
-        a: Workload(Case(size, ctx, "fwd_bwd", "bf16", True, a), "cuda") for a in ("sdpa", "flash_triton")
+        a: Workload(Case(size, ctx, "fwd_bwd", "bf16", True, a, cudagraphs=cudagraphs), "cuda")
+        for a in ("sdpa", "flash_triton")
     }
     for work in works.values():
         for _ in range(5):  # compiles, tunes
@@ -123,15 +125,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--modes", default="inductor,cudagraphs")
     ap.add_argument("--paired", help="sizes, e.g. small,xl: compiled sdpa and flash_triton, steps alternated")
+    ap.add_argument("--cudagraphs", action="store_true", help="--paired with CUDA graphs (reduce-overhead)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.paired:
         result = {"device": torch.cuda.get_device_name(), "ctx": args.ctx, "steps": args.steps}
+        result["cudagraphs"] = args.cudagraphs
         for size in args.paired.split(","):
-            result[size] = paired(size, args.ctx, args.steps)
+            result[size] = paired(size, args.ctx, args.steps, args.cudagraphs)
         result["tuning"] = kernels.tuning_report()
-        (args.out / "model_attention_paired.json").write_text(json.dumps(result, indent=1, default=str))
-        print(f"\nctx{args.ctx} bf16 fwd_bwd compiled, {args.steps} alternated steps each")
+        name = "model_attention_paired" + ("_cudagraphs" if args.cudagraphs else "")
+        (args.out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+        how = "compiled with CUDA graphs" if args.cudagraphs else "compiled"
+        print(f"\nctx{args.ctx} bf16 fwd_bwd {how}, {args.steps} alternated steps each")
         print(
             "size | sdpa mean ± std (median) ms | flash_triton mean ± std (median) ms | ratio of means | medians"
         )

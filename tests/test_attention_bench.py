@@ -235,7 +235,13 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
     """The CPU-capable cases of both bench files run and write the rows the tables need."""
     out_json, out_jsonl = tmp_path / "out.json", tmp_path / "rows.jsonl"
     # One thread: the suite runs with -n 2 on 2 cores, and oversubscribed OpenMP threads crawl.
-    env = dict(os.environ, CS336_BENCH_JSONL=str(out_jsonl), CS336_D6_PASSES="5", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        CS336_BENCH_JSONL=str(out_jsonl),
+        CS336_D6_PASSES="5",
+        CS336_SHAPE_ROUNDS="2",
+        OMP_NUM_THREADS="1",
+    )
     # Under pytest-xdist, PYTEST_XDIST_WORKER would make the inner pytest-benchmark disable itself.
     env = {key: value for key, value in env.items() if not key.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
@@ -243,11 +249,14 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
         "bench/bench_attention.py::test_attention_eager_vs_compiled",
         "bench/bench_flash.py::test_flash_sweep",
-        "--only", "impl=pytorch,pytorch_compiled,sdpa_flash,sdpa_cudnn,sdpa_efficient",
+        "bench/bench_flash.py::test_attention_shapes",
+        "--only", "impl=pytorch,pytorch_compiled,sdpa_flash,sdpa_cudnn,sdpa_efficient,flash_triton",
         "--only", "seq=128,256", "--only", "d=16",
         # D6 runs at seq 256, the D11 sweep at seq 128 (its seq-256 cases are GPU-only, so on a GPU
-        # machine they would run too and the checks below would see two rows per key).
-        "-k", "not (pytorch_compiled and (bf16 or seq256)) and not (test_flash_sweep and seq256)",
+        # machine they would run too and the checks below would see two rows per key); the attention
+        # shapes group at its CPU shape (ours under the interpreter on a CPU-only machine).
+        "-k", "not (pytorch_compiled and (bf16 or seq256)) and not (test_flash_sweep and (seq256 or flash_triton))"
+        " and not (test_attention_shapes and not b1-h2-q64)",
         f"--benchmark-json={out_json}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
@@ -276,6 +285,9 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
             assert info["flops"] == expected_flops
             assert info["tflops"] == pytest.approx(flops.tflops(expected_flops, info["do_bench_ms"]))
             assert info["mean_ms"] > 0  # pytest-benchmark rounds ran too
+    _check_shapes_rows(
+        [r["extra_info"] for r in rows if r["extra_info"].get("group_key") == "attention_shapes"]
+    )
     logged = [json.loads(line) for line in out_jsonl.read_text().splitlines()]
     assert len(logged) == len(rows)
     # The row log is what survives a cut-off sweep: the report reads it like the JSON.
@@ -283,3 +295,27 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
     _, from_json = report.load([out_json])
     assert sorted(r.name for r in from_log) == sorted(r.name for r in from_json)
     assert any(t.group == "D11 flash sweep" for t in report.build_tables(from_log))
+
+
+def _check_shapes_rows(rows: list[dict]) -> None:
+    """The attention-shapes rows of the CPU shape: every impl x pass, timed in 2 interleaved rounds, ours
+    with ratios paired by round against each SDPA backend that ran (and CUDA-graph times on a GPU)."""
+    by_key = {(r["impl"], r["pass_"]): r for r in rows}
+    assert len(rows) == len(by_key) == 4 * 3
+    timed = {impl for (impl, _), r in by_key.items() if r["status"] == "ok"}
+    assert "flash_triton" in timed and "sdpa_flash" in timed  # both exist on every machine
+    on_gpu = torch.cuda.is_available()
+    for (impl, pass_), r in by_key.items():
+        if impl not in timed:
+            assert r["status"] == "unsupported" and r["reason"]
+            continue
+        assert r["do_bench_rounds"] == 2 and len(r["do_bench_round_ms"]) == 2
+        assert r["do_bench_ms"] == pytest.approx(sum(r["do_bench_round_ms"]) / 2)
+        assert r["check_rel_err"]["O"] < 2e-2
+        assert ("graph_ms" in r) == (on_gpu and pass_ != "bwd")
+        if impl == "flash_triton":
+            for ref in timed - {"flash_triton"}:
+                ours, theirs = r["do_bench_round_ms"], by_key[ref, pass_]["do_bench_round_ms"]
+                paired = sorted(a / b for a, b in zip(ours, theirs, strict=True))
+                assert r[f"ratio_to_{ref}"] == pytest.approx(sum(paired) / 2)
+            assert r["best_sdpa"] in timed and "configs" in r and r["tune_seconds_so_far"] >= 0

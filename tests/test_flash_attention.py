@@ -323,6 +323,104 @@ def test_compiled_small_case_runs_none_of_our_python(path, device, generator, mo
     torch._dynamo.reset()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["3d", "model"])
+def test_eager_calls_replay_from_a_cuda_graph(layout, device, generator) -> None:
+    # A CUDA-graphed step (torch.compile's reduce-overhead, or a hand-captured one) records the eager
+    # plan's launches: replays after new data is copied into the static inputs must match eager calls.
+    if layout == "3d":
+        q, k, v, do = make_inputs((4, 256, 256, 64), torch.bfloat16, device, generator)
+    else:  # (batch, heads, seq, d) views of a (batch, seq, heads, d) projection, as the model has them
+        draw = lambda: (
+            torch.randn(2, 256, 4, 64, generator=generator).to(device, torch.bfloat16).transpose(1, 2)
+        )
+        q, k, v = (draw().requires_grad_() for _ in range(3))
+        do = draw()
+
+    def step() -> torch.Tensor:
+        for x in (q, k, v):
+            x.grad = None
+        o = FlashAttentionTriton.apply(q, k, v, True)
+        o.backward(do)
+        return o
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # plans, tuning and compiles happen here, outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_static = step()
+    grads_static = [x.grad for x in (q, k, v)]
+    for _ in range(2):
+        with torch.no_grad():
+            for x in (q, k, v, do):
+                x.copy_(torch.randn(x.shape, generator=generator).to(x))
+        graph.replay()
+        o_eager = step()
+        assert torch.equal(o_static, o_eager)
+        for got, x in zip(grads_static, (q, k, v), strict=True):
+            assert torch.equal(got, x.grad)
+
+
+@pytest.mark.gpu
+def test_plans_launch_through_the_c_launcher_with_addresses(device, generator, monkeypatch) -> None:
+    # Per launch, Triton's launcher would call data_ptr() and cuPointerGetAttribute for every tensor it
+    # is given, behind a Python wrapper: the plans hand it integers, straight to its C entry point.
+    q, k, v, do = make_inputs((2, 128, 128, 64), torch.bfloat16, device, generator)
+    FlashAttentionTriton.apply(q, k, v, True).backward(do)  # plans, tunes, compiles
+    plan = kernels.attention_plan(q, k, v, True)
+    seen = []
+    for kernel_plan in (plan.fwd, *next(iter(plan.bwd.values()))):
+        assert kernel_plan.launch is not None
+        record = lambda *args, _launch=kernel_plan.launch: seen.append(args) or _launch(*args)
+        monkeypatch.setattr(kernel_plan, "launch", record)
+    for x in (q, k, v):
+        x.grad = None
+    check_against_reference(FlashAttentionTriton.apply, q, k, v, do, True, tolerance(torch.bfloat16, device))
+    assert len(seen) == 3  # forward, dQ, dK/dV
+    first_tensor_args = 13  # grid (3), stream, function, then 8 launcher options
+    assert all(isinstance(a, int) for args in seen for a in args[first_tensor_args : first_tensor_args + 4])
+
+
+@pytest.mark.gpu
+def test_first_call_inside_graph_capture_is_refused_clearly(device, generator) -> None:
+    q, k, v, _ = make_inputs((1, 96, 96, 32), torch.bfloat16, device, generator)  # a signature not seen yet
+    kernels.clear_plans()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="Run one call with the same shapes"), torch.cuda.graph(graph):
+        FlashAttentionTriton.apply(q, k, v, True)
+
+
+@pytest.mark.gpu
+def test_compiled_model_with_cuda_graphs_matches_eager(device) -> None:
+    # The model compiled with mode="reduce-overhead" (CUDA graphs over inductor's code, our kernels in it)
+    # gives the eager model's loss and gradients, step after step.
+    from cs336_systems.model import TransformerLM, get_preset
+
+    config = get_preset("tiny").with_(attention="flash_triton", context_length=64)
+    torch.manual_seed(0)
+    model = TransformerLM(config, device=device)
+    tokens = torch.randint(0, config.vocab_size, (2, 64), device=device)
+    torch._dynamo.reset()
+    graphed = torch.compile(model, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, record, replay
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss_graphed = graphed(tokens).float().square().mean()
+        model.zero_grad(set_to_none=True)
+        loss_graphed.backward()
+        grads_graphed = [p.grad.clone() for p in model.parameters()]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss_eager = model(tokens).float().square().mean()
+    model.zero_grad(set_to_none=True)
+    loss_eager.backward()
+    torch._dynamo.reset()
+    assert abs(loss_graphed.item() - loss_eager.item()) <= 2e-2 * abs(loss_eager.item())
+    for p, g in zip(model.parameters(), grads_graphed, strict=True):
+        assert rel_err(g, p.grad) < 5e-2
+
+
 # -- bad input gets a clear error --------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import gzip
@@ -89,11 +90,15 @@ def test_case_ids_and_validation():
     assert Case("xl", 512, "train", "bf16", True).id == "xl-ctx512-bf16-train-compiled"
     assert Case("small", 256, "forward", "fp32", attention="sdpa").id == "small-ctx256-fp32-fwd-eager-sdpa"
     assert Case("tiny", 300).config.context_length == 300  # RoPE table grows with the context
+    graphed = Case("xl", 512, "fwd_bwd", "bf16", True, "flash_triton", cudagraphs=True)
+    assert graphed.id == "xl-ctx512-bf16-fwd_bwd-cudagraphs-flash_triton"
+    assert graphed.info()["compile"] == "cudagraphs" and graphed.info()["compiled"]
     for kwargs, message in [
         ({"dtype": "fp16"}, "precision"),
         ({"mode": "backward"}, "mode"),
         ({"attention": "nope"}, "attention"),
         ({"ctx": 0}, "positive"),
+        ({"cudagraphs": True}, "need the compiled model"),
     ]:
         with pytest.raises(ValueError, match=message):
             Case(**{"size": "tiny", "ctx": 16, **kwargs})
@@ -266,6 +271,8 @@ def test_cli_compiled_train_runs(capsys):
         ("--profile-steps 0 --profile prof --device cpu", "--profile-steps >= 1"),
         ("--json . --device cpu", "is a directory"),
         ("--compile --compile-backend nosuch --device cpu", "not a torch.compile backend"),
+        ("--compile --cudagraphs --device cpu", "--cudagraphs needs a CUDA device"),
+        ("--cudagraphs --device cpu", "need the compiled model"),
     ],
 )
 def test_cli_rejects_bad_input(args, message, capsys, monkeypatch):
@@ -465,3 +472,49 @@ def test_timing_pauses_the_garbage_collector() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_interleaved_rounds_pair_steps_under_host_drift() -> None:
+    # A host whose speed changes between rounds: step "b" costs twice "a" in every round. Timing each
+    # step's rounds back to back would compare a slow host with a fast one; interleaved rounds give
+    # every round both steps, so the paired ratio is exactly 2 and the rotation varies who goes first.
+    speed = iter([1.0, 1.0, 3.0, 3.0, 0.5, 0.5, 2.0, 2.0])
+    order = []
+
+    def measure(fn, *, warmup_ms, rep_ms, grad_to_none):
+        return [fn() * next(speed)] * 3
+
+    steps = {"a": lambda: order.append("a") or 1.0, "b": lambda: order.append("b") or 2.0}
+    out = timing.interleaved_device_time(
+        steps, torch.device("cpu"), rounds=4, warmup_ms=0, rep_ms=1, measure=measure
+    )
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert out["a"]["do_bench_round_ms"] == [1.0, 3.0, 0.5, 2.0]
+    assert out["b"]["do_bench_round_ms"] == [2.0, 6.0, 1.0, 4.0]
+    assert timing.paired_ratio(out["b"]["do_bench_round_ms"], out["a"]["do_bench_round_ms"]) == 2.0
+    assert out["a"]["do_bench_ms"] == 1.5 and out["a"]["do_bench_best_round_ms"] == 0.5
+    assert out["b"]["do_bench_rounds"] == 4 and out["b"]["do_bench_reps"] == 12
+
+
+def test_interleaved_rounds_enter_contexts_per_round_not_per_call() -> None:
+    entered = []
+
+    @contextlib.contextmanager
+    def pin():
+        entered.append(1)
+        yield
+
+    calls = []
+    out = timing.interleaved_device_time(
+        {"x": lambda: calls.append(1)},
+        torch.device("cpu"),
+        rounds=2,
+        warmup_ms=0,
+        rep_ms=1,
+        contexts={"x": pin},
+    )
+    assert len(entered) == 2 and len(calls) > 2 and out["x"]["timer"] == "host"
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        timing.interleaved_device_time(
+            {"x": lambda: None}, torch.device("cpu"), rounds=0, warmup_ms=0, rep_ms=1
+        )

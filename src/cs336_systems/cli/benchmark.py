@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument(
+        "--cudagraphs",
+        action="store_true",
+        help='with --compile: mode="reduce-overhead", the compiled step replayed from CUDA graphs',
+    )
     p.add_argument("--attention", default="pytorch", help="attention implementation (registry name)")
     p.add_argument("--checkpoint", default="none", help="activation checkpointing: none, every:K or nested")
     p.add_argument("--fused-loss", action="store_true", help="fused LM-head + cross-entropy (no logits)")
@@ -119,6 +124,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
         backends = ", ".join(torch._dynamo.list_backends())
         parser.error(
             f"--compile-backend {args.compile_backend!r} is not a torch.compile backend; try {backends}"
+        )
+    if args.cudagraphs and args.compile and (device.type != "cuda" or args.compile_backend != "inductor"):
+        parser.error(
+            f"--cudagraphs needs a CUDA device and the inductor backend, got {device} and "
+            f"--compile-backend {args.compile_backend}"
         )
     if "bf16" in args.dtype and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         parser.error(f"--dtype bf16: {device_name(device)} does not support bf16")
@@ -191,6 +201,7 @@ def make_cases(args: argparse.Namespace) -> list[Case]:
             overrides,
             args.checkpoint,
             args.fused_loss,
+            args.cudagraphs,
         )
         for size, ctx, dtype, mode in itertools.product(args.size, args.context, args.dtype, args.mode)
     ]

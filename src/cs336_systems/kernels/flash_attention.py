@@ -802,11 +802,11 @@ def _descriptor(base: torch.Tensor, box: tuple) -> TensorDescriptor:
 
 class _KernelPlan:
     """One kernel compiled for one call signature (shapes, strides, dtypes, alignment, config): a launch
-    hands only the call's tensors to the compiled kernel's launcher. Triton's JIT dispatch would bind and
-    specialize ~40 arguments and build a cache key per launch, which costs more host time than the
-    launch itself; the model launches attention kernels 3 x layers times per step."""
+    hands only the call's device addresses (and descriptors) to the compiled kernel's launcher. Triton's JIT
+    dispatch would bind and specialize ~40 arguments and build a cache key per launch, which costs more
+    host time than the launch itself; the model launches attention kernels 3 x layers times per step."""
 
-    __slots__ = ("boxes", "compiled", "grid", "launch_jit", "tail")
+    __slots__ = ("boxes", "compiled", "grid", "launch", "launch_jit", "prefix", "tail")
 
     def __init__(self, call: _Call):
         """Launches ``call`` once through the JIT (compiling it) and keeps what later launches reuse."""
@@ -819,25 +819,57 @@ class _KernelPlan:
         self.boxes = boxes if any(boxes) else None
         self.tail = (*call.args[n:], *call.constexprs.values())
         self.grid = call.grid
-        self.compiled = call.jit()  # None under the interpreter, which always goes through the JIT
+        self.compiled = k = call.jit()  # None under the interpreter, which always goes through the JIT
         c = call.config
         self.launch_jit = (
             None
-            if self.compiled is not None
+            if k is not None
             else functools.partial(call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages)
         )
+        self.launch, self.prefix = None, ()
+        run = getattr(k, "run", None)
+        if (
+            run is not None
+            and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0
+        ):
+            # The launcher's C entry point: its Python wrapper builds scratch-allocation closures on every
+            # call, for kernels that have no scratch.
+            self.launch = run.launch
+            self.prefix = (
+                run.launch_cooperative_grid,
+                run.launch_pdl,
+                None,
+                None,
+                k.packed_metadata,
+                None,
+                None,
+                None,
+            )
 
     def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
-        if self.boxes is not None:
-            tensors = tuple(
-                t if box is None else _descriptor(t, box) for t, box in zip(tensors, self.boxes, strict=True)
-            )
-        k = self.compiled
-        if k is None:
+        if self.compiled is None:
+            if self.boxes is not None:
+                tensors = tuple(
+                    t if b is None else _descriptor(t, b) for t, b in zip(tensors, self.boxes, strict=True)
+                )
             self.launch_jit(*tensors, *self.tail)
+            return
+        # Device addresses as integers: given a tensor, the launcher calls its data_ptr() and then
+        # cuPointerGetAttribute to check the address, per tensor and launch (the plan checked the device).
+        if self.boxes is None:
+            args = [t.data_ptr() for t in tensors]
         else:
-            k.run(self.grid[0], self.grid[1], 1, stream, k.function, k.packed_metadata, None, None, None,
-                  *tensors, *self.tail)  # fmt: skip
+            args = [
+                t.data_ptr() if b is None else _descriptor(t, b)
+                for t, b in zip(tensors, self.boxes, strict=True)
+            ]
+        gx, gy = self.grid
+        k = self.compiled
+        if self.launch is not None:
+            self.launch(gx, gy, 1, stream, k.function, *self.prefix, *args, *self.tail)
+        else:
+            k.run(gx, gy, 1, stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -893,6 +925,12 @@ class AttentionPlan:
             )
         self.fwd: _KernelPlan | None = None
         self.bwd: dict[tuple, tuple[_KernelPlan, _KernelPlan]] = {}
+        # (shape, strides) of O and of dQ, dK, dV (empty_like's dense layouts), allocated per call with
+        # one empty_strided each instead of empty_like's or new_empty + transpose's two dispatches.
+        self.layouts = tuple(
+            (x.shape, x.stride()) for x in (new_output(q), *map(torch.empty_like, (q, k, v)))
+        )
+        self.lse_shape, self.dtype, self.torch_device = q.shape[:-1], q.dtype, q.device
 
     def _stream(self) -> int:
         return 0 if INTERPRET else torch._C._cuda_getCurrentRawStream(self.device)
@@ -900,6 +938,14 @@ class AttentionPlan:
     def _tuned(self, kernel: str, make_call: Callable[..., _Call], tensors: tuple) -> _KernelPlan:
         """The plan of ``kernel`` for these tensors: tuned (each candidate timed through a plan of its own,
         so the tuner sees the host cost that calls will pay), compiled, and launched once."""
+        if not INTERPRET and torch.cuda.is_current_stream_capturing():
+            # Tuning times and synchronizes, and compiling loads modules: neither can be captured.
+            raise RuntimeError(
+                f"FlashAttention: the first {kernel!r} call of this signature (shapes {self.case[:4]}, causal="
+                f"{self.is_causal}, {self.case[5]}) is being captured in a CUDA graph; it tunes and compiles, "
+                "which a graph cannot record. Run one call with the same shapes and layouts before capture "
+                "(as torch.compile's CUDA graphs do in their warm-up run)."
+            )
         built: dict[TileConfig, _KernelPlan] = {}
 
         def launch(c: TileConfig) -> None:
@@ -914,8 +960,8 @@ class AttentionPlan:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous, Q.shape[:-1])."""
-        o = new_output(q)
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        o = self._empty(0)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device)
         tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
         if self.fwd is None:
             self.fwd = self._tuned("fwd", _fwd_call, tensors)
@@ -926,7 +972,7 @@ class AttentionPlan:
     def backward(self, q, k, v, o, do, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """dQ, dK, dV (input dtype, the inputs' layouts): the dQ pass (which also writes D = rowsum(dO ∘ O)),
         then the dK/dV pass. Two launches."""
-        grads = dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grads = dq, dk, dv = self._empty(1), self._empty(2), self._empty(3)
         key = _layout_key(o, do, lse)
         if not self.four_d:
             q, k, v, o, do, dq, dk, dv = map(as_4d, (q, k, v, o, do, dq, dk, dv))
@@ -943,6 +989,10 @@ class AttentionPlan:
             plans[0](stream, *dq_tensors)
             plans[1](stream, *dkdv_tensors)
         return grads
+
+    def _empty(self, which: int) -> torch.Tensor:
+        shape, stride = self.layouts[which]
+        return torch.empty_strided(shape, stride, dtype=self.dtype, device=self.torch_device)
 
     @staticmethod
     def _check_lse(lse: torch.Tensor) -> None:

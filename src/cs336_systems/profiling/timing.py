@@ -8,10 +8,11 @@ before timing so compilation, autotuning and allocator growth stay out of the nu
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import statistics
 import timeit
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,6 +113,23 @@ def host_bench(
     return times
 
 
+def _rep_times(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device,
+    warmup_ms: float,
+    rep_ms: float,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> list[float]:
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(
+            fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(grad_to_none or []), return_mode="all"
+        )
+    return host_bench(fn, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none)
+
+
 def device_time(
     fn: Callable[[], Any],
     device: torch.device,
@@ -125,24 +143,85 @@ def device_time(
     garbage collector paused (:func:`gc_paused`). The median is the authoritative number
     (``do_bench_ms``); 20/80 % quantiles and min go alongside."""
     with gc_paused():
-        if device.type == "cuda":
-            from triton.testing import do_bench
-
-            times = do_bench(
-                fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(grad_to_none or []), return_mode="all"
-            )
-            timer = "do_bench"
-        else:
-            times = host_bench(fn, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none)
-            timer = "host"
+        times = _rep_times(fn, device=device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none)
     return {
-        "timer": timer,
+        "timer": "do_bench" if device.type == "cuda" else "host",
         "do_bench_ms": statistics.median(times),
         "do_bench_p20_ms": quantile(times, 0.2),
         "do_bench_p80_ms": quantile(times, 0.8),
         "do_bench_min_ms": min(times),
         "do_bench_reps": len(times),
     }
+
+
+def _round_stats(rounds: list[list[float]]) -> dict[str, Any]:
+    medians = [statistics.median(r) for r in rounds]
+    pooled = [t for r in rounds for t in r]
+    return {
+        "do_bench_ms": statistics.median(medians),
+        "do_bench_best_round_ms": min(medians),
+        "do_bench_round_ms": medians,
+        "do_bench_p20_ms": quantile(pooled, 0.2),
+        "do_bench_p80_ms": quantile(pooled, 0.8),
+        "do_bench_min_ms": min(pooled),
+        "do_bench_reps": len(pooled),
+    }
+
+
+def interleaved_device_time(
+    steps: Mapping[Hashable, Callable[[], Any]],
+    device: torch.device,
+    *,
+    rounds: int,
+    warmup_ms: float,
+    rep_ms: float,
+    grad_to_none: Mapping[Hashable, Sequence[torch.Tensor]] | None = None,
+    contexts: Mapping[Hashable, Callable[[], contextlib.AbstractContextManager]] | None = None,
+    measure: Callable[..., list[float]] | None = None,
+) -> dict[Hashable, dict[str, Any]]:
+    """:func:`device_time` of several steps measured in ``rounds`` interleaved rounds: each round times
+    every step once (``rep_ms`` of reps, the order rotated per round), so all steps see the same host
+    and clocks. On a host whose speed drifts by tens of percent within a minute, timing one step after
+    another compares one host state with another; within a round they share one. Per step:
+    ``do_bench_ms`` is the median of the round medians, ``do_bench_round_ms`` the round medians in
+    round order (pair them across steps with :func:`paired_ratio`). ``contexts[key]()`` is entered
+    around each of the key's rounds, not each call (e.g. an SDPA backend pin, whose per-call cost would
+    be charged to the step). ``measure(fn, warmup_ms, rep_ms, grad_to_none)`` returns one round's rep
+    times (default: do_bench on CUDA, the host clock elsewhere)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    measure = measure or functools.partial(_rep_times, device=device)
+    keys = list(steps)
+    times: dict[Hashable, list[list[float]]] = {key: [] for key in keys}
+    with gc_paused():
+        for r in range(rounds):
+            shift = r % len(keys) if keys else 0
+            for key in keys[shift:] + keys[:shift]:
+                grads = (grad_to_none or {}).get(key)
+                with (contexts or {}).get(key, contextlib.nullcontext)():
+                    reps = measure(steps[key], warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grads)
+                times[key].append(reps)
+    timer = "do_bench" if device.type == "cuda" else "host"
+    return {key: {"timer": timer, "do_bench_rounds": rounds, **_round_stats(times[key])} for key in keys}
+
+
+def paired_ratio(ours: Sequence[float], reference: Sequence[float]) -> float:
+    """Median over rounds of ours / reference, round by round (both from one
+    :func:`interleaved_device_time`): a ratio that host drift between rounds does not move."""
+    return statistics.median(a / b for a, b in zip(ours, reference, strict=True))
+
+
+def graph_time(fn: Callable[[], Any], *, rep_ms: float, grad_to_none: Sequence[torch.Tensor] = ()) -> float:
+    """Device ms per call of ``fn`` replayed from one CUDA graph (``triton.testing.do_bench_cudagraph``,
+    median of 10 replays of ~``rep_ms``): no host work between calls, so what a CUDA-graphed training
+    step pays. L2 is not flushed between calls. do_bench_cudagraph calls ``fn`` once before capturing,
+    so first-call work (plans, tuning, compiles) stays outside the graph."""
+    from triton.testing import do_bench_cudagraph
+
+    with gc_paused():
+        return float(
+            do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=list(grad_to_none), return_mode="median")
+        )
 
 
 def rounds_for(ms: float, budget_ms: float = 100.0, lo: int = 3, hi: int = 20) -> int:

@@ -68,6 +68,9 @@ class Case:
     overrides: tuple[tuple[str, int], ...] = field(default=())  # e.g. (("num_layers", 2),)
     checkpoint: str = "none"  # activation checkpointing policy (ModelConfig.checkpoint)
     fused_loss: bool = False  # loss through the fused LM-head + cross-entropy kernel
+    # compiled with mode="reduce-overhead": inductor's code replayed from CUDA graphs, so a step costs
+    # the host a few graph launches instead of one launch per kernel (needs ``compile``)
+    cudagraphs: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", normalize_mode(self.mode))
@@ -76,6 +79,10 @@ class Case:
         if self.ctx < 1 or self.batch < 1:
             raise ValueError(
                 f"context length and batch must be positive, got ctx={self.ctx} batch={self.batch}"
+            )
+        if self.cudagraphs and not self.compile:
+            raise ValueError(
+                "CUDA graphs (cudagraphs=True, --cudagraphs) need the compiled model (--compile)"
             )
         if self.attention not in attention_names():
             raise ValueError(f"unknown attention {self.attention!r}; choose one of {attention_names()}")
@@ -99,7 +106,7 @@ class Case:
 
     @property
     def id(self) -> str:
-        parts = [self.size, f"ctx{self.ctx}", self.dtype, self.mode, "compiled" if self.compile else "eager"]
+        parts = [self.size, f"ctx{self.ctx}", self.dtype, self.mode, self.compile_name]
         if self.attention != "pytorch":
             parts.append(self.attention)
         if self.batch != BATCH_SIZE:
@@ -112,6 +119,11 @@ class Case:
         return "-".join(parts)
 
     @property
+    def compile_name(self) -> str:
+        """eager, compiled, or cudagraphs (compiled with mode="reduce-overhead")."""
+        return "cudagraphs" if self.cudagraphs else "compiled" if self.compile else "eager"
+
+    @property
     def flops(self) -> int:
         return step_flops(self.config, self.batch, self.ctx, self.mode)
 
@@ -122,7 +134,7 @@ class Case:
             "ctx": self.ctx,
             "dtype": self.dtype,
             "mode": self.mode,
-            "compile": "compiled" if self.compile else "eager",
+            "compile": self.compile_name,
             "compiled": self.compile,
             "attention": self.attention,
             "batch": self.batch,
@@ -149,8 +161,9 @@ class Workload:
         annotated_forward(self.model)
         if case.compile:
             torch._dynamo.reset()  # fresh guards/caches: a sweep must not hit the recompile limit
+            mode = "reduce-overhead" if case.cudagraphs else None
             self.forward_fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(
-                self.model, backend=compile_backend
+                self.model, backend=compile_backend, mode=mode
             )
         else:
             self.forward_fn = self.model
@@ -179,6 +192,8 @@ class Workload:
 
     def step(self) -> None:
         """One step of the case's mode (what every timed round runs)."""
+        if self.case.cudagraphs:  # a new iteration: outputs of the previous replays may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         if self.case.mode == "fwd":
             with torch.no_grad():
                 self.forward()

@@ -47,6 +47,8 @@ VALUE_LABELS = {
     "mean_ms": "mean ± std (ms)",
     "median_ms": "median (ms)",
     "do_bench_ms": "do_bench median (ms)",
+    "graph_ms": "CUDA-graph replay (ms)",
+    "ratio_to_best_sdpa": "ours / best SDPA",
     "fwd_ms": "fwd (ms)",
     "bwd_ms": "bwd (ms)",
     "fwd_bwd_ms": "fwd+bwd (ms)",
