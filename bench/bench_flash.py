@@ -562,7 +562,7 @@ def test_attention_shapes(
         record_not_run_and_log(benchmark, "unsupported", r.reason, **info)
         return
     if r.status == "oom":
-        record_oom(benchmark, **info)
+        record_oom(benchmark, **info, status="oom")
         log_case(benchmark)
         return
     if r.error is not None:
