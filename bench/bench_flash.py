@@ -317,16 +317,26 @@ def record_not_run_and_log(benchmark, status: str, reason: str, **info: Any) -> 
     log_case(benchmark)
 
 
+def _failure_kind(exc: Exception, impl: str) -> str | None:
+    """ "oom", "unsupported" (an SDPA backend's refusal), or None for anything else (a bug)."""
+    if is_oom(exc):
+        return "oom"
+    if impl in SDPA_BACKENDS and is_unsupported_error(exc):
+        return "unsupported"
+    return None
+
+
 def _expected_failure(benchmark: Any, exc: Exception, impl: str, info: dict[str, Any]) -> str:
     """Record an out-of-memory ("oom") or an SDPA backend's refusal ("unsupported") as a row and name
     it; anything else is a bug and propagates."""
-    if is_oom(exc):
+    kind = _failure_kind(exc, impl)
+    if kind == "oom":
         record_oom(benchmark, **info)
-        return "oom"
-    if impl in SDPA_BACKENDS and is_unsupported_error(exc):
+    elif kind == "unsupported":
         record_not_run_and_log(benchmark, "unsupported", str(exc).splitlines()[0], **info)
-        return "unsupported"
-    raise exc
+    else:
+        raise exc
+    return kind
 
 
 # ------------------------------------------------------------------------------- attention shapes
@@ -502,12 +512,11 @@ def _measure_shape(shape: tuple, impls: list[str], device: torch.device) -> dict
 
 
 def _failed(r: ShapeResult, impl: str, exc: Exception) -> None:
-    if is_oom(exc):
-        r.status = "oom"
-    elif impl in SDPA_BACKENDS and is_unsupported_error(exc):
-        r.status, r.reason = "unsupported", str(exc).splitlines()[0]
-    else:
-        r.status, r.error = "error", exc
+    r.status = _failure_kind(exc, impl) or "error"
+    if r.status == "error":
+        r.error = exc
+    elif r.status == "unsupported":
+        r.reason = str(exc).splitlines()[0]
 
 
 def _ratios(timing: dict[str, Any], pass_: str, results: dict[str, ShapeResult]) -> dict[str, Any]:
@@ -573,15 +582,21 @@ def test_attention_shapes(
     if impl == "flash_triton":
         info.update(_ratios(timing, pass_, results))
     # pytest-benchmark's own rounds (for --benchmark-compare): 3 synchronized host-timed passes.
-    step = PassStep(
-        resolve_impl(impl, shape_key=shape), *_shape_inputs(shape, device), pass_, is_causal=causal
-    )
+    step: PassStep | None = None
     try:
         with impl_context(impl):
+            fn = resolve_impl(impl, shape_key=shape)
+            step = PassStep(fn, *_shape_inputs(shape, device), pass_, is_causal=causal)
             times = run_benchmark(benchmark, step, device, warmup=0, rounds=3, setup=step.zero_grads, **info)
+        status = "ok" if times is not None else "oom"
+    except Exception as exc:
+        status = _expected_failure(benchmark, exc, impl, info)
+        if status == "unsupported":
+            return
     finally:
-        step.close()
+        if step is not None:
+            step.close()
         step = None
         free_device_memory(device)
-    benchmark.extra_info["status"] = "ok" if times is not None else "oom"
+    benchmark.extra_info["status"] = status
     log_case(benchmark)

@@ -74,11 +74,8 @@ def profile_steps(work: Workload, steps: int = 3) -> dict:
 
 
 def run_model(size: str, ctx: int, attention: str, mode: str, steps: int) -> dict:
-    compiled = mode == "inductor"
-    work = Workload(Case(size, ctx, "fwd_bwd", "bf16", compiled, attention), "cuda")
-    if mode == "cudagraphs":
-        torch._dynamo.reset()
-        work.forward_fn = torch.compile(work.model, mode="reduce-overhead")
+    case = Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=mode == "cudagraphs")
+    work = Workload(case, "cuda")
     try:
         res = time_steps(work, steps)
         res.update(profile_steps(work))

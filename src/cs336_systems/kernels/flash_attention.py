@@ -926,9 +926,13 @@ class AttentionPlan:
         self.fwd: _KernelPlan | None = None
         self.bwd: dict[tuple, tuple[_KernelPlan, _KernelPlan]] = {}
         # (shape, strides) of O and of dQ, dK, dV (empty_like's dense layouts), allocated per call with
-        # one empty_strided each instead of empty_like's or new_empty + transpose's two dispatches.
+        # one empty_strided each instead of empty_like's or new_empty + transpose's two dispatches. Worked
+        # out on meta tensors: no memory.
+        qm, km, vm = (
+            torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") for x in (q, k, v)
+        )
         self.layouts = tuple(
-            (x.shape, x.stride()) for x in (new_output(q), *map(torch.empty_like, (q, k, v)))
+            (x.shape, x.stride()) for x in (new_output(qm), *map(torch.empty_like, (qm, km, vm)))
         )
         self.lse_shape, self.dtype, self.torch_device = q.shape[:-1], q.dtype, q.device
 
