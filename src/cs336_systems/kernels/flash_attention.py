@@ -707,20 +707,20 @@ class _Call:
     def jit(self) -> Any:
         """Launch through Triton's JIT (compiling on first use); the compiled kernel (None when
         interpreted)."""
-        c = self.config
-        return self.fn[self.grid](
-            *self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
-        )
+        return self.launch_with(self.fn)
 
     def traced(self) -> None:
         """The launch as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` under torch.compile,
         inductor puts the kernel into its own generated code (and CUDA graphs can capture it)."""
         from torch.library import wrap_triton
 
+        self.launch_with(wrap_triton(self.fn))
+
+    def launch_with(self, fn: Any) -> Any:
+        """``fn[grid]`` (the JIT function or its ``wrap_triton``) with this call's arguments, constexprs,
+        warps and stages."""
         c = self.config
-        wrap_triton(self.fn)[self.grid](
-            *self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
-        )
+        return fn[self.grid](*self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:

@@ -113,6 +113,10 @@ def host_bench(
     return times
 
 
+def _timer_name(device: torch.device) -> str:
+    return "do_bench" if device.type == "cuda" else "host"
+
+
 def _rep_times(
     fn: Callable[[], Any],
     *,
@@ -145,7 +149,7 @@ def device_time(
     with gc_paused():
         times = _rep_times(fn, device=device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grad_to_none)
     return {
-        "timer": "do_bench" if device.type == "cuda" else "host",
+        "timer": _timer_name(device),
         "do_bench_ms": statistics.median(times),
         "do_bench_p20_ms": quantile(times, 0.2),
         "do_bench_p80_ms": quantile(times, 0.8),
@@ -201,7 +205,7 @@ def interleaved_device_time(
                 with (contexts or {}).get(key, contextlib.nullcontext)():
                     reps = measure(steps[key], warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=grads)
                 times[key].append(reps)
-    timer = "do_bench" if device.type == "cuda" else "host"
+    timer = _timer_name(device)
     return {key: {"timer": timer, "do_bench_rounds": rounds, **_round_stats(times[key])} for key in keys}
 
 
