@@ -4,7 +4,7 @@
 #   bash scripts/gpu_runs.sh model-core                     (single GPU)
 #   bash scripts/gpu_runs.sh attention flash                (single GPU)
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes flash-host model-attention model-attention-paired   (1 GPU, issue 14)
-#   bash scripts/gpu_runs.sh model-attention-cudagraphs                                    (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh model-attention-cudagraphs flash-leaderboard                  (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
@@ -67,6 +67,9 @@ for stage in "$@"; do
         --benchmark-json="$OUT/flash-shapes.json" > "$OUT/flash-shapes.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-shapes.log" | tail -8
       python3 scripts/flash_table.py "$OUT/flash-shapes.json" ;;
+    flash-leaderboard)  # D12 / issue 14: the leaderboard case, ours beside SDPA flash and cuDNN (~1 min)
+      "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa)" \
+        --benchmark-json="$OUT/flash-leaderboard.json" 2>&1 | tail -8 ;;
     flash-host)  # issue 14: host microseconds of one eager fwd+bwd at the xl shape, ours vs SDPA vs floors
       python3 scripts/flash_host_overhead.py --out "$OUT/host-model" 2>&1 | tail -16
       python3 scripts/flash_host_overhead.py --out "$OUT/host-contiguous" --layout contiguous --profile 2>&1 | tail -50 ;;

@@ -6,9 +6,13 @@ input is copied. O is written in (batch, seq, heads, d) memory order (returned a
 d) view), which makes the model's ``out.transpose(1, 2).reshape(...)`` free.
 
 Forward (Algorithm 1): one program per query tile, one pass over key tiles with an online softmax in
-float32. Backward (Algorithm 2 split in two, no atomics, two launches): a dQ kernel (loops over key tiles)
-that also computes D = rowsum(dO ∘ O) for its rows and stores it, then a dK/dV kernel (loops over query
-tiles) that reads D; each recomputes P from L.
+float32. Backward (Algorithm 2), two ways, and the tuner times both as whole backwards:
+- split, two launches, no atomics (deterministic): a dQ kernel (loops over key tiles) that also computes
+  D = rowsum(dO ∘ O) for its rows and stores it, then a dK/dV kernel (loops over query tiles) that reads
+  D; each recomputes P from L (seven matmuls per tile pair);
+- one pass, three launches: D (and a zeroed float32 dQ accumulator), then the dK/dV kernel adding each
+  tile pair's dS K to the accumulator (on Hopper a bulk reduction by the copy engine; five matmuls), then
+  dQ's scaled cast. Its dQ depends on the order of the adds, so deterministic algorithms rule it out.
 
 Speed tricks (handout 1.3.3): scores are kept in log2 units (exp2, with 1/sqrt(d)·log2(e) folded into one
 multiply); with causal masking, key tiles past the diagonal are never visited, and the tiles that straddle
@@ -24,7 +28,8 @@ Launches: the model calls attention 2 x layers times per step, and at short sequ
 host-bound, so every call signature (shapes, strides, dtypes, alignment, device, causality) gets an
 :class:`AttentionPlan` on its first call: the tuned configs and the compiled kernels, with their integer
 arguments bound. Later calls of the signature allocate the outputs and hand the tensors to the compiled
-kernels' launchers: no checks, tuning lookups, argument building or Triton JIT dispatch.
+kernels' launchers: no checks, tuning lookups, argument building or Triton JIT dispatch; descriptors are
+encoded into CUDA tensor maps once per address, not on every launch.
 
 Boundaries: sequence lengths need not be multiples of the tiles. Out-of-range rows load as zeros; in the
 forward and dQ kernels the last key tile is masked explicitly (padding keys must add nothing to the
@@ -50,6 +55,8 @@ import triton.testing
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from cs336_systems.profiling.timing import interleaved_device_time
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so what counts is its value at import time.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -335,13 +342,31 @@ def flash_bwd_dq_kernel(
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, off_q, stride_qq, stride_qd, off_do,
+def _add_rows(X, x, off, bh, H, N, start, D: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+              USE_TMA: tl.constexpr):
+    """Atomically add a float32 (ROWS, BLOCK_D) tile to rows [start, start + ROWS) of head bh of a
+    contiguous (batch, heads, N, D) float32 tensor, dropping out-of-range parts. With a descriptor, one bulk
+    reduction by the copy engine (cp.reduce.async.bulk.tensor) instead of an atomic per element."""
+    if USE_TMA:
+        X.atomic_add([bh // H, bh % H, start, 0], x.reshape(1, 1, ROWS, BLOCK_D))
+    else:
+        rows = start + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_D)
+        ptrs = X + off + rows[:, None].to(tl.int64) * D + cols[None, :]
+        tl.atomic_add(ptrs, x, mask=(rows[:, None] < N) & (cols[None, :] < D), sem="relaxed")
+
+
+@triton.jit
+def _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, dQ_acc, off_q, stride_qq, stride_qd, off_do,
                stride_doq, stride_dod, bh, H, offs_k, lo, hi, N_QUERIES, qk_scale, D: tl.constexpr,
                Q_TILE_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-               USE_TMA: tl.constexpr):
+               USE_TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """Accumulate dK, dV of one key tile over query tiles [lo, hi), on transposed (keys x queries) tiles
     so that both accumulate without transposes. Rows past the end load as zeros (Q, dO, L, D): their P is
-    finite and they add nothing (dO = 0, D = 0)."""
+    finite and they add nothing (dO = 0, D = 0). With ATOMIC_DQ, each query tile's share of dQ, dS K
+    (unscaled), is added to the float32 accumulator dQ_acc: five matmuls per tile pair in one pass, where
+    the separate dQ pass recomputes S and dP (seven)."""
+    off_dq = bh.to(tl.int64) * N_QUERIES * D
     row_base = bh.to(tl.int64) * N_QUERIES
     for start_q in range(lo, hi, Q_TILE_SIZE):
         offs_q = start_q + tl.arange(0, Q_TILE_SIZE)
@@ -364,7 +389,57 @@ def _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, off_q, stride_qq, 
         dp_t = _dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk = _dot(ds_t.to(q.dtype), q, dk)
+        if ATOMIC_DQ:
+            dq = _dot(tl.trans(ds_t.to(k.dtype)), k)
+            _add_rows(dQ_acc, dq, off_dq, bh, H, N_QUERIES, start_q, D, Q_TILE_SIZE, BLOCK_D, USE_TMA)
     return dk, dv
+
+
+@triton.jit
+def _dkdv_program(
+    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dQ_acc,
+    stride_qb, stride_qh, stride_qq, stride_qd,
+    stride_kb, stride_kh, stride_kk, stride_kd,
+    stride_vb, stride_vh, stride_vk, stride_vd,
+    stride_dob, stride_doh, stride_doq, stride_dod,
+    stride_dkb, stride_dkh, stride_dkk, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvk, stride_dvd,
+    H, N_QUERIES, N_KEYS, scale,
+    D: tl.constexpr, Q_TILE_SIZE: tl.constexpr, K_TILE_SIZE: tl.constexpr, is_causal: tl.constexpr,
+    BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+):
+    """One key tile of one (batch, head): dK and dV accumulated over query tiles (and dQ's shares added
+    to dQ_acc with ATOMIC_DQ)."""
+    bh = tl.program_id(1)
+    k_start = tl.program_id(0) * K_TILE_SIZE  # causal: low key tiles see the most queries and come first
+    k = _load_rows(K_ptr, _offset(bh, H, stride_kb, stride_kh), stride_kk, stride_kd, bh, H, N_KEYS, k_start,
+                   D, K_TILE_SIZE, BLOCK_D, True, USE_TMA)
+    v = _load_rows(V_ptr, _offset(bh, H, stride_vb, stride_vh), stride_vk, stride_vd, bh, H, N_KEYS, k_start,
+                   D, K_TILE_SIZE, BLOCK_D, True, USE_TMA)
+    off_q = _offset(bh, H, stride_qb, stride_qh)
+    off_do = _offset(bh, H, stride_dob, stride_doh)
+    offs_k = k_start + tl.arange(0, K_TILE_SIZE)
+    scale = tl.cast(scale, tl.float32)  # see flash_fwd_kernel
+    qk_scale = scale * LOG2E
+    dk = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
+    if is_causal:
+        # Query tiles before k_start see none of these keys, [k_start, k_start + K_TILE_SIZE) straddle the
+        # diagonal, all later ones see every key of the tile.
+        diag_end = tl.minimum(k_start + K_TILE_SIZE, N_QUERIES)
+        dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, dQ_acc, off_q, stride_qq,
+                            stride_qd, off_do, stride_doq, stride_dod, bh, H, offs_k, k_start, diag_end,
+                            N_QUERIES, qk_scale, D, Q_TILE_SIZE, BLOCK_D, True, USE_TMA, ATOMIC_DQ)
+        lo = k_start + K_TILE_SIZE
+    else:
+        lo = 0
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, dQ_acc, off_q, stride_qq, stride_qd,
+                        off_do, stride_doq, stride_dod, bh, H, offs_k, lo, N_QUERIES, N_QUERIES, qk_scale, D,
+                        Q_TILE_SIZE, BLOCK_D, False, USE_TMA, ATOMIC_DQ)
+    _store_rows(dK_ptr, dk * scale, _offset(bh, H, stride_dkb, stride_dkh), stride_dkk, stride_dkd, bh, H,
+                N_KEYS, k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
+    _store_rows(dV_ptr, dv, _offset(bh, H, stride_dvb, stride_dvh), stride_dvk, stride_dvd, bh, H, N_KEYS,
+                k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
 
 
 @triton.jit
@@ -387,36 +462,89 @@ def flash_bwd_dkdv_kernel(
 ):
     """Second backward pass: one program per key tile (grid (T_k, batch * heads)) accumulates dK and dV
     over query tiles."""
+    _dkdv_program(Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dK_ptr,
+                  stride_qb, stride_qh, stride_qq, stride_qd, stride_kb, stride_kh, stride_kk, stride_kd,
+                  stride_vb, stride_vh, stride_vk, stride_vd, stride_dob, stride_doh, stride_doq, stride_dod,
+                  stride_dkb, stride_dkh, stride_dkk, stride_dkd, stride_dvb, stride_dvh, stride_dvk, stride_dvd,
+                  H, N_QUERIES, N_KEYS, scale, D, Q_TILE_SIZE, K_TILE_SIZE, is_causal, BLOCK_D, USE_TMA, False)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Backward in one pass over key tiles (dQ by atomic adds): D first, then dK/dV/dQ, then dQ's cast
+# ----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def flash_bwd_preprocess_kernel(
+    O_ptr, dO_ptr, Delta_ptr, dQ_acc,
+    stride_ob, stride_oh, stride_oq, stride_od,
+    stride_dob, stride_doh, stride_doq, stride_dod,
+    H, N_QUERIES,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """D = rowsum(dO ∘ O) for ROWS rows of one (batch, head) (grid (T, batch * heads)), and zeros in the
+    same rows of the float32 dQ accumulator (contiguous (batch, heads, N_QUERIES, D)): the one-pass
+    backward needs every row's D before any key tile starts, and adds into dQ_acc."""
+    start = tl.program_id(0) * ROWS
     bh = tl.program_id(1)
-    k_start = tl.program_id(0) * K_TILE_SIZE  # causal: low key tiles see the most queries and come first
-    k = _load_rows(K_ptr, _offset(bh, H, stride_kb, stride_kh), stride_kk, stride_kd, bh, H, N_KEYS, k_start,
-                   D, K_TILE_SIZE, BLOCK_D, True, USE_TMA)
-    v = _load_rows(V_ptr, _offset(bh, H, stride_vb, stride_vh), stride_vk, stride_vd, bh, H, N_KEYS, k_start,
-                   D, K_TILE_SIZE, BLOCK_D, True, USE_TMA)
-    off_q = _offset(bh, H, stride_qb, stride_qh)
-    off_do = _offset(bh, H, stride_dob, stride_doh)
-    offs_k = k_start + tl.arange(0, K_TILE_SIZE)
+    o = _load_rows(O_ptr, _offset(bh, H, stride_ob, stride_oh), stride_oq, stride_od, bh, H, N_QUERIES, start,
+                   D, ROWS, BLOCK_D, True, False)
+    do = _load_rows(dO_ptr, _offset(bh, H, stride_dob, stride_doh), stride_doq, stride_dod, bh, H, N_QUERIES,
+                    start, D, ROWS, BLOCK_D, True, False)
+    offs = start + tl.arange(0, ROWS)
+    tl.store(Delta_ptr + bh.to(tl.int64) * N_QUERIES + offs, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
+             mask=offs < N_QUERIES)
+    _store_rows(dQ_acc, tl.zeros((ROWS, BLOCK_D), dtype=tl.float32), bh.to(tl.int64) * N_QUERIES * D, D, 1,
+                bh, H, N_QUERIES, start, D, ROWS, BLOCK_D, False)
+
+
+@triton.jit
+def flash_bwd_fused_kernel(
+    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dQ_acc,
+    stride_qb, stride_qh, stride_qq, stride_qd,
+    stride_kb, stride_kh, stride_kk, stride_kd,
+    stride_vb, stride_vh, stride_vk, stride_vd,
+    stride_dob, stride_doh, stride_doq, stride_dod,
+    stride_dkb, stride_dkh, stride_dkk, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvk, stride_dvd,
+    H, N_QUERIES, N_KEYS,
+    scale,
+    D: tl.constexpr,
+    Q_TILE_SIZE: tl.constexpr,
+    K_TILE_SIZE: tl.constexpr,
+    is_causal: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
+):
+    """The dK/dV pass that also adds each tile pair's dS K to the float32 dQ accumulator (zeroed, and D
+    written, by flash_bwd_preprocess_kernel): grid (T_k, batch * heads)."""
+    _dkdv_program(Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dQ_acc,
+                  stride_qb, stride_qh, stride_qq, stride_qd, stride_kb, stride_kh, stride_kk, stride_kd,
+                  stride_vb, stride_vh, stride_vk, stride_vd, stride_dob, stride_doh, stride_doq, stride_dod,
+                  stride_dkb, stride_dkh, stride_dkk, stride_dkd, stride_dvb, stride_dvh, stride_dvk, stride_dvd,
+                  H, N_QUERIES, N_KEYS, scale, D, Q_TILE_SIZE, K_TILE_SIZE, is_causal, BLOCK_D, USE_TMA, True)
+
+
+@triton.jit
+def flash_bwd_dq_cast_kernel(
+    dQ_acc, dQ_ptr,
+    stride_dqb, stride_dqh, stride_dqq, stride_dqd,
+    H, N_QUERIES,
+    scale,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dQ = scale * dQ_acc in dQ's dtype and layout, ROWS rows of one (batch, head) per program."""
+    start = tl.program_id(0) * ROWS
+    bh = tl.program_id(1)
+    acc = _load_rows(dQ_acc, bh.to(tl.int64) * N_QUERIES * D, D, 1, bh, H, N_QUERIES, start, D, ROWS,
+                     BLOCK_D, True, False)
     scale = tl.cast(scale, tl.float32)  # see flash_fwd_kernel
-    qk_scale = scale * LOG2E
-    dk = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
-    dv = tl.zeros((K_TILE_SIZE, BLOCK_D), dtype=tl.float32)
-    if is_causal:
-        # Query tiles before k_start see none of these keys, [k_start, k_start + K_TILE_SIZE) straddle the
-        # diagonal, all later ones see every key of the tile.
-        diag_end = tl.minimum(k_start + K_TILE_SIZE, N_QUERIES)
-        dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, off_q, stride_qq, stride_qd,
-                            off_do, stride_doq, stride_dod, bh, H, offs_k, k_start, diag_end, N_QUERIES,
-                            qk_scale, D, Q_TILE_SIZE, BLOCK_D, True, USE_TMA)
-        lo = k_start + K_TILE_SIZE
-    else:
-        lo = 0
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, off_q, stride_qq, stride_qd, off_do,
-                        stride_doq, stride_dod, bh, H, offs_k, lo, N_QUERIES, N_QUERIES, qk_scale, D,
-                        Q_TILE_SIZE, BLOCK_D, False, USE_TMA)
-    _store_rows(dK_ptr, dk * scale, _offset(bh, H, stride_dkb, stride_dkh), stride_dkk, stride_dkd, bh, H,
-                N_KEYS, k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
-    _store_rows(dV_ptr, dv, _offset(bh, H, stride_dvb, stride_dvh), stride_dvk, stride_dvd, bh, H, N_KEYS,
-                k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
+    _store_rows(dQ_ptr, acc * scale, _offset(bh, H, stride_dqb, stride_dqh), stride_dqq, stride_dqd, bh, H,
+                N_QUERIES, start, D, ROWS, BLOCK_D, False)
 # fmt: on
 
 
@@ -432,11 +560,12 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False  # tensor descriptors (Hopper's copy engine) instead of block pointers
+    # dK/dV only: the one-pass backward (dQ added atomically in the dK/dV pass, see _OnePassBackward).
+    atomic_dq: bool = False
 
     def __str__(self) -> str:
-        return (
-            f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{'-tma' if self.tma else ''}"
-        )
+        tma, adq = "-tma" if self.tma else "", "-adq" if self.atomic_dq else ""
+        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{adq}"
 
 
 def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
@@ -447,12 +576,14 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     C = TileConfig
     if INTERPRET:
         # Small tiles so that the tiny CPU test shapes still span several tiles and every loop phase.
-        return {"fwd": [C(32, 16)], "dkdv": [C(16, 32)], "dq": [C(32, 16)]}[kernel]
+        adq = C(16, 32, atomic_dq=True)
+        return {"fwd": [C(32, 16)], "dkdv": [C(16, 32), adq], "dq": [C(32, 16)]}[kernel]
     if CANDIDATE_SET == "wide":
         return _wide_candidates(kernel)
     wide = dtype == torch.float32  # 4-byte elements: twice the shared memory and registers per tile
     big_d = d > 64
     T = True  # tensor descriptors
+    A = True  # dK/dV: the one-pass backward, dQ added atomically
     return {
         ("fwd", False, False): [
             C(64, 64, 4, 4, T),
@@ -474,6 +605,9 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 3, T),
             C(32, 64, 4, 3, T),
             C(32, 128, 4, 3, T),
+            # One pass (dQ by descriptor reductions): backward 3.54 vs 3.67 ms at (1, 16, 16384), 0.456 vs
+            # 0.489 at (1, 2, 16384), causal; other tiles and every d = 128 tile lost (one_pass_sweep).
+            C(64, 64, 4, 4, T, A),
         ],
         ("dkdv", False, True): [
             C(32, 64, 4, 3, T),
@@ -617,33 +751,28 @@ def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConf
 
 
 def _launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float:
-    """Milliseconds per launch of back-to-back launches (best of 3 rounds): their CUDA-event time per
-    launch (the larger of device and host time) plus the host's enqueue time per launch. A short case's
+    """Milliseconds per launch of back-to-back launches (one round of ~``budget_ms``): their CUDA-event time
+    per launch (the larger of device and host time) plus the host's enqueue time per launch. A short case's
     call is host-bound as a whole (autograd, allocations and the other launches add host time: at
     (4, 25, 512, 64) on an H100 one fwd+bwd with descriptors in all three kernels took ~300 us of host
     time, against ~160 us for a Python autograd.Function that launches nothing), so a launch's host cost
     counts even where one kernel alone looks device-bound; for long cases it is noise next to
     milliseconds of kernel. (do_bench would flush L2 between launches, which also lets the host
     catch up and hides host cost.)"""
-    launch()  # compiles
-    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     launch()
     end.record()
     end.synchronize()
     reps = max(1, min(20, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
-    best = math.inf
-    for _ in range(3):
-        start.record()
-        host_start = time.perf_counter()
-        for _ in range(reps):
-            launch()
-        host_ms = (time.perf_counter() - host_start) * 1e3
-        end.record()
-        end.synchronize()
-        best = min(best, (start.elapsed_time(end) + host_ms) / reps)
-    return best
+    start.record()
+    host_start = time.perf_counter()
+    for _ in range(reps):
+        launch()
+    host_ms = (time.perf_counter() - host_start) * 1e3
+    end.record()
+    end.synchronize()
+    return (start.elapsed_time(end) + host_ms) / reps
 
 
 def _device_time_ms(launch: Callable[[], None]) -> float:
@@ -651,10 +780,20 @@ def _device_time_ms(launch: Callable[[], None]) -> float:
     return triton.testing.do_bench(launch, warmup=10, rep=30)
 
 
+TUNE_ROUNDS = 3
+
+
 def _choose(
     kernel: str, launch: Callable[[TileConfig], None], key: tuple, candidates: tuple[TileConfig, ...]
 ) -> TileConfig:
-    """The config for ``key``: forced, the heuristic default, or the fastest candidate (timed once)."""
+    """The config for ``key``: forced, the heuristic default, or the fastest candidate (tuned once per
+    key and process, or read from the disk cache).
+
+    Every candidate is built (compiled, launched once) before any is timed; then they are timed in
+    interleaved rounds with the order rotated per round, and each candidate's median round counts.
+    Compiles leave the GPU idle for seconds, so a candidate
+    timed right after its own compile ran on clocks still ramping up, and candidates timed one after the
+    other saw different clocks and host speeds: near-ties went whichever way the drift went."""
     if kernel in _TUNE.forced:
         return _TUNE.forced[kernel]
     cfg = _TUNE.cache.get(key)
@@ -667,16 +806,16 @@ def _choose(
         if key in _TUNE.cache:
             return _TUNE.cache[key]
     start = time.perf_counter()
-    timings = {}
-    for c in candidates:
-        # A candidate that fails to build or launch here is skipped, and reported.
-        try:
-            measure = _device_time_ms if TUNE_METRIC == "device" else _launch_time_ms
-            timings[str(c)] = measure(lambda c=c: launch(c))
-        except Exception as exc:
-            timings[str(c)] = math.inf
-            reason = str(exc).strip().splitlines()[-1][:200]
-            _TUNE.errors[f"{_key_str(key)}|{c}"] = f"{type(exc).__name__}: {reason}"
+    timings = {str(c): math.inf for c in candidates}
+    steps = {c: _guarded(key, c, launch) for c in candidates}
+    built = {c: step for c, step in steps.items() if _builds(step)}
+    if built:
+        torch.cuda.synchronize()
+        _warm_clocks(next(iter(built.values())))
+        rounds = interleaved_device_time(
+            built, torch.device("cuda"), rounds=TUNE_ROUNDS, warmup_ms=0.0, rep_ms=0.0, measure=_tuning_round
+        )
+        timings.update({str(c): stats["do_bench_ms"] for c, stats in rounds.items()})
     cfg = min(candidates, key=lambda c: timings[str(c)])
     if math.isinf(timings[str(cfg)]):
         raise RuntimeError(f"no candidate config builds for {_key_str(key)}: {_TUNE.errors}")
@@ -685,6 +824,51 @@ def _choose(
     _TUNE.tune_seconds += time.perf_counter() - start
     _save_disk_cache()
     return cfg
+
+
+class _CandidateFailed(Exception):
+    """A candidate config failed to build or launch (the reason is in tuning_report()'s build_errors)."""
+
+
+def _guarded(key: tuple, c: TileConfig, launch: Callable[[TileConfig], None]) -> Callable[[], None]:
+    """``launch(c)`` that records why it failed, for tuning_report(), and raises _CandidateFailed."""
+
+    def run() -> None:
+        try:
+            launch(c)
+        except Exception as exc:
+            reason = str(exc).strip().splitlines()[-1][:200]
+            _TUNE.errors[f"{_key_str(key)}|{c}"] = f"{type(exc).__name__}: {reason}"
+            raise _CandidateFailed from exc
+
+    return run
+
+
+def _builds(step: Callable[[], None]) -> bool:
+    """Compile and launch a candidate once; one that fails is skipped by tuning."""
+    try:
+        step()
+    except _CandidateFailed:
+        return False
+    return True
+
+
+def _tuning_round(step: Callable[[], None], **_: Any) -> list[float]:
+    """One round of one candidate for interleaved_device_time: ms per launch by the tuning metric."""
+    measure = _device_time_ms if TUNE_METRIC == "device" else _launch_time_ms
+    try:
+        return [measure(step)]
+    except _CandidateFailed:
+        return [math.inf]
+
+
+def _warm_clocks(launch: Callable[[], None], ms: float = 20.0) -> None:
+    """Keep the GPU busy for ~``ms`` (one launch at a time: a long kernel is not queued many times over)
+    so that timing starts on boosted clocks, not idle ones."""
+    deadline = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < deadline:
+        launch()
+        torch.cuda.synchronize()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -791,6 +975,36 @@ def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv) 
     return _Call(flash_bwd_dkdv_kernel, grid, args, _tiles(c, d, is_causal, tma), c)
 
 
+def _fused_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, dq_acc) -> _Call:
+    """The dK/dV pass of the one-pass backward: :func:`_dkdv_call`'s launch, adding dQ into ``dq_acc``."""
+    # Triton 3.6's interpreter has no descriptor reductions: there, the one-pass backward uses pointers.
+    tma = c.tma and not INTERPRET and _tma_ok(q, k, v, do, dk, dv, dq_acc)
+    call = _dkdv_call(replace(c, tma=tma, atomic_dq=False), is_causal, q, k, v, do, lse, delta, dk, dv)
+    n = 8  # the dK/dV kernel's tensors (or descriptors); dQ_acc follows them
+    args = (*call.args[:n], _rows(dq_acc, c.q_tile, tma), *call.args[n:])
+    return _Call(flash_bwd_fused_kernel, call.grid, args, call.constexprs, c)
+
+
+# Rows per program of the one-pass backward's elementwise kernels (D and zeroing, dQ's cast).
+_ROWS = TileConfig(64, 64, num_warps=4, num_stages=1)
+
+
+def _preprocess_call(o, do, delta, dq_acc) -> _Call:
+    batch, heads, n_q, d = o.shape
+    args = (o, do, delta, dq_acc, *o.stride(), *do.stride(), heads, n_q)
+    grid = (-(-n_q // _ROWS.q_tile), batch * heads)
+    constexprs = dict(D=d, ROWS=_ROWS.q_tile, BLOCK_D=_bucket(d))
+    return _Call(flash_bwd_preprocess_kernel, grid, args, constexprs, _ROWS)
+
+
+def _cast_call(dq_acc, dq) -> _Call:
+    batch, heads, n_q, d = dq.shape
+    args = (dq_acc, dq, *dq.stride(), heads, n_q, 1.0 / math.sqrt(d))
+    grid = (-(-n_q // _ROWS.q_tile), batch * heads)
+    constexprs = dict(D=d, ROWS=_ROWS.q_tile, BLOCK_D=_bucket(d))
+    return _Call(flash_bwd_dq_cast_kernel, grid, args, constexprs, _ROWS)
+
+
 def _descriptor(base: torch.Tensor, box: tuple) -> TensorDescriptor:
     """A tensor descriptor of a layout its plan checked once (``TensorDescriptor``'s own checks cost more
     host time than the launch)."""
@@ -806,7 +1020,7 @@ class _KernelPlan:
     dispatch would bind and specialize ~40 arguments and build a cache key per launch, which costs more
     host time than the launch itself; the model launches attention kernels 3 x layers times per step."""
 
-    __slots__ = ("boxes", "compiled", "grid", "launch", "launch_jit", "prefix", "tail")
+    __slots__ = ("boxes", "compiled", "encoded", "grid", "launch", "launch_jit", "prefix", "tail", "tma_meta")
 
     def __init__(self, call: _Call):
         """Launches ``call`` once through the JIT (compiling it) and keeps what later launches reuse."""
@@ -826,7 +1040,7 @@ class _KernelPlan:
             if k is not None
             else functools.partial(call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages)
         )
-        self.launch, self.prefix = None, ()
+        self.launch, self.prefix, self.tma_meta, self.encoded = None, (), None, ()
         run = getattr(k, "run", None)
         if (
             run is not None
@@ -846,6 +1060,37 @@ class _KernelPlan:
                 None,
                 None,
             )
+            self._bypass_descriptor_encoding(k)
+
+    def _bypass_descriptor_encoding(self, k: Any) -> None:
+        """For a kernel with descriptors, Triton's launcher encodes each one into a CUDA tensor map on the
+        host (``cuTensorMapEncodeTiled``) on every launch: a few microseconds each, up to four per launch.
+        A map depends only on the address once the plan fixed the layout, and a training loop's caching
+        allocator hands the same addresses back step after step, so maps are kept per address and the
+        launcher's C entry point underneath that wrapper gets them ready-made."""
+        if self.boxes is None:
+            return
+        metas = getattr(k.metadata, "tensordesc_meta", None)
+        closure = getattr(self.launch, "__closure__", None) or ()
+        cells = dict(
+            zip(getattr(getattr(self.launch, "__code__", None), "co_freevars", ()), closure, strict=False)
+        )
+        raw = cells.get("launcher")
+        if not metas or raw is None or any(m is None for m in metas):
+            return  # descriptors lowered without TMA, or another Triton: keep its wrapper
+        self.launch = raw.cell_contents
+        self.tma_meta = tuple(metas)
+        self.encoded = tuple({} for _ in metas)
+
+    def _encode(self, slot: int, t: torch.Tensor, box: tuple) -> list:
+        """The launcher arguments of descriptor ``slot`` for ``t``: its tensor map, shape and strides."""
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        cache = self.encoded[slot]
+        if len(cache) >= 64:  # addresses a long run no longer uses
+            cache.clear()
+        args = cache[t.data_ptr()] = make_tensordesc_arg(_descriptor(t, box), self.tma_meta[slot])
+        return args
 
     def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
         if self.compiled is None:
@@ -859,17 +1104,76 @@ class _KernelPlan:
         # cuPointerGetAttribute to check the address, per tensor and launch (the plan checked the device).
         if self.boxes is None:
             args = [t.data_ptr() for t in tensors]
-        else:
+        elif self.tma_meta is None:
             args = [
                 t.data_ptr() if b is None else _descriptor(t, b)
                 for t, b in zip(tensors, self.boxes, strict=True)
             ]
+        else:
+            args, slot = [], 0
+            for t, b in zip(tensors, self.boxes, strict=True):
+                if b is None:
+                    args.append(t.data_ptr())
+                else:
+                    args += self.encoded[slot].get(t.data_ptr()) or self._encode(slot, t, b)
+                    slot += 1
         gx, gy = self.grid
         k = self.compiled
         if self.launch is not None:
             self.launch(gx, gy, 1, stream, k.function, *self.prefix, *args, *self.tail)
         else:
             k.run(gx, gy, 1, stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)
+
+
+class _SplitBackward:
+    """The dQ pass (which also writes D), then the dK/dV pass: two launches and no atomics, so the gradients
+    are the same bit for bit on every run."""
+
+    __slots__ = ("dkdv", "dq")
+
+    def __init__(self, dq: _KernelPlan, dkdv: _KernelPlan):
+        self.dq, self.dkdv = dq, dkdv
+
+    @property
+    def plans(self) -> tuple[_KernelPlan, ...]:
+        return self.dq, self.dkdv
+
+    def __call__(self, stream: int, q, k, v, o, do, lse, dq, dk, dv) -> None:
+        delta = torch.empty_like(lse)
+        self.dq(stream, q, k, v, o, do, lse, delta, dq)
+        self.dkdv(stream, q, k, v, do, lse, delta, dk, dv)
+
+
+class _OnePassBackward:
+    """D (and a zeroed float32 dQ accumulator), then one pass over key tiles that accumulates dK and dV and
+    adds each tile pair's dS K to the accumulator, then dQ's scaled cast: three launches, and five matmuls
+    per tile pair where the split backward does seven (its dQ pass recomputes S and dP). The adds land in
+    any order, so dQ's last bits can differ between runs: with torch.use_deterministic_algorithms(True)
+    only split backwards are used."""
+
+    __slots__ = ("cast", "fused", "pre")
+
+    def __init__(self, c: TileConfig, is_causal: bool, q, k, v, o, do, lse, dq, dk, dv):
+        """Builds the three kernels' plans, which runs the backward once."""
+        delta, acc = self._scratch(q, lse)
+        self.pre = _KernelPlan(_preprocess_call(o, do, delta, acc))
+        self.fused = _KernelPlan(_fused_call(c, is_causal, q, k, v, do, lse, delta, dk, dv, acc))
+        self.cast = _KernelPlan(_cast_call(acc, dq))
+
+    @property
+    def plans(self) -> tuple[_KernelPlan, ...]:
+        return self.pre, self.fused, self.cast
+
+    @staticmethod
+    def _scratch(q: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """D, and the dQ accumulator (contiguous (batch, heads, seq, d) float32; the first kernel zeroes it)."""
+        return torch.empty_like(lse), torch.empty(q.shape, dtype=torch.float32, device=q.device)
+
+    def __call__(self, stream: int, q, k, v, o, do, lse, dq, dk, dv) -> None:
+        delta, acc = self._scratch(q, lse)
+        self.pre(stream, o, do, delta, acc)
+        self.fused(stream, q, k, v, do, lse, delta, dk, dv, acc)
+        self.cast(stream, acc, dq)
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -924,7 +1228,7 @@ class AttentionPlan:
                 f"call torch.cuda.set_device({self.device}) (or run inside `with torch.cuda.device({self.device})`)"
             )
         self.fwd: _KernelPlan | None = None
-        self.bwd: dict[tuple, tuple[_KernelPlan, _KernelPlan]] = {}
+        self.bwd: dict[tuple, _SplitBackward | _OnePassBackward] = {}
         # (shape, strides) of O and of dQ, dK, dV (empty_like's dense layouts), allocated per call with
         # one empty_strided each instead of empty_like's or new_empty + transpose's two dispatches. Worked
         # out on meta tensors: no memory.
@@ -939,9 +1243,10 @@ class AttentionPlan:
     def _stream(self) -> int:
         return 0 if INTERPRET else torch._C._cuda_getCurrentRawStream(self.device)
 
-    def _tuned(self, kernel: str, make_call: Callable[..., _Call], tensors: tuple) -> _KernelPlan:
+    def _tuned(self, kernel: str, build: Callable[[TileConfig], Any], tensors: tuple) -> Any:
         """The plan of ``kernel`` for these tensors: tuned (each candidate timed through a plan of its own,
-        so the tuner sees the host cost that calls will pay), compiled, and launched once."""
+        ``build(config)``, whose construction launches once, so the tuner sees the host cost that calls
+        will pay), compiled, and launched once."""
         if not INTERPRET and torch.cuda.is_current_stream_capturing():
             # Tuning times and synchronizes, and compiling loads modules: neither can be captured.
             raise RuntimeError(
@@ -950,13 +1255,13 @@ class AttentionPlan:
                 "which a graph cannot record. Run one call with the same shapes and layouts before capture "
                 "(as torch.compile's CUDA graphs do in their warm-up run)."
             )
-        built: dict[TileConfig, _KernelPlan] = {}
+        built: dict[TileConfig, Any] = {}
 
         def launch(c: TileConfig) -> None:
             if c in built:
                 built[c](self._stream(), *tensors)
             else:
-                built[c] = _KernelPlan(make_call(c, self.is_causal, *tensors))
+                built[c] = build(c)
 
         cfg = _pick(kernel, self.pointers, launch, *self.case)
         launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
@@ -968,31 +1273,46 @@ class AttentionPlan:
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device)
         tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
         if self.fwd is None:
-            self.fwd = self._tuned("fwd", _fwd_call, tensors)
+            self.fwd = self._tuned(
+                "fwd", lambda c: _KernelPlan(_fwd_call(c, self.is_causal, *tensors)), tensors
+            )
         else:
             self.fwd(self._stream(), *tensors)
         return o, lse
 
     def backward(self, q, k, v, o, do, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """dQ, dK, dV (input dtype, the inputs' layouts): the dQ pass (which also writes D = rowsum(dO ∘ O)),
-        then the dK/dV pass. Two launches."""
+        """dQ, dK, dV (input dtype, the inputs' layouts), by the backward tuned for this (O, dO, L) layout:
+        split (two launches) or one pass (three)."""
         grads = dq, dk, dv = self._empty(1), self._empty(2), self._empty(3)
         key = _layout_key(o, do, lse)
         if not self.four_d:
             q, k, v, o, do, dq, dk, dv = map(as_4d, (q, k, v, o, do, dq, dk, dv))
-        plans = self.bwd.get(key)
-        delta = torch.empty_like(lse)
-        dq_tensors, dkdv_tensors = (q, k, v, o, do, lse, delta, dq), (q, k, v, do, lse, delta, dk, dv)
-        if plans is None:
+        tensors = (q, k, v, o, do, lse, dq, dk, dv)
+        run = self.bwd.get(key)
+        if run is None:
             self._check_lse(lse)
-            # dQ first: it writes D, which the dK/dV pass reads (tuning dK/dV runs after a real dQ pass).
-            dq_plan = self._tuned("dq", _dq_call, dq_tensors)
-            self.bwd[key] = (dq_plan, self._tuned("dkdv", _dkdv_call, dkdv_tensors))
+            self.bwd[key] = self._tuned_backward(tensors)
         else:
-            stream = self._stream()
-            plans[0](stream, *dq_tensors)
-            plans[1](stream, *dkdv_tensors)
+            run(self._stream(), *tensors)
         return grads
+
+    def _tuned_backward(self, tensors: tuple) -> _SplitBackward | _OnePassBackward:
+        """The dQ pass is tuned first (it writes D, which every dK/dV launch reads). Then the dK/dV
+        candidates are timed as whole backwards: a split one runs the tuned dQ pass and its dK/dV pass, a
+        one-pass one (``atomic_dq``) its three kernels."""
+        q, k, v, o, do, lse, dq, dk, dv = tensors
+        causal = self.is_causal
+        delta = torch.empty_like(lse)
+        dq_tensors = (q, k, v, o, do, lse, delta, dq)
+        dq_plan = self._tuned("dq", lambda c: _KernelPlan(_dq_call(c, causal, *dq_tensors)), dq_tensors)
+
+        def build(c: TileConfig) -> _SplitBackward | _OnePassBackward:
+            if c.atomic_dq:
+                return _OnePassBackward(c, causal, *tensors)
+            dkdv = _KernelPlan(_dkdv_call(c, causal, q, k, v, do, lse, delta, dk, dv))
+            return _SplitBackward(dq_plan, dkdv)
+
+        return self._tuned("dkdv", build, tensors)
 
     def _empty(self, which: int) -> torch.Tensor:
         shape, stride = self.layouts[which]
@@ -1023,7 +1343,7 @@ def attention_plan(
     try:
         key = (
             q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(),
-            is_causal, pointers, *_layout_key(q, k, v),
+            is_causal, pointers, torch.are_deterministic_algorithms_enabled(), *_layout_key(q, k, v),
         )  # fmt: skip
     except (AttributeError, TypeError, RuntimeError):
         if check is not None:
@@ -1050,24 +1370,34 @@ def _pick(
 ) -> TileConfig:
     name, candidates = _tune_space(kernel, pointers, d, dtype)
     cfg = _choose(kernel, launch, _tune_key(name, bh, n_q, n_k, d, is_causal, dtype), candidates)
-    return replace(cfg, tma=False) if cfg.tma and (pointers or not TMA) else cfg  # a forced TMA config
+    if cfg.tma and (pointers or not TMA):  # a forced TMA config
+        cfg = replace(cfg, tma=False)
+    if cfg.atomic_dq and (pointers or torch.are_deterministic_algorithms_enabled()):  # a forced one-pass one
+        cfg = replace(cfg, atomic_dq=False)
+    return cfg
 
 
 def _tune_space(
     kernel: str, pointers: bool, d: int, dtype: torch.dtype
 ) -> tuple[str, tuple[TileConfig, ...]]:
     """The tuning-key name and the candidates of ``kernel``: block pointers only (a traced launch, or
-    ``CS336_FLASH_TMA=0``) tune under their own "-ptr" keys."""
+    ``CS336_FLASH_TMA=0``) tune under their own "-ptr" keys, and with deterministic algorithms on, the
+    dK/dV pass tunes among split backwards only ("-det")."""
     if pointers or not TMA:
         return f"{kernel}-ptr", pointer_configs(kernel, d, dtype)
-    return kernel, candidate_configs(kernel, d, dtype)
+    candidates = candidate_configs(kernel, d, dtype)
+    if kernel == "dkdv" and torch.are_deterministic_algorithms_enabled():
+        return "dkdv-det", tuple(c for c in candidates if not c.atomic_dq)
+    return kernel, candidates
 
 
 @functools.cache
 def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
     """The candidates of ``kernel`` with block pointers only: what the inlined (traced) path tunes over,
-    since a descriptor is built from the tensor's data pointer on the host."""
-    return tuple(dict.fromkeys(replace(c, tma=False) for c in candidate_configs(kernel, d, dtype)))
+    since a descriptor is built from the tensor's data pointer on the host. Split backwards only: the
+    one-pass backward's atomic adds are bulk copies with descriptors, one atomic per element without."""
+    listed = candidate_configs(kernel, d, dtype)
+    return tuple(dict.fromkeys(replace(c, tma=False) for c in listed if not c.atomic_dq))
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
