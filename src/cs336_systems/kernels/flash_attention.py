@@ -43,6 +43,7 @@ import functools
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -55,8 +56,6 @@ import triton.testing
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
-
-from cs336_systems.profiling.timing import interleaved_device_time
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so what counts is its value at import time.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -812,10 +811,12 @@ def _choose(
     if built:
         torch.cuda.synchronize()
         _warm_clocks(next(iter(built.values())))
-        rounds = interleaved_device_time(
-            built, torch.device("cuda"), rounds=TUNE_ROUNDS, warmup_ms=0.0, rep_ms=0.0, measure=_tuning_round
-        )
-        timings.update({str(c): stats["do_bench_ms"] for c, stats in rounds.items()})
+        rounds: dict[TileConfig, list[float]] = {c: [] for c in built}
+        order = list(built)
+        for r in range(TUNE_ROUNDS):  # the order rotated per round: no candidate always goes first
+            for c in order[r % len(order) :] + order[: r % len(order)]:
+                rounds[c].append(_tuning_round(built[c]))
+        timings.update({str(c): statistics.median(t) for c, t in rounds.items()})
     cfg = min(candidates, key=lambda c: timings[str(c)])
     if math.isinf(timings[str(cfg)]):
         raise RuntimeError(f"no candidate config builds for {_key_str(key)}: {_TUNE.errors}")
@@ -853,13 +854,13 @@ def _builds(step: Callable[[], None]) -> bool:
     return True
 
 
-def _tuning_round(step: Callable[[], None], **_: Any) -> list[float]:
-    """One round of one candidate for interleaved_device_time: ms per launch by the tuning metric."""
+def _tuning_round(step: Callable[[], None]) -> float:
+    """One round of one candidate: ms per launch by the tuning metric (inf if it fails)."""
     measure = _device_time_ms if TUNE_METRIC == "device" else _launch_time_ms
     try:
-        return [measure(step)]
+        return measure(step)
     except _CandidateFailed:
-        return [math.inf]
+        return math.inf
 
 
 def _warm_clocks(launch: Callable[[], None], ms: float = 20.0) -> None:
