@@ -395,7 +395,7 @@ def _dkdv_loop(dk, dv, k, v, Q_ptr, dO_ptr, L_ptr, Delta_ptr, dQ_acc, off_q, str
 
 
 @triton.jit
-def _dkdv_program(
+def flash_bwd_dkdv_kernel(
     Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dQ_acc,
     stride_qb, stride_qh, stride_qq, stride_qd,
     stride_kb, stride_kh, stride_kk, stride_kd,
@@ -403,12 +403,20 @@ def _dkdv_program(
     stride_dob, stride_doh, stride_doq, stride_dod,
     stride_dkb, stride_dkh, stride_dkk, stride_dkd,
     stride_dvb, stride_dvh, stride_dvk, stride_dvd,
-    H, N_QUERIES, N_KEYS, scale,
-    D: tl.constexpr, Q_TILE_SIZE: tl.constexpr, K_TILE_SIZE: tl.constexpr, is_causal: tl.constexpr,
-    BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    H, N_QUERIES, N_KEYS,
+    scale,
+    D: tl.constexpr,
+    Q_TILE_SIZE: tl.constexpr,
+    K_TILE_SIZE: tl.constexpr,
+    is_causal: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
+    ATOMIC_DQ: tl.constexpr = False,
 ):
-    """One key tile of one (batch, head): dK and dV accumulated over query tiles (and dQ's shares added
-    to dQ_acc with ATOMIC_DQ)."""
+    """Second backward pass: one program per key tile (grid (T_k, batch * heads)) accumulates dK and dV
+    over query tiles. With ATOMIC_DQ (the one-pass backward) it also adds each tile pair's dS K to the
+    float32 accumulator dQ_acc, which flash_bwd_preprocess_kernel zeroed (and wrote D for); without, dQ_acc
+    is not read."""
     bh = tl.program_id(1)
     k_start = tl.program_id(0) * K_TILE_SIZE  # causal: low key tiles see the most queries and come first
     k = _load_rows(K_ptr, _offset(bh, H, stride_kb, stride_kh), stride_kk, stride_kd, bh, H, N_KEYS, k_start,
@@ -441,35 +449,10 @@ def _dkdv_program(
                 k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
 
 
-@triton.jit
-def flash_bwd_dkdv_kernel(
-    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr,
-    stride_qb, stride_qh, stride_qq, stride_qd,
-    stride_kb, stride_kh, stride_kk, stride_kd,
-    stride_vb, stride_vh, stride_vk, stride_vd,
-    stride_dob, stride_doh, stride_doq, stride_dod,
-    stride_dkb, stride_dkh, stride_dkk, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvk, stride_dvd,
-    H, N_QUERIES, N_KEYS,
-    scale,
-    D: tl.constexpr,
-    Q_TILE_SIZE: tl.constexpr,
-    K_TILE_SIZE: tl.constexpr,
-    is_causal: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
-):
-    """Second backward pass: one program per key tile (grid (T_k, batch * heads)) accumulates dK and dV
-    over query tiles."""
-    _dkdv_program(Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dK_ptr,
-                  stride_qb, stride_qh, stride_qq, stride_qd, stride_kb, stride_kh, stride_kk, stride_kd,
-                  stride_vb, stride_vh, stride_vk, stride_vd, stride_dob, stride_doh, stride_doq, stride_dod,
-                  stride_dkb, stride_dkh, stride_dkk, stride_dkd, stride_dvb, stride_dvh, stride_dvk, stride_dvd,
-                  H, N_QUERIES, N_KEYS, scale, D, Q_TILE_SIZE, K_TILE_SIZE, is_causal, BLOCK_D, USE_TMA, False)
-
 
 # ----------------------------------------------------------------------------------------------------------
-# Backward in one pass over key tiles (dQ by atomic adds): D first, then dK/dV/dQ, then dQ's cast
+# The one-pass backward's other two kernels: D (and the zeroed dQ accumulator) before the dK/dV pass with
+# ATOMIC_DQ, and dQ's cast after it
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -497,33 +480,6 @@ def flash_bwd_preprocess_kernel(
              mask=offs < N_QUERIES)
     _store_rows(dQ_acc, tl.zeros((ROWS, BLOCK_D), dtype=tl.float32), bh.to(tl.int64) * N_QUERIES * D, D, 1,
                 bh, H, N_QUERIES, start, D, ROWS, BLOCK_D, False)
-
-
-@triton.jit
-def flash_bwd_fused_kernel(
-    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dQ_acc,
-    stride_qb, stride_qh, stride_qq, stride_qd,
-    stride_kb, stride_kh, stride_kk, stride_kd,
-    stride_vb, stride_vh, stride_vk, stride_vd,
-    stride_dob, stride_doh, stride_doq, stride_dod,
-    stride_dkb, stride_dkh, stride_dkk, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvk, stride_dvd,
-    H, N_QUERIES, N_KEYS,
-    scale,
-    D: tl.constexpr,
-    Q_TILE_SIZE: tl.constexpr,
-    K_TILE_SIZE: tl.constexpr,
-    is_causal: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
-):
-    """The dK/dV pass that also adds each tile pair's dS K to the float32 dQ accumulator (zeroed, and D
-    written, by flash_bwd_preprocess_kernel): grid (T_k, batch * heads)."""
-    _dkdv_program(Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr, dK_ptr, dV_ptr, dQ_acc,
-                  stride_qb, stride_qh, stride_qq, stride_qd, stride_kb, stride_kh, stride_kk, stride_kd,
-                  stride_vb, stride_vh, stride_vk, stride_vd, stride_dob, stride_doh, stride_doq, stride_dod,
-                  stride_dkb, stride_dkh, stride_dkk, stride_dkd, stride_dvb, stride_dvh, stride_dvk, stride_dvd,
-                  H, N_QUERIES, N_KEYS, scale, D, Q_TILE_SIZE, K_TILE_SIZE, is_causal, BLOCK_D, USE_TMA, True)
 
 
 @triton.jit
@@ -961,29 +917,25 @@ def _dq_call(c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dq) -> 
     return _Call(flash_bwd_dq_kernel, grid, args, _tiles(c, d, is_causal, tma), c)
 
 
-def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv) -> _Call:
+def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, dq_acc=None) -> _Call:
+    """The dK/dV pass; given ``dq_acc`` (the one-pass backward), it also adds dQ's shares into it. The
+    split backward passes dK there, which the kernel then never reads (the argument list is fixed)."""
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
-    tma = c.tma and _tma_ok(q, k, v, do, dk, dv)
+    one_pass = dq_acc is not None
+    # Triton 3.6's interpreter has no descriptor reductions: there, the one-pass backward uses pointers.
+    tma = c.tma and _tma_ok(q, k, v, do, dk, dv) and not (one_pass and (INTERPRET or not _tma_ok(dq_acc)))
     qt, kt = c.q_tile, c.k_tile
     args = (
         _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma), lse, delta,
-        _rows(dk, kt, tma), _rows(dv, kt, tma),
+        _rows(dk, kt, tma), _rows(dv, kt, tma), _rows(dq_acc, qt, tma) if one_pass else dk,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, n_q, n_k, 1.0 / math.sqrt(d),
     )  # fmt: skip
     grid = (-(-n_k // kt), batch * heads)
-    return _Call(flash_bwd_dkdv_kernel, grid, args, _tiles(c, d, is_causal, tma), c)
-
-
-def _fused_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, dq_acc) -> _Call:
-    """The dK/dV pass of the one-pass backward: :func:`_dkdv_call`'s launch, adding dQ into ``dq_acc``."""
-    # Triton 3.6's interpreter has no descriptor reductions: there, the one-pass backward uses pointers.
-    tma = c.tma and not INTERPRET and _tma_ok(q, k, v, do, dk, dv, dq_acc)
-    call = _dkdv_call(replace(c, tma=tma, atomic_dq=False), is_causal, q, k, v, do, lse, delta, dk, dv)
-    n = 8  # the dK/dV kernel's tensors (or descriptors); dQ_acc follows them
-    args = (*call.args[:n], _rows(dq_acc, c.q_tile, tma), *call.args[n:])
-    return _Call(flash_bwd_fused_kernel, call.grid, args, call.constexprs, c)
+    return _Call(
+        flash_bwd_dkdv_kernel, grid, args, {**_tiles(c, d, is_causal, tma), "ATOMIC_DQ": one_pass}, c
+    )
 
 
 # Rows per program of the one-pass backward's elementwise kernels (D and zeroing, dQ's cast).
@@ -1142,7 +1094,7 @@ class _SplitBackward:
     def __call__(self, stream: int, q, k, v, o, do, lse, dq, dk, dv) -> None:
         delta = torch.empty_like(lse)
         self.dq(stream, q, k, v, o, do, lse, delta, dq)
-        self.dkdv(stream, q, k, v, do, lse, delta, dk, dv)
+        self.dkdv(stream, q, k, v, do, lse, delta, dk, dv, dk)
 
 
 class _OnePassBackward:
@@ -1158,7 +1110,7 @@ class _OnePassBackward:
         """Builds the three kernels' plans, which runs the backward once."""
         delta, acc = self._scratch(q, lse)
         self.pre = _KernelPlan(_preprocess_call(o, do, delta, acc))
-        self.fused = _KernelPlan(_fused_call(c, is_causal, q, k, v, do, lse, delta, dk, dv, acc))
+        self.fused = _KernelPlan(_dkdv_call(c, is_causal, q, k, v, do, lse, delta, dk, dv, acc))
         self.cast = _KernelPlan(_cast_call(acc, dq))
 
     @property
