@@ -1,6 +1,7 @@
 """One GPU command for the FlashAttention kernels (issue 14): correctness first, then timings.
 
     python scripts/flash_device_check.py --out DIR [--skip-grid] [--shapes 0,1,2] [--explain] [--wide]
+                                         [--profile]
 
 1. Every case of the ``attention shapes`` grid (bench/bench_flash.py): ours against SDPA's math-free
    backends on the same bf16 inputs (O, dQ, dK, dV relative error), fresh random data, outputs poisoned.
@@ -9,6 +10,8 @@
    microseconds per call (no sync) next to device time, so per-call Python cost is visible.
 4. With --explain, graph breaks of the small model under torch.compile; with --wide, tuning over the
    wide candidate sweep (what the short lists were picked from; replaces scripts/flash_tune.py --wide).
+5. With --profile, the kernels of one fwd+bwd per shape (ours and SDPA cuDNN, torch.profiler, after
+   warm-up): each kernel's device time, so a gap between fwd+bwd and fwd plus bwd can be placed.
 Writes ``flash_check.json`` (with the tuning report: every candidate's time per key) under --out and
 prints a compact table last.
 """
@@ -132,6 +135,37 @@ def model_call_overhead() -> dict:
     return res
 
 
+def kernel_profile(shape, reps: int = 5) -> dict:
+    """Device microseconds per fwd+bwd of each kernel that ours and SDPA cuDNN launch (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    (q, k, v), do = inputs(shape)
+    causal = shape[-1]
+    res = {}
+    for name, fn in (("ours", ours), ("cudnn", sdpa("cudnn"))):
+
+        def step(fn=fn):
+            for t in (q, k, v):
+                t.grad = None
+            fn(q, k, v, causal).backward(do)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                step()
+            torch.cuda.synchronize()
+        kernels_us = {
+            e.key[:90]: round(e.device_time_total / reps, 1)
+            for e in prof.key_averages()
+            if e.device_time_total > 0
+        }
+        res[name] = dict(sorted(kernels_us.items(), key=lambda kv: -kv[1]))
+        res[name]["total_us"] = round(sum(kernels_us.values()), 1)
+    return res
+
+
 def explain_model(attention: str) -> dict:
     """Graph count and break reasons of the small model (ctx 512, bf16 autocast) under torch.compile."""
     from cs336_systems.profiling.workload import Case, Workload
@@ -151,6 +185,7 @@ def main() -> None:
     ap.add_argument("--skip-grid", action="store_true")
     ap.add_argument("--explain", action="store_true", help="graph breaks of the small model, both attentions")
     ap.add_argument("--wide", action="store_true", help="tune over the wide candidate sweep (slow)")
+    ap.add_argument("--profile", action="store_true", help="per-kernel device time of one fwd+bwd per shape")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = [GRID[int(i)] for i in args.shapes.split(",")]
@@ -168,6 +203,10 @@ def main() -> None:
     if args.explain:
         result["explain"] = {a: explain_model(a) for a in ("flash_triton", "sdpa")}
         print("explain", result["explain"], flush=True)
+    if args.profile:
+        result["profile"] = {str(shape): kernel_profile(shape) for shape in shapes}
+        for key, row in result["profile"].items():
+            print("profile", key, json.dumps(row, indent=1), flush=True)
     result["model_call"] = model_call_overhead()
     print("model call", result["model_call"], flush=True)
 

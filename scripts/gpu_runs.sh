@@ -5,6 +5,7 @@
 #   bash scripts/gpu_runs.sh attention flash                (single GPU)
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes flash-host model-attention model-attention-paired   (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh model-attention-cudagraphs flash-leaderboard                  (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh flash-cold-tuning flash-ws-probe                            (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
@@ -70,6 +71,13 @@ for stage in "$@"; do
     flash-leaderboard)  # D12 / issue 14: the leaderboard case, ours beside SDPA flash and cuDNN (~1 min)
       "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa)" \
         --benchmark-json="$OUT/flash-leaderboard.json" 2>&1 | tail -8 ;;
+    flash-cold-tuning)  # issue 14: cold compile+tune+check of the whole grid, fresh Triton caches, 1 vs 8 compile threads (~2 min)
+      for th in 1 8; do
+        TRITON_CACHE_DIR=$(mktemp -d) CS336_FLASH_COMPILE_THREADS=$th python3 scripts/flash_device_check.py \
+          --out "$OUT/cold-tuning-$th" --skip-grid 2>&1 | grep -E "^cold|CHECKS"
+      done ;;
+    flash-ws-probe)  # issue 14: triton's Hopper warp specialization on an attention forward (a watchdog ends a hang)
+      timeout -k 10 300 python3 scripts/flash_ws_probe.py --out "$OUT" 2>&1 | tail -20 ;;
     flash-host)  # issue 14: host microseconds of one eager fwd+bwd at the xl shape, ours vs SDPA vs floors
       python3 scripts/flash_host_overhead.py --out "$OUT/host-model" 2>&1 | tail -16
       python3 scripts/flash_host_overhead.py --out "$OUT/host-contiguous" --layout contiguous --profile 2>&1 | tail -50 ;;

@@ -296,7 +296,28 @@ def test_deterministic_algorithms_keep_the_split_backward(device, generator, for
     assert isinstance(run, kernels._OnePassBackward)
 
 
-def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(monkeypatch) -> None:
+@pytest.fixture
+def tuner_off_gpu(monkeypatch):
+    """``kernels._choose`` driven without a GPU: tuning on, no clock warm-up or synchronization; a test
+    supplies the timings. Yields a runner that tunes a throwaway key and forgets it afterwards."""
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    monkeypatch.setattr(kernels, "AUTOTUNE", True)
+    monkeypatch.setattr(kernels, "TUNE_METRIC", "launch")
+    monkeypatch.setattr(kernels, "_warm_clocks", lambda step: None)
+    monkeypatch.setattr(kernels.torch.cuda, "synchronize", lambda: None)
+    key = ("fwd-test", 1, 16, 16, 16, True, torch.float32)
+
+    def choose(launch, candidates, calls=None) -> kernels.TileConfig:
+        try:
+            return kernels._choose("fwd", launch, key, tuple(candidates), calls)
+        finally:
+            kernels._TUNE.cache.pop(key, None)
+            kernels._TUNE.timings.pop(key, None)
+
+    return choose
+
+
+def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(monkeypatch, tuner_off_gpu) -> None:
     # Each timing runs ~5% faster than the one before (clocks ramping up after compiles, host drift). A
     # is 2% faster than B. Timed one candidate after another, or in rounds that keep the same order, B
     # looks faster; with every candidate built first and the order rotated per round, A wins.
@@ -314,22 +335,47 @@ def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(monkeyp
         log.append(("timed", c))
         return true_ms[c] * (1 - 0.05 * next(clock))
 
-    monkeypatch.setattr(kernels, "INTERPRET", False)
-    monkeypatch.setattr(kernels, "AUTOTUNE", True)
-    monkeypatch.setattr(kernels, "TUNE_METRIC", "launch")
     monkeypatch.setattr(kernels, "_launch_time_ms", fake_launch_time)
-    monkeypatch.setattr(kernels, "_warm_clocks", lambda step: None)
-    monkeypatch.setattr(kernels.torch.cuda, "synchronize", lambda: None)
-    key = ("fwd-test", 1, 16, 16, 16, True, torch.float32)
-    try:
-        chosen = kernels._choose("fwd", launch, key, tuple(true_ms))
-    finally:
-        kernels._TUNE.cache.pop(key, None)
-        kernels._TUNE.timings.pop(key, None)
+    chosen = tuner_off_gpu(launch, true_ms)
     assert log[:3] == [("launch", c) for c in true_ms], "every candidate is built before any is timed"
     timed = [c for what, c in log if what == "timed"]
     assert len(timed) == kernels.TUNE_ROUNDS * len(true_ms)
     assert chosen == C(16, 16), f"picked {chosen}; rounds timed in the order {timed}"
+
+
+def test_tuning_compiles_the_candidates_side_by_side_before_building_any(monkeypatch, tuner_off_gpu) -> None:
+    # A cold key's tuning is mostly compiles: they go to Triton's AsyncCompileMode (a thread pool) and all
+    # finish before the first candidate is built, as the JIT submits them (the fake compile stands in for
+    # Triton's, which needs a GPU target).
+    import threading
+    import time
+
+    from triton.runtime._async_compile import active_mode
+
+    log: list[tuple] = []
+
+    class FakeCall:
+        def __init__(self, c: kernels.TileConfig):
+            self.c = c
+
+        def warmup(self) -> None:
+            mode = active_mode.get()
+            assert mode is not None, "compiles are not submitted to a pool"
+
+            def compile_() -> None:
+                time.sleep(0.05)
+                log.append(("compiled", self.c, threading.get_ident()))
+
+            mode.submit(str(self.c), compile_, lambda kernel: None)
+
+    candidates = [kernels.TileConfig(16 * 2**i, 16) for i in range(4)]
+    monkeypatch.setattr(kernels, "COMPILE_THREADS", 4)
+    monkeypatch.setattr(kernels, "_launch_time_ms", lambda step: step() or 1.0)
+    tuner_off_gpu(lambda c: log.append(("built", c)), candidates, lambda c: [FakeCall(c)])
+    assert [e[0] for e in log[: len(candidates)]] == ["compiled"] * len(candidates), log
+    assert {e[1] for e in log[: len(candidates)]} == set(candidates)
+    assert len({e[2] for e in log[: len(candidates)]}) > 1, "the compiles ran on one thread"
+    assert log[len(candidates)][0] == "built"
 
 
 def test_tuning_key_classes() -> None:

@@ -21,8 +21,9 @@ forward and dQ grids start with the heaviest query tiles; on Hopper, tiles move 
 descriptors (the TMA copy engine; block pointers where strides do not allow it, or where the host-side
 cost of building descriptors outweighs the gain, which the tuner measures). Tile sizes, warps, stages and
 descriptors-or-not are tuned per (kernel, batch x heads bucket, seq buckets, d, causal, dtype) among a
-short candidate list, timed once per key (device plus host time per launch: short cases are host-bound)
-and cached (in memory, optionally in a JSON file).
+short candidate list, timed once per key (device plus host time per launch: short cases are host-bound;
+the key's candidates first compile side by side in a thread pool) and cached (in memory, optionally in a
+JSON file).
 
 Launches: the model calls attention 2 x layers times per step, and at short sequences a call is
 host-bound, so every call signature (shapes, strides, dtypes, alignment, device, causality) gets an
@@ -46,6 +47,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -73,6 +75,8 @@ CANDIDATE_SET = os.environ.get("CS336_FLASH_CANDIDATES", "default")
 # time, L2 flushed between launches: what a GPU-bound step pays; it picks host-heavier TMA configs for
 # short shapes).
 TUNE_METRIC = os.environ.get("CS336_FLASH_TUNE_METRIC", "launch")
+# Threads that compile a key's candidates at once before tuning times them ("1": one after the other).
+COMPILE_THREADS = int(os.environ.get("CS336_FLASH_COMPILE_THREADS", str(min(8, os.cpu_count() or 1))))
 
 # Globals read inside kernels must be constexpr.
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -739,12 +743,17 @@ TUNE_ROUNDS = 3
 
 
 def _choose(
-    kernel: str, launch: Callable[[TileConfig], None], key: tuple, candidates: tuple[TileConfig, ...]
+    kernel: str,
+    launch: Callable[[TileConfig], None],
+    key: tuple,
+    candidates: tuple[TileConfig, ...],
+    calls: Callable[[TileConfig], list[_Call]] | None = None,
 ) -> TileConfig:
     """The config for ``key``: forced, the heuristic default, or the fastest candidate (tuned once per
     key and process, or read from the disk cache).
 
-    Every candidate is built (compiled, launched once) before any is timed; then they are timed in
+    Every candidate is built (compiled, launched once) before any is timed; ``calls`` (a candidate's
+    kernel launches) lets the compiles run side by side first. Then they are timed in
     interleaved rounds with the order rotated per round, and each candidate's median round counts.
     Compiles leave the GPU idle for seconds, so a candidate
     timed right after its own compile ran on clocks still ramping up, and candidates timed one after the
@@ -762,6 +771,8 @@ def _choose(
             return _TUNE.cache[key]
     start = time.perf_counter()
     timings = {str(c): math.inf for c in candidates}
+    if calls is not None:
+        _compile_side_by_side(candidates, calls)
     steps = {c: _guarded(key, c, launch) for c in candidates}
     built = {c: step for c, step in steps.items() if _builds(step)}
     if built:
@@ -781,6 +792,24 @@ def _choose(
     _TUNE.tune_seconds += time.perf_counter() - start
     _save_disk_cache()
     return cfg
+
+
+def _compile_side_by_side(
+    candidates: tuple[TileConfig, ...], calls: Callable[[TileConfig], list[_Call]]
+) -> None:
+    """Compile the candidates' kernels in a thread pool (Triton's AsyncCompileMode), so that building them
+    one by one finds them compiled. A cold key's tuning is mostly compiles, each ~0.5 s of a single
+    core, and ptxas and most of the MLIR passes run outside the GIL. A candidate that fails to compile
+    here is compiled again when it is built, which records why it fails."""
+    if COMPILE_THREADS < 2 or INTERPRET or len(candidates) < 2:
+        return
+    with ThreadPoolExecutor(COMPILE_THREADS) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
+        for c in candidates:
+            try:
+                for call in calls(c):
+                    call.warmup()
+            except Exception:  # the candidate's own build reports it
+                continue
 
 
 class _CandidateFailed(Exception):
@@ -849,6 +878,13 @@ class _Call:
         """Launch through Triton's JIT (compiling on first use); the compiled kernel (None when
         interpreted)."""
         return self.launch_with(self.fn)
+
+    def warmup(self) -> None:
+        """Compile without launching (under AsyncCompileMode: submit the compile and return)."""
+        c = self.config
+        self.fn.warmup(
+            *self.args, grid=self.grid, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
+        )
 
     def traced(self) -> None:
         """The launch as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` under torch.compile,
@@ -1196,10 +1232,17 @@ class AttentionPlan:
     def _stream(self) -> int:
         return 0 if INTERPRET else torch._C._cuda_getCurrentRawStream(self.device)
 
-    def _tuned(self, kernel: str, build: Callable[[TileConfig], Any], tensors: tuple) -> Any:
+    def _tuned(
+        self,
+        kernel: str,
+        build: Callable[[TileConfig], Any],
+        tensors: tuple,
+        calls: Callable[[TileConfig], list[_Call]] | None = None,
+    ) -> Any:
         """The plan of ``kernel`` for these tensors: tuned (each candidate timed through a plan of its own,
         ``build(config)``, whose construction launches once, so the tuner sees the host cost that calls
-        will pay), compiled, and launched once."""
+        will pay), compiled, and launched once. ``calls(config)``: the launches a candidate's plan makes,
+        so that tuning can compile every candidate side by side first."""
         if not INTERPRET and torch.cuda.is_current_stream_capturing():
             # Tuning times and synchronizes, and compiling loads modules: neither can be captured.
             raise RuntimeError(
@@ -1216,7 +1259,7 @@ class AttentionPlan:
             else:
                 built[c] = build(c)
 
-        cfg = _pick(kernel, self.pointers, launch, *self.case)
+        cfg = _pick(kernel, self.pointers, launch, *self.case, calls=calls)
         launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
         return built[cfg]
 
@@ -1226,9 +1269,11 @@ class AttentionPlan:
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device)
         tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
         if self.fwd is None:
-            self.fwd = self._tuned(
-                "fwd", lambda c: _KernelPlan(_fwd_call(c, self.is_causal, *tensors)), tensors
-            )
+
+            def call(c: TileConfig) -> _Call:
+                return _fwd_call(c, self.is_causal, *tensors)
+
+            self.fwd = self._tuned("fwd", lambda c: _KernelPlan(call(c)), tensors, lambda c: [call(c)])
         else:
             self.fwd(self._stream(), *tensors)
         return o, lse
@@ -1257,15 +1302,22 @@ class AttentionPlan:
         causal = self.is_causal
         delta = torch.empty_like(lse)
         dq_tensors = (q, k, v, o, do, lse, delta, dq)
-        dq_plan = self._tuned("dq", lambda c: _KernelPlan(_dq_call(c, causal, *dq_tensors)), dq_tensors)
+
+        def dq_call(c: TileConfig) -> _Call:
+            return _dq_call(c, causal, *dq_tensors)
+
+        dq_plan = self._tuned("dq", lambda c: _KernelPlan(dq_call(c)), dq_tensors, lambda c: [dq_call(c)])
+
+        def dkdv_calls(c: TileConfig) -> list[_Call]:
+            # One-pass candidates compile when built (their launches need the dQ accumulator).
+            return [] if c.atomic_dq else [_dkdv_call(c, causal, q, k, v, do, lse, delta, dk, dv)]
 
         def build(c: TileConfig) -> _SplitBackward | _OnePassBackward:
             if c.atomic_dq:
                 return _OnePassBackward(c, causal, *tensors)
-            dkdv = _KernelPlan(_dkdv_call(c, causal, q, k, v, do, lse, delta, dk, dv))
-            return _SplitBackward(dq_plan, dkdv)
+            return _SplitBackward(dq_plan, _KernelPlan(dkdv_calls(c)[0]))
 
-        return self._tuned("dkdv", build, tensors)
+        return self._tuned("dkdv", build, tensors, dkdv_calls)
 
     def _empty(self, which: int) -> torch.Tensor:
         shape, stride = self.layouts[which]
@@ -1320,9 +1372,10 @@ def _pick(
     d: int,
     is_causal: bool,
     dtype: torch.dtype,
+    calls: Callable[[TileConfig], list[_Call]] | None = None,
 ) -> TileConfig:
     name, candidates = _tune_space(kernel, pointers, d, dtype)
-    cfg = _choose(kernel, launch, _tune_key(name, bh, n_q, n_k, d, is_causal, dtype), candidates)
+    cfg = _choose(kernel, launch, _tune_key(name, bh, n_q, n_k, d, is_causal, dtype), candidates, calls)
     if cfg.tma and (pointers or not TMA):  # a forced TMA config
         cfg = replace(cfg, tma=False)
     if cfg.atomic_dq and (pointers or torch.are_deterministic_algorithms_enabled()):  # a forced one-pass one
