@@ -5,7 +5,7 @@
 #   bash scripts/gpu_runs.sh attention flash                (single GPU)
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes flash-host model-attention model-attention-paired   (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh model-attention-cudagraphs flash-leaderboard                  (1 GPU, issue 14)
-#   bash scripts/gpu_runs.sh flash-cold-tuning flash-ws-probe                            (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh flash-cold-tuning flash-ws-probe flash-config-pairs         (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
@@ -78,6 +78,8 @@ for stage in "$@"; do
       done ;;
     flash-ws-probe)  # issue 14: triton's Hopper warp specialization on an attention forward (a watchdog ends a hang)
       timeout -k 10 300 python3 scripts/flash_ws_probe.py --out "$OUT" 2>&1 | tail -20 ;;
+    flash-config-pairs)  # issue 14: earlier runs' config choices forced side by side, interleaved (~2.5 min)
+      python3 scripts/flash_config_pairs.py --out "$OUT" 2>&1 | grep -v -i warn | tail -60 ;;
     flash-host)  # issue 14: host microseconds of one eager fwd+bwd at the xl shape, ours vs SDPA vs floors
       python3 scripts/flash_host_overhead.py --out "$OUT/host-model" 2>&1 | tail -16
       python3 scripts/flash_host_overhead.py --out "$OUT/host-contiguous" --layout contiguous --profile 2>&1 | tail -50 ;;
