@@ -1235,14 +1235,16 @@ class AttentionPlan:
     def _tuned(
         self,
         kernel: str,
-        build: Callable[[TileConfig], Any],
         tensors: tuple,
-        calls: Callable[[TileConfig], list[_Call]] | None = None,
+        calls: Callable[[TileConfig], list[_Call]],
+        build: Callable[[TileConfig], Any] | None = None,
     ) -> Any:
         """The plan of ``kernel`` for these tensors: tuned (each candidate timed through a plan of its own,
         ``build(config)``, whose construction launches once, so the tuner sees the host cost that calls
-        will pay), compiled, and launched once. ``calls(config)``: the launches a candidate's plan makes,
-        so that tuning can compile every candidate side by side first."""
+        will pay), compiled, and launched once. ``calls(config)``: the launches a candidate's plan makes
+        (compiled side by side before tuning); ``build`` defaults to the plan of the one launch."""
+        if build is None:
+            build = lambda c: _KernelPlan(calls(c)[0])
         if not INTERPRET and torch.cuda.is_current_stream_capturing():
             # Tuning times and synchronizes, and compiling loads modules: neither can be captured.
             raise RuntimeError(
@@ -1269,11 +1271,7 @@ class AttentionPlan:
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device)
         tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
         if self.fwd is None:
-
-            def call(c: TileConfig) -> _Call:
-                return _fwd_call(c, self.is_causal, *tensors)
-
-            self.fwd = self._tuned("fwd", lambda c: _KernelPlan(call(c)), tensors, lambda c: [call(c)])
+            self.fwd = self._tuned("fwd", tensors, lambda c: [_fwd_call(c, self.is_causal, *tensors)])
         else:
             self.fwd(self._stream(), *tensors)
         return o, lse
@@ -1302,11 +1300,7 @@ class AttentionPlan:
         causal = self.is_causal
         delta = torch.empty_like(lse)
         dq_tensors = (q, k, v, o, do, lse, delta, dq)
-
-        def dq_call(c: TileConfig) -> _Call:
-            return _dq_call(c, causal, *dq_tensors)
-
-        dq_plan = self._tuned("dq", lambda c: _KernelPlan(dq_call(c)), dq_tensors, lambda c: [dq_call(c)])
+        dq_plan = self._tuned("dq", dq_tensors, lambda c: [_dq_call(c, causal, *dq_tensors)])
 
         def dkdv_calls(c: TileConfig) -> list[_Call]:
             # One-pass candidates compile when built (their launches need the dQ accumulator).
@@ -1317,7 +1311,7 @@ class AttentionPlan:
                 return _OnePassBackward(c, causal, *tensors)
             return _SplitBackward(dq_plan, _KernelPlan(dkdv_calls(c)[0]))
 
-        return self._tuned("dkdv", build, tensors, dkdv_calls)
+        return self._tuned("dkdv", tensors, dkdv_calls, build)
 
     def _empty(self, which: int) -> torch.Tensor:
         shape, stride = self.layouts[which]
