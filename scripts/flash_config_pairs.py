@@ -15,7 +15,7 @@ import os
 import statistics
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from flash_device_check import kernel_device_us  # scripts/ is on sys.path when run as a script
 from triton.testing import do_bench
 
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
@@ -42,18 +42,6 @@ def parse(name: str) -> kernels.TileConfig:
     """``q64-k64-w4-s3-tma[-adq]`` (TileConfig's str) back to a TileConfig."""
     q, k, w, s, *flags = name.split("-")
     return kernels.TileConfig(int(q[1:]), int(k[1:]), int(w[1:]), int(s[1:]), "tma" in flags, "adq" in flags)
-
-
-def kernel_us(step, grads, reps: int = 5) -> dict[str, float]:
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            for t in grads:
-                t.grad = None
-            step()
-        torch.cuda.synchronize()
-    return {
-        e.key[:40]: round(e.device_time_total / reps, 1) for e in prof.key_averages() if e.device_time_total
-    }
 
 
 def run_case(shape: tuple, sets: dict[str, tuple[str, str, str]], rounds: int = 3) -> dict:
@@ -86,7 +74,7 @@ def run_case(shape: tuple, sets: dict[str, tuple[str, str, str]], rounds: int = 
                 do_bench(lambda o=o: o.backward(do, retain_graph=True), rep=200, grad_to_none=[q, k, v])
             )
             if r == 0:
-                kernels_us[name] = kernel_us(step, (q, k, v))
+                kernels_us[name] = kernel_device_us(step, (q, k, v), width=40)
     for kernel in ("fwd", "dq", "dkdv"):
         kernels.force_config(kernel, None)
     medians = {name: {m: round(statistics.median(t), 4) for m, t in ms.items()} for name, ms in times.items()}

@@ -135,10 +135,26 @@ def model_call_overhead() -> dict:
     return res
 
 
-def kernel_profile(shape, reps: int = 5) -> dict:
-    """Device microseconds per fwd+bwd of each kernel that ours and SDPA cuDNN launch (torch.profiler)."""
+def kernel_device_us(step, grads, reps: int = 5, width: int = 90) -> dict[str, float]:
+    """Device microseconds per call of each kernel that ``step`` launches (torch.profiler), with the
+    ``grads`` tensors' .grad reset before each call; kernel names cut to ``width`` characters."""
     from torch.profiler import ProfilerActivity, profile
 
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for t in grads:
+                t.grad = None
+            step()
+        torch.cuda.synchronize()
+    return {
+        e.key[:width]: round(e.device_time_total / reps, 1)
+        for e in prof.key_averages()
+        if e.device_time_total
+    }
+
+
+def kernel_profile(shape) -> dict:
+    """Device microseconds per fwd+bwd of each kernel that ours and SDPA cuDNN launch."""
     (q, k, v), do = inputs(shape)
     causal = shape[-1]
     res = {}
@@ -152,15 +168,7 @@ def kernel_profile(shape, reps: int = 5) -> dict:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                step()
-            torch.cuda.synchronize()
-        kernels_us = {
-            e.key[:90]: round(e.device_time_total / reps, 1)
-            for e in prof.key_averages()
-            if e.device_time_total > 0
-        }
+        kernels_us = kernel_device_us(step, (q, k, v))
         res[name] = dict(sorted(kernels_us.items(), key=lambda kv: -kv[1]))
         res[name]["total_us"] = round(sum(kernels_us.values()), 1)
     return res
