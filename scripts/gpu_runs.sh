@@ -6,6 +6,7 @@
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes flash-host model-attention model-attention-paired   (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh model-attention-cudagraphs flash-leaderboard                  (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh flash-cold-tuning flash-ws-probe flash-config-pairs         (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh flash-gluon-probe                                           (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
@@ -71,6 +72,8 @@ for stage in "$@"; do
     flash-leaderboard)  # D12 / issue 14: the leaderboard case, ours beside SDPA flash and cuDNN (~1 min)
       "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa)" \
         --benchmark-json="$OUT/flash-leaderboard.json" 2>&1 | tail -8 ;;
+    flash-gluon-probe)  # issue 14: the Gluon dK/dV pass against the Triton one, per config, on the grid (~2 min)
+      timeout 400 python3 scripts/flash_gluon_probe.py --out "$OUT" 2>&1 | grep -v -i warn | tail -40 ;;
     flash-cold-tuning)  # issue 14: cold compile+tune+check of the whole grid, fresh Triton caches, 1 vs 8 compile threads (~2 min)
       for th in 1 8; do
         TRITON_CACHE_DIR=$(mktemp -d) CS336_FLASH_COMPILE_THREADS=$th python3 scripts/flash_device_check.py \

@@ -713,6 +713,104 @@ def test_every_tuning_candidate(kernel, dtype, d, device, generator, monkeypatch
     assert kernels.candidate_configs(kernel, d, dtype)[0] in built
 
 
+GLUON_CONFIGS = [
+    (d, c) for d in (64, 128) for c in kernels.gpu_candidates("dkdv", d, torch.bfloat16) if c.gluon
+]
+
+
+def _ptxas_report(ptx: str) -> str:
+    """ptxas's own report (registers, spills, performance notes) on a kernel's PTX, for sm_90a."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path  # the one Triton builds with
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run(
+            [ptxas, "-v", "--gpu-name=sm_90a", f.name, "-o", "/dev/null"], capture_output=True
+        )
+    assert out.returncode == 0, out.stderr.decode()
+    return out.stderr.decode()
+
+
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(("d", "config"), GLUON_CONFIGS, ids=[f"d{d}-{c}" for d, c in GLUON_CONFIGS])
+def test_gluon_dkdv_builds_for_hopper_with_overlapped_matmuls(d, config, is_causal) -> None:
+    # Built for sm_90a on the CPU. The kernel exists for its asynchronous matmuls: if ptxas serializes
+    # them (C7514: e.g. an accumulator left in flight across the loop's back edge) or spills in the loop,
+    # it is the Triton pass with extra steps. Also runs where no GPU is present.
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gluon = kernels.flash_bwd_gluon
+
+    def desc(shape, dtype, name):
+        layout = gl.NVMMASharedLayout.get_default_for(shape, dtype)
+        return f"tensordesc<{name}[{', '.join(map(str, shape))}],{layout!r}>"
+
+    qt, kt = config.q_tile, config.k_tile
+    signature = {
+        "q_desc": desc([qt, d], gl.bfloat16, "bf16"), "k_desc": desc([kt, d], gl.bfloat16, "bf16"),
+        "v_desc": desc([kt, d], gl.bfloat16, "bf16"), "do_desc": desc([qt, d], gl.bfloat16, "bf16"),
+        "l_desc": desc([qt], gl.float32, "fp32"), "delta_desc": desc([qt], gl.float32, "fp32"),
+        "dK_ptr": "*bf16", "dV_ptr": "*bf16", "dQ_unused": "*bf16", "N_QUERIES": "i32", "N_KEYS": "i32",
+        "scale": "fp32",
+    }  # fmt: skip
+    constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=config.num_warps)
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    source = GluonASTSource(gluon.flash_bwd_dkdv_gluon_kernel, signature, constexprs)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps)
+    )
+    report = _ptxas_report(compiled.asm["ptx"])
+    assert "C7514" not in report and "serialized" not in report, report
+    assert "wgmma.mma_async" in compiled.asm["ptx"]
+    assert " 0 bytes spill stores" in report, report
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(("d", "config"), GLUON_CONFIGS, ids=[f"d{d}-{c}" for d, c in GLUON_CONFIGS])
+def test_gluon_dkdv_matches_the_reference(d, config, is_causal, device, generator) -> None:
+    # Shapes the Gluon pass takes (contiguous, lengths multiples of the tiles), one with N_q != N_k: every
+    # loop phase (diagonal tiles, full tiles, key tiles that no query sees).
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        pytest.skip("the Gluon dK/dV pass is built for Hopper (wgmma); elsewhere its configs run Triton's")
+    for shape in ((3, 256, 256, d), (2, 128, 384, d)):
+        q, k, v, do = make_inputs(shape, torch.bfloat16, device, generator)
+        lse = torch.empty(q.shape[:-1], device=device)
+        q4, k4, v4, do4, dk4 = (kernels.as_4d(t.detach()) for t in (q, k, v, do, k))
+        call = kernels._dkdv_call(config, is_causal, q4, k4, v4, do4, lse, lse, dk4, dk4)
+        assert call.fn is kernels.flash_bwd_gluon.flash_bwd_dkdv_gluon_kernel, (
+            "the Gluon pass must apply here"
+        )
+        kernels.force_config("dkdv", config)
+        try:
+            check_against_reference(
+                FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
+            )
+        finally:
+            kernels.force_config("dkdv", None)
+
+
+def test_gluon_dkdv_configs_fall_back_to_triton_where_gluon_cannot_run(device, generator) -> None:
+    # Ragged lengths (and CPU tensors, and non-Hopper GPUs): the same tiles through the Triton pass.
+    config = next(c for _, c in GLUON_CONFIGS)
+    q, k, v, do = (
+        kernels.as_4d(t.detach()) for t in make_inputs((2, 100, 100, 64), torch.bfloat16, device, generator)
+    )
+    lse = torch.empty(q.shape[:-1], device=device)
+    call = kernels._dkdv_call(config, True, q, k, v, do, lse, lse, k, v)
+    assert call.fn is kernels.flash_bwd_dkdv_kernel
+    assert (call.constexprs["Q_TILE_SIZE"], call.constexprs["K_TILE_SIZE"]) == (config.q_tile, config.k_tile)
+    assert all(not c.gluon for c in kernels.pointer_configs("dkdv", 64, torch.bfloat16))
+
+
 @pytest.mark.gpu
 def test_torch_compile_apply_leaderboard_case(device, generator) -> None:
     # Exactly how the leaderboard calls it: heads folded into batch, bf16, causal, compiled apply.

@@ -56,8 +56,11 @@ import triton
 import triton.language as tl
 import triton.testing
 from triton.compiler.errors import CompilationError
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import flash_bwd_gluon
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so what counts is its value at import time.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -521,10 +524,13 @@ class TileConfig:
     tma: bool = False  # tensor descriptors (Hopper's copy engine) instead of block pointers
     # dK/dV only: the one-pass backward (dQ added atomically in the dK/dV pass, see _OnePassBackward).
     atomic_dq: bool = False
+    # dK/dV only: the Gluon pass (kernels/flash_bwd_gluon.py) where it can run, else the Triton one.
+    gluon: bool = False
 
     def __str__(self) -> str:
         tma, adq = "-tma" if self.tma else "", "-adq" if self.atomic_dq else ""
-        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{adq}"
+        gluon = "-gluon" if self.gluon else ""
+        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{adq}{gluon}"
 
 
 def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
@@ -539,10 +545,21 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
         return {"fwd": [C(32, 16)], "dkdv": [C(16, 32), adq], "dq": [C(32, 16)]}[kernel]
     if CANDIDATE_SET == "wide":
         return _wide_candidates(kernel)
+    return gpu_candidates(kernel, d, dtype)
+
+
+def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
+    """The short lists that tuning uses on a GPU (also readable under the interpreter, which tunes over
+    its own small tiles)."""
+    C = TileConfig
     wide = dtype == torch.float32  # 4-byte elements: twice the shared memory and registers per tile
     big_d = d > 64
     T = True  # tensor descriptors
     A = True  # dK/dV: the one-pass backward, dQ added atomically
+
+    def G(q: int, k: int, w: int) -> TileConfig:  # dK/dV: the Gluon pass (Triton q-k-w-s2-tma elsewhere)
+        return C(q, k, w, 2, T, gluon=True)
+
     return {
         ("fwd", False, False): [
             C(64, 64, 4, 4, T),
@@ -567,6 +584,10 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             # One pass (dQ by descriptor reductions): backward 3.54 vs 3.67 ms at (1, 16, 16384), 0.456 vs
             # 0.489 at (1, 2, 16384), causal; other tiles and every d = 128 tile lost (one_pass_sweep).
             C(64, 64, 4, 4, T, A),
+            # Gluon, S^T/dP^T issued together and the exponentials under dP^T: dK/dV 2.04 vs 2.34 ms at
+            # (1, 16, 16384), 2.14 vs 2.25 at (2, 16, 8192) non-causal (scripts/flash_gluon_probe.py).
+            G(64, 64, 4),
+            G(32, 64, 4),
         ],
         ("dkdv", False, True): [
             C(32, 64, 4, 3, T),
@@ -575,6 +596,8 @@ def _candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(32, 128, 4, 3, T),  # the Triton tutorial's dK/dV tiles
             C(64, 128, 8, 3, T),  # 32k causal: backward -2.8 ms vs q32-k64-w4-s3 (issue 17)
             C(64, 64, 4, 2, T),  # (2, 32, 4096) causal: 0.938 vs 1.062 ms for q32-k64-w4-s4 (wide sweep)
+            G(64, 64, 4),  # 32k causal: dK/dV 26.96 vs 30.36 ms (scripts/flash_gluon_probe.py)
+            G(64, 128, 8),
         ],
         ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
         ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],
@@ -959,9 +982,15 @@ def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, 
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     one_pass = dq_acc is not None
+    qt, kt = c.q_tile, c.k_tile
+    tensors = (q, k, v, do, lse, delta, dk, dv)
+    if c.gluon and not one_pass and flash_bwd_gluon.gluon_dkdv_supported(qt, kt, *tensors):
+        args = flash_bwd_gluon.dkdv_gluon_args(qt, kt, *tensors)
+        constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=c.num_warps)
+        grid = (n_k // kt, batch * heads)
+        return _Call(flash_bwd_gluon.flash_bwd_dkdv_gluon_kernel, grid, args, constexprs, c)
     # Triton 3.6's interpreter has no descriptor reductions: there, the one-pass backward uses pointers.
     tma = c.tma and _tma_ok(q, k, v, do, dk, dv) and not (one_pass and (INTERPRET or not _tma_ok(dq_acc)))
-    qt, kt = c.q_tile, c.k_tile
     args = (
         _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma), lse, delta,
         _rows(dk, kt, tma), _rows(dv, kt, tma), _rows(dq_acc, qt, tma) if one_pass else dk,
@@ -1013,11 +1042,10 @@ class _KernelPlan:
 
     def __init__(self, call: _Call):
         """Launches ``call`` once through the JIT (compiling it) and keeps what later launches reuse."""
-        kinds = (torch.Tensor, TensorDescriptor)
-        n = next(i for i, a in enumerate(call.args) if not isinstance(a, kinds))
+        descriptors = (TensorDescriptor, GluonTensorDescriptor)
+        n = next(i for i, a in enumerate(call.args) if not isinstance(a, (torch.Tensor, *descriptors)))
         boxes = tuple(
-            (a.shape, a.strides, a.block_shape) if isinstance(a, TensorDescriptor) else None
-            for a in call.args[:n]
+            (a.shape, a.strides, a.block_shape) if isinstance(a, descriptors) else None for a in call.args[:n]
         )
         self.boxes = boxes if any(boxes) else None
         self.tail = (*call.args[n:], *call.constexprs.values())
@@ -1397,7 +1425,7 @@ def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig
     since a descriptor is built from the tensor's data pointer on the host. Split backwards only: the
     one-pass backward's atomic adds are bulk copies with descriptors, one atomic per element without."""
     listed = candidate_configs(kernel, d, dtype)
-    return tuple(dict.fromkeys(replace(c, tma=False) for c in listed if not c.atomic_dq))
+    return tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in listed if not c.atomic_dq))
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
