@@ -20,19 +20,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from flash_device_check import kernel_device_us
 
+from cs336_systems.harness.attention import ATTENTION_SHAPES
 from cs336_systems.kernels import flash_attention as fa
 
-SHAPES = [  # (batch, heads, seq_q, seq_k, d, causal)
-    (1, 32, 32768, 32768, 128, True),
-    (2, 16, 8192, 8192, 64, False),
-    (1, 16, 16384, 16384, 64, True),
-    (2, 32, 4096, 4096, 128, True),
-    (4, 16, 1024, 1024, 128, True),
-    (8, 12, 2048, 2048, 64, True),
-    (1, 2, 16384, 16384, 64, True),
-    (2, 16, 1024, 4096, 64, False),
-    (4, 25, 512, 512, 64, True),
-]
+SHAPES = ATTENTION_SHAPES  # (batch, heads, seq_q, seq_k, d, causal); --shapes indexes it
 CONFIGS = {
     128: [(64, 64, 4), (64, 128, 8), (32, 64, 4)],
     64: [(64, 64, 4), (64, 128, 8), (128, 128, 8), (32, 64, 4)],
