@@ -15,6 +15,8 @@ head (seq_q a multiple of the query tile, seq_k of the key tile), dK/dV contiguo
 
 from __future__ import annotations
 
+import math
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -171,24 +173,18 @@ def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
 
 
-def rows_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A descriptor of [rows, d] boxes over a contiguous (..., seq, d) tensor's rows, or of [rows] boxes
-    over a contiguous (..., seq) one (L and D)."""
-    flat = t.view(-1, t.shape[-1]) if t.dtype != torch.float32 else t.view(-1)
-    box = [rows, t.shape[-1]] if flat.ndim == 2 else [rows]
-    layout = gl.NVMMASharedLayout.get_default_for(box, _gl_dtype(t.dtype))
+def _descriptor(flat: torch.Tensor, box: list[int]) -> TensorDescriptor:
+    """A descriptor of ``box``-shaped tiles over ``flat``, with the default swizzle for them."""
+    layout = gl.NVMMASharedLayout.get_default_for(box, _gl_dtype(flat.dtype))
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, layout)
 
 
 def dkdv_gluon_args(q_tile: int, k_tile: int, q, k, v, do, lse, delta, dk, dv) -> tuple:
-    """The kernel's arguments (descriptors, then the integers and the scale) for one call."""
+    """The kernel's arguments for one call: descriptors of [tile, d] boxes over the contiguous (batch,
+    heads, seq, d) tensors' rows and of [q_tile] boxes over L and D, then dK, dV, the unread dQ slot, the
+    integers and the scale."""
     n_q, n_k, d = q.shape[2], k.shape[2], q.shape[3]
-    descs = (
-        rows_descriptor(q, q_tile),
-        rows_descriptor(k, k_tile),
-        rows_descriptor(v, k_tile),
-        rows_descriptor(do, q_tile),
-        rows_descriptor(lse, q_tile),
-        rows_descriptor(delta, q_tile),
-    )
-    return (*descs, dk, dv, dk, n_q, n_k, 1.0 / d**0.5)
+    rows = lambda t, tile: _descriptor(t.view(-1, d), [tile, d])
+    vector = lambda t: _descriptor(t.view(-1), [q_tile])
+    descs = (rows(q, q_tile), rows(k, k_tile), rows(v, k_tile), rows(do, q_tile), vector(lse), vector(delta))
+    return (*descs, dk, dv, dk, n_q, n_k, 1.0 / math.sqrt(d))
