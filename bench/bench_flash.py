@@ -473,6 +473,7 @@ def _build_steps(
         steps.update({(impl, pass_): step for pass_, step in impl_steps.items()})
         if impl == "flash_triton":
             r.extra["configs"] = kernels.chosen_configs(b * h, nq, nk, d, causal, torch.bfloat16)
+            r.extra["tuning_ms"] = kernels.candidate_timings(b * h, nq, nk, d, causal, torch.bfloat16)
             # Seconds spent tuning (compiles included) in this process so far: the last row of a cold
             # run of the group is the whole grid's tuning cost.
             r.extra["tune_seconds_so_far"] = kernels.tuning_report()["tune_seconds"]

@@ -72,7 +72,7 @@ for stage in "$@"; do
     flash-leaderboard)  # D12 / issue 14: the leaderboard case, ours beside SDPA flash and cuDNN (~1 min)
       "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa)" \
         --benchmark-json="$OUT/flash-leaderboard.json" 2>&1 | tail -8 ;;
-    flash-gluon-probe)  # issue 14: the Gluon dK/dV pass against the Triton one, per config, on the grid (~2 min)
+    flash-gluon-probe)  # issue 14: the Gluon kernels against the Triton ones (tuner timings per candidate), on the grid (~3 min)
       timeout 400 python3 scripts/flash_gluon_probe.py --out "$OUT" 2>&1 | grep -v -i warn | tail -40 ;;
     flash-cold-tuning)  # issue 14: cold compile+tune+check of the whole grid, fresh Triton caches, 1 vs 8 compile threads (~2 min)
       for th in 1 8; do

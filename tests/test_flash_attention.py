@@ -714,8 +714,16 @@ def test_every_tuning_candidate(kernel, dtype, d, device, generator, monkeypatch
 
 
 GLUON_CONFIGS = [
-    (d, c) for d in (64, 128) for c in kernels.gpu_candidates("dkdv", d, torch.bfloat16) if c.gluon
+    (kernel, d, c)
+    for kernel in ("fwd", "dq", "dkdv")
+    for d in (64, 128)
+    for c in kernels.gpu_candidates(kernel, d, torch.bfloat16)
+    if c.gluon
 ]
+GLUON_IDS = [f"{kernel}-d{d}-{c}" for kernel, d, c in GLUON_CONFIGS]
+GLUON_KERNELS = {
+    "fwd": "flash_fwd_gluon_kernel", "dq": "flash_bwd_dq_gluon_kernel", "dkdv": "flash_bwd_dkdv_gluon_kernel"
+}  # fmt: skip
 
 
 def _ptxas_report(ptx: str) -> str:
@@ -736,34 +744,53 @@ def _ptxas_report(ptx: str) -> str:
     return out.stderr.decode()
 
 
-@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize(("d", "config"), GLUON_CONFIGS, ids=[f"d{d}-{c}" for d, c in GLUON_CONFIGS])
-def test_gluon_dkdv_builds_for_hopper_with_overlapped_matmuls(d, config, is_causal) -> None:
-    # Built for sm_90a on the CPU. The kernel exists for its asynchronous matmuls: if ptxas serializes
-    # them (C7514: e.g. an accumulator left in flight across the loop's back edge) or spills in the loop,
-    # it is the Triton pass with extra steps. Also runs where no GPU is present.
-    import triton
-    from triton.backends.compiler import GPUTarget
+def _gluon_signature(kernel: str, d: int, config) -> dict[str, str]:
+    """The argument types of a Gluon kernel's bf16 launch with ``config``'s tiles (descriptors by their
+    box and swizzle)."""
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    gluon = kernels.flash_bwd_gluon
 
     def desc(shape, dtype, name):
         layout = gl.NVMMASharedLayout.get_default_for(shape, dtype)
         return f"tensordesc<{name}[{', '.join(map(str, shape))}],{layout!r}>"
 
-    qt, kt = config.q_tile, config.k_tile
-    signature = {
-        "q_desc": desc([qt, d], gl.bfloat16, "bf16"), "k_desc": desc([kt, d], gl.bfloat16, "bf16"),
-        "v_desc": desc([kt, d], gl.bfloat16, "bf16"), "do_desc": desc([qt, d], gl.bfloat16, "bf16"),
-        "l_desc": desc([qt], gl.float32, "fp32"), "delta_desc": desc([qt], gl.float32, "fp32"),
-        "dK_ptr": "*bf16", "dV_ptr": "*bf16", "dQ_unused": "*bf16", "N_QUERIES": "i32", "N_KEYS": "i32",
+    q_rows, k_rows = (
+        desc([config.q_tile, d], gl.bfloat16, "bf16"),
+        desc([config.k_tile, d], gl.bfloat16, "bf16"),
+    )
+    vector = desc([config.q_tile], gl.float32, "fp32")
+    head = {
+        "fwd": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "O_ptr": "*bf16", "L_ptr": "*fp32"},
+        "dq": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "O_ptr": "*bf16", "do_desc": q_rows,
+               "L_ptr": "*fp32", "Delta_ptr": "*fp32", "dQ_ptr": "*bf16"},
+        "dkdv": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "do_desc": q_rows, "l_desc": vector,
+                 "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16", "dQ_unused": "*bf16"},
+    }[kernel]  # fmt: skip
+    o_strides = {"stride_ob": "i32", "stride_oh": "i32", "stride_on": "i32", "H": "i32"}
+    return {
+        **head,
+        **(o_strides if kernel != "dkdv" else {}),
+        "N_QUERIES": "i32",
+        "N_KEYS": "i32",
         "scale": "fp32",
-    }  # fmt: skip
-    constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=config.num_warps)
-    signature.update(dict.fromkeys(constexprs, "constexpr"))
-    source = GluonASTSource(gluon.flash_bwd_dkdv_gluon_kernel, signature, constexprs)
+    }
+
+
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(("kernel", "d", "config"), GLUON_CONFIGS, ids=GLUON_IDS)
+def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, config, is_causal) -> None:
+    # Built for sm_90a on the CPU. The kernels exist for their asynchronous matmuls: if ptxas serializes
+    # them (C7514: e.g. an accumulator left in flight across the loop's back edge) or spills in the loop,
+    # they are the Triton kernels with extra steps. Also runs where no GPU is present.
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = dict(D=d, BM=config.q_tile, BN=config.k_tile, is_causal=is_causal, WARPS=config.num_warps)
+    if kernel != "dkdv":  # the forward's and dQ's K/V ring depth (the dK/dV pass's is fixed)
+        constexprs["STAGES"] = config.num_stages
+    signature = {**_gluon_signature(kernel, d, config), **dict.fromkeys(constexprs, "constexpr")}
+    fn = getattr(kernels.flash_gluon, GLUON_KERNELS[kernel])
+    source = GluonASTSource(fn, signature, constexprs)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps)
     )
@@ -773,42 +800,66 @@ def test_gluon_dkdv_builds_for_hopper_with_overlapped_matmuls(d, config, is_caus
     assert " 0 bytes spill stores" in report, report
 
 
+def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
+    """``kernel``'s launch for these 4-D tensors (scratch outputs: only the chosen function is read)."""
+    lse = torch.empty(q.shape[:-1], device=q.device)
+    o = kernels.new_output(q)  # the plan's layout: (batch, seq, heads, d) underneath
+    if kernel == "fwd":
+        return kernels._fwd_call(config, is_causal, q, k, v, o, lse)
+    if kernel == "dq":
+        return kernels._dq_call(config, is_causal, q, k, v, o, do, lse, lse, torch.empty_like(q))
+    return kernels._dkdv_call(
+        config, is_causal, q, k, v, do, lse, lse, torch.empty_like(k), torch.empty_like(v)
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize(("d", "config"), GLUON_CONFIGS, ids=[f"d{d}-{c}" for d, c in GLUON_CONFIGS])
-def test_gluon_dkdv_matches_the_reference(d, config, is_causal, device, generator) -> None:
-    # Shapes the Gluon pass takes (contiguous, lengths multiples of the tiles), one with N_q != N_k: every
-    # loop phase (diagonal tiles, full tiles, key tiles that no query sees).
+@pytest.mark.parametrize(("kernel", "d", "config"), GLUON_CONFIGS, ids=GLUON_IDS)
+def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, device, generator) -> None:
+    # Shapes the Gluon kernels take (contiguous, lengths multiples of the tiles), one with N_q != N_k both
+    # ways: every loop phase (diagonal tiles, full tiles, key tiles that no query sees), and one long
+    # enough that every ring of tiles wraps several times, taken as 4-D (2 x 4 heads of 1024) for O's layout.
     if torch.cuda.get_device_capability(device) != (9, 0):
-        pytest.skip("the Gluon dK/dV pass is built for Hopper (wgmma); elsewhere its configs run Triton's")
-    for shape in ((3, 256, 256, d), (2, 128, 384, d)):
+        pytest.skip("the Gluon kernels are built for Hopper (wgmma); elsewhere their configs run Triton's")
+    for shape in ((3, 256, 256, d), (2, 128, 384, d), (2, 384, 128, d), (1, 8192, 8192, d)):
         q, k, v, do = make_inputs(shape, torch.bfloat16, device, generator)
-        lse = torch.empty(q.shape[:-1], device=device)
-        q4, k4, v4, do4, dk4 = (kernels.as_4d(t.detach()) for t in (q, k, v, do, k))
-        call = kernels._dkdv_call(config, is_causal, q4, k4, v4, do4, lse, lse, dk4, dk4)
-        assert call.fn is kernels.flash_bwd_gluon.flash_bwd_dkdv_gluon_kernel, (
-            "the Gluon pass must apply here"
+        if shape[0] == 1:  # as (batch, heads, seq, d): O strided as the plan stores it, heads apart
+            q, k, v, do = (
+                t.detach().view(2, 4, -1, d).requires_grad_(t.requires_grad) for t in (q, k, v, do)
+            )
+        q4, k4, v4, do4 = (kernels.as_4d(t.detach()) for t in (q, k, v, do))
+        call = _calls(kernel, config, is_causal, q4, k4, v4, do4)
+        assert call.fn is getattr(kernels.flash_gluon, GLUON_KERNELS[kernel]), (
+            "the Gluon kernel must apply here"
         )
-        kernels.force_config("dkdv", config)
+        kernels.force_config(kernel, config)
         try:
             check_against_reference(
                 FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
             )
         finally:
-            kernels.force_config("dkdv", None)
+            kernels.force_config(kernel, None)
 
 
-def test_gluon_dkdv_configs_fall_back_to_triton_where_gluon_cannot_run(device, generator) -> None:
-    # Ragged lengths (and CPU tensors, and non-Hopper GPUs): the same tiles through the Triton pass.
-    config = next(c for _, c in GLUON_CONFIGS)
+@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
+def test_gluon_configs_fall_back_to_triton_where_gluon_cannot_run(kernel, device, generator) -> None:
+    # Ragged lengths (and CPU tensors, and non-Hopper GPUs): the same tiles through the Triton kernel.
+    config = next(c for name, _, c in GLUON_CONFIGS if name == kernel)
     q, k, v, do = (
         kernels.as_4d(t.detach()) for t in make_inputs((2, 100, 100, 64), torch.bfloat16, device, generator)
     )
-    lse = torch.empty(q.shape[:-1], device=device)
-    call = kernels._dkdv_call(config, True, q, k, v, do, lse, lse, k, v)
-    assert call.fn is kernels.flash_bwd_dkdv_kernel
+    call = _calls(kernel, config, True, q, k, v, do)
+    triton_kernel = {"fwd": kernels.flash_fwd_kernel, "dq": kernels.flash_bwd_dq_kernel}.get(
+        kernel, kernels.flash_bwd_dkdv_kernel
+    )
+    assert call.fn is triton_kernel
+    # So every Gluon config's tiles must be ones the Triton kernel takes.
+    for name, _, c in GLUON_CONFIGS:
+        steps = (c.k_tile, c.q_tile) if name == "dkdv" else (c.q_tile, c.k_tile)
+        assert steps[0] % steps[1] == 0, f"{name} {c}: the Triton fallback needs tiles that divide"
     assert (call.constexprs["Q_TILE_SIZE"], call.constexprs["K_TILE_SIZE"]) == (config.q_tile, config.k_tile)
-    assert all(not c.gluon for c in kernels.pointer_configs("dkdv", 64, torch.bfloat16))
+    assert all(not c.gluon for c in kernels.pointer_configs(kernel, 64, torch.bfloat16))
 
 
 @pytest.mark.gpu

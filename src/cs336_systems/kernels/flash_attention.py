@@ -60,7 +60,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTen
 from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import flash_bwd_gluon
+from . import flash_gluon
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so what counts is its value at import time.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -524,7 +524,8 @@ class TileConfig:
     tma: bool = False  # tensor descriptors (Hopper's copy engine) instead of block pointers
     # dK/dV only: the one-pass backward (dQ added atomically in the dK/dV pass, see _OnePassBackward).
     atomic_dq: bool = False
-    # dK/dV only: the Gluon pass (kernels/flash_bwd_gluon.py) where it can run, else the Triton one.
+    # The Gluon (Hopper) kernel (kernels/flash_gluon.py) where it can run, else the Triton one with the same
+    # tiles. For the forward and dQ, num_stages is the depth of its K/V ring.
     gluon: bool = False
 
     def __str__(self) -> str:
@@ -557,8 +558,9 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     T = True  # tensor descriptors
     A = True  # dK/dV: the one-pass backward, dQ added atomically
 
-    def G(q: int, k: int, w: int) -> TileConfig:  # dK/dV: the Gluon pass (Triton q-k-w-s2-tma elsewhere)
-        return C(q, k, w, 2, T, gluon=True)
+    # The Gluon kernel (Triton's q-k-w-s-tma where it cannot run)
+    def G(q: int, k: int, w: int, s: int = 2) -> TileConfig:
+        return C(q, k, w, s, T, gluon=True)
 
     return {
         ("fwd", False, False): [
@@ -566,6 +568,10 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 8, 3, T),
             C(128, 64, 4, 4, T),
             C(64, 64, 4, 3),
+            # Gluon, S_j issued with P_{j-1} V_{j-1} and the softmax under it (s: the K/V ring's depth): 0.98-0.99x
+            # the best Triton forward at (4, 25, 512) and (2, 16, 8192) non-causal, 1.02-1.11x elsewhere; at
+            # d = 128 it lost everywhere (scripts/flash_gluon_probe.py, docs/perf-notes.md session 10).
+            G(64, 64, 4, 3),
         ],
         ("fwd", False, True): [
             C(64, 64, 4, 3, T),
@@ -606,6 +612,10 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 3, T),
             C(128, 64, 8, 3, T),
             C(64, 32, 4, 3, T),
+            # Gluon, S_j and dP_j issued with dS_{j-1} K_{j-1} (P_j under dP_j, dS_j under dS_{j-1} K_{j-1}):
+            # 0.83x the best Triton dQ at (1, 2, 16384), 0.99x at (4, 25, 512), 1.04-1.24x elsewhere; at
+            # d = 128 it lost everywhere (scripts/flash_gluon_probe.py).
+            G(64, 64, 4, 3),
         ],
         ("dq", False, True): [
             C(64, 32, 4, 3, T),
@@ -687,18 +697,34 @@ def tuning_report() -> dict[str, Any]:
     return {"keys": report, "build_errors": dict(_TUNE.errors), "tune_seconds": _TUNE.tune_seconds}
 
 
+def _eager_keys(batch_heads: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype) -> dict:
+    """Each kernel's tuning key and candidates for this case in eager calls."""
+    out = {}
+    for kernel in ("fwd", "dq", "dkdv"):
+        name, candidates = _tune_space(kernel, False, d, dtype)
+        out[kernel] = (_tune_key(name, batch_heads, n_q, n_k, d, causal, dtype), candidates)
+    return out
+
+
 def chosen_configs(
     batch_heads: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype
 ) -> dict[str, str]:
     """The config each kernel uses for this case in eager calls (tuned, forced or default), for bench
     rows."""
-    out = {}
-    for kernel in ("fwd", "dq", "dkdv"):
-        name, candidates = _tune_space(kernel, False, d, dtype)
-        key = _tune_key(name, batch_heads, n_q, n_k, d, causal, dtype)
-        cfg = _TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidates[0]
-        out[kernel] = str(cfg)
-    return out
+    keys = _eager_keys(batch_heads, n_q, n_k, d, causal, dtype)
+    return {
+        kernel: str(_TUNE.forced.get(kernel) or _TUNE.cache.get(key) or candidates[0])
+        for kernel, (key, candidates) in keys.items()
+    }
+
+
+def candidate_timings(
+    batch_heads: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype
+) -> dict[str, dict[str, float]]:
+    """The tuner's ms per candidate of each kernel for this case (empty where it did not tune in this
+    process: a disk-cache hit, a forced config, tuning off), for bench rows: why a config won."""
+    keys = _eager_keys(batch_heads, n_q, n_k, d, causal, dtype)
+    return {kernel: dict(_TUNE.timings.get(key, {})) for kernel, (key, _) in keys.items()}
 
 
 def clear_plans() -> None:
@@ -948,9 +974,19 @@ def _tiles(c: TileConfig, d: int, is_causal: bool, tma: bool) -> dict[str, Any]:
                 USE_TMA=tma)  # fmt: skip
 
 
+def _gluon_call(fn: Any, c: TileConfig, is_causal: bool, d: int, n_q: int, bh: int, args: tuple) -> _Call:
+    """A forward or dQ launch of a Gluon kernel: one program per query tile and (batch, head)."""
+    constexprs = dict(D=d, BM=c.q_tile, BN=c.k_tile, is_causal=is_causal, WARPS=c.num_warps,
+                      STAGES=c.num_stages)  # fmt: skip
+    return _Call(fn, (n_q // c.q_tile, bh), args, constexprs, c)
+
+
 def _fwd_call(c: TileConfig, is_causal: bool, q, k, v, o, lse) -> _Call:
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
+    if c.gluon and flash_gluon.gluon_supported("fwd", c.q_tile, c.k_tile, q, k, v, lse, o=o):
+        args = flash_gluon.fwd_gluon_args(c.q_tile, c.k_tile, q, k, v, o, lse)
+        return _gluon_call(flash_gluon.flash_fwd_gluon_kernel, c, is_causal, d, n_q, batch * heads, args)
     tma = c.tma and _tma_ok(q, k, v, o)
     args = (
         _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma), _rows(o, c.q_tile, tma), lse,
@@ -966,6 +1002,9 @@ def _dq_call(c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dq) -> 
     n_k = k.shape[2]
     tma = c.tma and _tma_ok(q, k, v, do, dq)
     qt, kt = c.q_tile, c.k_tile
+    if c.gluon and flash_gluon.gluon_supported("dq", qt, kt, q, k, v, do, lse, delta, dq, o=o):
+        args = flash_gluon.dq_gluon_args(qt, kt, q, k, v, o, do, lse, delta, dq)
+        return _gluon_call(flash_gluon.flash_bwd_dq_gluon_kernel, c, is_causal, d, n_q, batch * heads, args)
     args = (
         _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma), lse, delta,
         _rows(dq, qt, tma),
@@ -984,11 +1023,11 @@ def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, 
     one_pass = dq_acc is not None
     qt, kt = c.q_tile, c.k_tile
     tensors = (q, k, v, do, lse, delta, dk, dv)
-    if c.gluon and not one_pass and flash_bwd_gluon.gluon_dkdv_supported(qt, kt, *tensors):
-        args = flash_bwd_gluon.dkdv_gluon_args(qt, kt, *tensors)
+    if c.gluon and not one_pass and flash_gluon.gluon_supported("dkdv", qt, kt, *tensors):
+        args = flash_gluon.dkdv_gluon_args(qt, kt, *tensors)
         constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=c.num_warps)
         grid = (n_k // kt, batch * heads)
-        return _Call(flash_bwd_gluon.flash_bwd_dkdv_gluon_kernel, grid, args, constexprs, c)
+        return _Call(flash_gluon.flash_bwd_dkdv_gluon_kernel, grid, args, constexprs, c)
     # Triton 3.6's interpreter has no descriptor reductions: there, the one-pass backward uses pointers.
     tma = c.tma and _tma_ok(q, k, v, do, dk, dv) and not (one_pass and (INTERPRET or not _tma_ok(dq_acc)))
     args = (
