@@ -984,7 +984,7 @@ def _gluon_call(fn: Any, c: TileConfig, is_causal: bool, d: int, n_q: int, bh: i
 def _fwd_call(c: TileConfig, is_causal: bool, q, k, v, o, lse) -> _Call:
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
-    if c.gluon and flash_gluon.gluon_supported("fwd", c.q_tile, c.k_tile, q, k, v, lse, o=o):
+    if c.gluon and flash_gluon.gluon_supported("fwd", c.q_tile, c.k_tile, q, k, v, stats=(lse,), o=o):
         args = flash_gluon.fwd_gluon_args(c.q_tile, c.k_tile, q, k, v, o, lse)
         return _gluon_call(flash_gluon.flash_fwd_gluon_kernel, c, is_causal, d, n_q, batch * heads, args)
     tma = c.tma and _tma_ok(q, k, v, o)
@@ -1002,7 +1002,7 @@ def _dq_call(c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dq) -> 
     n_k = k.shape[2]
     tma = c.tma and _tma_ok(q, k, v, do, dq)
     qt, kt = c.q_tile, c.k_tile
-    if c.gluon and flash_gluon.gluon_supported("dq", qt, kt, q, k, v, do, lse, delta, dq, o=o):
+    if c.gluon and flash_gluon.gluon_supported("dq", qt, kt, q, k, v, do, dq, stats=(lse, delta), o=o):
         args = flash_gluon.dq_gluon_args(qt, kt, q, k, v, o, do, lse, delta, dq)
         return _gluon_call(flash_gluon.flash_bwd_dq_gluon_kernel, c, is_causal, d, n_q, batch * heads, args)
     args = (
@@ -1023,7 +1023,11 @@ def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, 
     one_pass = dq_acc is not None
     qt, kt = c.q_tile, c.k_tile
     tensors = (q, k, v, do, lse, delta, dk, dv)
-    if c.gluon and not one_pass and flash_gluon.gluon_supported("dkdv", qt, kt, *tensors):
+    if (
+        c.gluon
+        and not one_pass
+        and flash_gluon.gluon_supported("dkdv", qt, kt, q, k, v, do, dk, dv, stats=(lse, delta))
+    ):
         args = flash_gluon.dkdv_gluon_args(qt, kt, *tensors)
         constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=c.num_warps)
         grid = (n_k // kt, batch * heads)

@@ -455,20 +455,28 @@ SUPPORTED_D = (64, 128)
 
 
 def gluon_supported(
-    kernel: str, q_tile: int, k_tile: int, q, k, *others: torch.Tensor, o: torch.Tensor | None = None
+    kernel: str,
+    q_tile: int,
+    k_tile: int,
+    q,
+    k,
+    *others: torch.Tensor,
+    stats: tuple[torch.Tensor, ...] = (),
+    o: torch.Tensor | None = None,
 ) -> bool:
     """Whether a Gluon pass can run this call of ``kernel`` ("fwd", "dq", "dkdv"; otherwise the caller runs
     the Triton kernel with the same tiles): a Hopper GPU (wgmma), 2-byte floats, d of 64 or 128, contiguous
-    (batch, heads, seq, d) tensors (``others``: the call's other tensors, float32 L and D included; ``o``,
-    read or written by pointer, needs only a contiguous d axis) whose sequence lengths are multiples of the
-    tiles (2-D descriptors over all rows then never cross a head), and for dK/dV, diagonal tiles that line
-    up with the query steps."""
-    tensors = (q, k, *others)
+    (batch, heads, seq, d) tensors of Q's dtype (``others``: the call's other ones; ``stats``: L and D,
+    contiguous float32; ``o``, read or written by pointer, needs only a contiguous d axis) whose sequence
+    lengths are multiples of the tiles (2-D descriptors over all rows then never cross a head), and for
+    dK/dV, diagonal tiles that line up with the query steps."""
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
     if q.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if any(t.dtype not in (q.dtype, torch.float32) or not t.is_contiguous() for t in tensors):
+    if any(t.dtype != q.dtype or not t.is_contiguous() for t in (q, k, *others)):
+        return False
+    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in stats):
         return False
     if o is not None and (o.dtype != q.dtype or o.stride(-1) != 1):
         return False
