@@ -1,10 +1,12 @@
 """The one-pass backward (dQ added atomically by the dK/dV pass) against the split backward, per tile config.
 
-    python scripts/flash_one_pass_sweep.py --out DIR [--budget-s 240]
+    python scripts/flash_one_pass_sweep.py --out DIR [--budget-s 240] [--d 64,128]
 
-For each shape (bf16, causal, (batch, heads, seq, d)): the split backward as tuned over the short lists,
-then the dK/dV pass pinned to each one-pass config: its dQ/dK/dV against the split's (relative error),
-and do_bench medians of the backward (ms). Writes ``one_pass.json`` under --out after every row.
+For each shape (bf16, (batch, heads, seq, d), causal or not): the split backward as tuned over the short
+lists under ``torch.use_deterministic_algorithms`` (split candidates only) is the reference; then the
+dK/dV pass pinned to each config of ``CONFIGS`` (split and one-pass, Triton and Gluon): its dQ/dK/dV
+against the reference's (relative error), and do_bench medians of the backward (ms), with the dQ pass
+tuned. Writes ``one_pass.json`` under --out after every row.
 """
 
 from __future__ import annotations
@@ -20,25 +22,42 @@ from flash_bwd_variants import bench, make, rel, using  # scripts/ is on sys.pat
 from cs336_systems.kernels import flash_attention as kernels
 
 C = kernels.TileConfig
-SHAPES = [(1, 32, 32768, 128), (1, 16, 16384, 64), (2, 32, 4096, 128), (1, 2, 16384, 64)]
-TILES = {  # (q_tile, k_tile, warps, stages): small query tiles keep dQ's share of registers small
-    128: [(16, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 2)],
-    64: [(32, 64, 4, 3), (64, 64, 4, 4), (32, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 8, 3)],
+SHAPES = [
+    (1, 16, 16384, 64, True),  # the leaderboard
+    (1, 2, 16384, 64, True),
+    (8, 12, 2048, 64, True),
+    (2, 16, 8192, 64, False),
+    (4, 25, 512, 64, True),  # the xl model
+    (1, 32, 32768, 128, True),
+    (2, 32, 4096, 128, True),
+]
+CONFIGS = {  # small query tiles keep dQ's share of registers small
+    128: [C(32, 64, 4, 3, True, True), C(16, 128, 8, 3, True, True), C(64, 128, 8, 2, True, True)],
+    64: [
+        C(64, 64, 4, 4, True),  # split, Triton
+        C(64, 64, 4, 2, True, gluon=True),  # split, Gluon
+        C(64, 64, 4, 4, True, True),  # one pass, Triton
+        C(64, 64, 4, 2, True, True, gluon=True),  # one pass, Gluon
+        C(64, 128, 8, 2, True, True, gluon=True),  # one pass, Gluon, two warp groups: half the dQ reductions
+    ],
 }
 
 
-def sweep_shape(shape: tuple[int, int, int, int], rows: list[dict], save, deadline: float) -> None:
-    q, k, v, do = make(shape)
-    o, lse = kernels.flash_forward(q, k, v, True)
-    ref = kernels.flash_backward(q, k, v, o, do, lse, True)  # tunes the split backward
-    backward = lambda: kernels.flash_backward(q, k, v, o, do, lse, True)
-    b, h, n, d = shape
-    split = {"shape": shape, "config": "split (tuned)", "bwd_ms": bench(backward)}
-    split["chosen"] = kernels.chosen_configs(b * h, n, n, d, True, q.dtype)
+def sweep_shape(shape: tuple, rows: list[dict], save, deadline: float) -> None:
+    b, h, n, d, causal = shape
+    q, k, v, do = make((b, h, n, d))
+    o, lse = kernels.flash_forward(q, k, v, causal)
+    backward = lambda: kernels.flash_backward(q, k, v, o, do, lse, causal)
+    torch.use_deterministic_algorithms(True)
+    try:
+        ref = backward()  # tunes the split backward
+        split = {"shape": shape, "config": "split (tuned)", "bwd_ms": bench(backward)}
+        split["chosen"] = kernels.chosen_configs(b * h, n, n, d, causal, q.dtype)
+    finally:
+        torch.use_deterministic_algorithms(False)
     rows.append(split)
     print(split, flush=True)
-    for tiles in TILES[d]:
-        config = C(*tiles, tma=True, atomic_dq=True)
+    for config in CONFIGS[d]:
         row = {"shape": shape, "config": str(config)}
         rows.append(row)
         if time.perf_counter() > deadline:
@@ -59,12 +78,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=240)
+    ap.add_argument("--d", default="64,128", help="head dims to sweep")
     args = ap.parse_args()
+    dims = {int(x) for x in args.d.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.budget_s
     rows: list[dict] = []
     save = lambda: (args.out / "one_pass.json").write_text(json.dumps(rows, indent=1))
-    for shape in SHAPES:
+    for shape in (s for s in SHAPES if s[3] in dims):
         sweep_shape(shape, rows, save, deadline)
         torch.cuda.empty_cache()
     save()

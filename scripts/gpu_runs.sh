@@ -6,7 +6,7 @@
 #   bash scripts/gpu_runs.sh tests-attention flash-shapes flash-host model-attention model-attention-paired   (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh model-attention-cudagraphs flash-leaderboard                  (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh flash-cold-tuning flash-ws-probe flash-config-pairs         (1 GPU, issue 14)
-#   bash scripts/gpu_runs.sh flash-gluon-probe                                           (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh flash-gluon-probe flash-one-pass                            (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
@@ -74,6 +74,8 @@ for stage in "$@"; do
         --benchmark-json="$OUT/flash-leaderboard.json" 2>&1 | tail -8 ;;
     flash-gluon-probe)  # issue 14: the Gluon kernels against the Triton ones (tuner timings per candidate), on the grid (~3 min)
       timeout 400 python3 scripts/flash_gluon_probe.py --out "$OUT" 2>&1 | grep -v -i warn | tail -40 ;;
+    flash-one-pass)  # issue 14: the one-pass backward (Triton and Gluon) against the split one at d 64 (~2 min)
+      timeout 300 python3 scripts/flash_one_pass_sweep.py --out "$OUT" --d 64 --budget-s 200 2>&1 | grep -v -i warn | tail -30 ;;
     flash-cold-tuning)  # issue 14: cold compile+tune+check of the whole grid, fresh Triton caches, 1 vs 8 compile threads (~2 min)
       for th in 1 8; do
         TRITON_CACHE_DIR=$(mktemp -d) CS336_FLASH_COMPILE_THREADS=$th python3 scripts/flash_device_check.py \

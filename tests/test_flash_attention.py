@@ -763,7 +763,9 @@ def _gluon_signature(kernel: str, d: int, config) -> dict[str, str]:
         "dq": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "O_ptr": "*bf16", "do_desc": q_rows,
                "L_ptr": "*fp32", "Delta_ptr": "*fp32", "dQ_ptr": "*bf16"},
         "dkdv": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "do_desc": q_rows, "l_desc": vector,
-                 "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16", "dQ_unused": "*bf16"},
+                 "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16",
+                 # the one-pass backward's float32 dQ accumulator, else the unread dQ slot
+                 "dq_acc_desc": desc([config.q_tile, d], gl.float32, "fp32") if config.atomic_dq else "*bf16"},
     }[kernel]  # fmt: skip
     o_strides = {"stride_ob": "i32", "stride_oh": "i32", "stride_on": "i32", "H": "i32"}
     return {
@@ -775,6 +777,33 @@ def _gluon_signature(kernel: str, d: int, config) -> dict[str, str]:
     }
 
 
+def _language_attributes() -> dict:
+    """The own attributes of the Triton language modules and classes that the interpreter patches."""
+    import triton.language as tl
+
+    owners = (tl, tl.core, tl.math, tl.tensor, tl.core.tensor_descriptor_base)
+    return {(owner, name): value for owner in owners for name, value in vars(owner).items()}
+
+
+# Taken at collection, before any kernel of the session is interpreted.
+_PRISTINE_LANGUAGE = _language_attributes()
+
+
+@pytest.fixture
+def pristine_triton_language(monkeypatch):
+    """triton.language as imported, for the duration of a test. Triton 3.6's interpreter patches it for
+    every device-function call and restores it only after whole kernels (``InterpretedFunction.__call__``),
+    so once any kernel with helpers has been interpreted in this process, compiling for a GPU finds
+    interpreter lambdas where builtins were (``'ir.value' object has no attribute 'dtype'``)."""
+    missing = object()
+    for owner, name in _language_attributes().keys() - _PRISTINE_LANGUAGE.keys():
+        monkeypatch.delattr(owner, name)
+    for (owner, name), value in _PRISTINE_LANGUAGE.items():
+        if vars(owner).get(name, missing) is not value:
+            monkeypatch.setattr(owner, name, value)
+
+
+@pytest.mark.usefixtures("pristine_triton_language")
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize(("kernel", "d", "config"), GLUON_CONFIGS, ids=GLUON_IDS)
 def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, config, is_causal) -> None:
@@ -788,6 +817,8 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     constexprs = dict(D=d, BM=config.q_tile, BN=config.k_tile, is_causal=is_causal, WARPS=config.num_warps)
     if kernel != "dkdv":  # the forward's and dQ's K/V ring depth (the dK/dV pass's is fixed)
         constexprs["STAGES"] = config.num_stages
+    else:
+        constexprs["ATOMIC_DQ"] = config.atomic_dq
     signature = {**_gluon_signature(kernel, d, config), **dict.fromkeys(constexprs, "constexpr")}
     fn = getattr(kernels.flash_gluon, GLUON_KERNELS[kernel])
     source = GluonASTSource(fn, signature, constexprs)
@@ -798,6 +829,10 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     assert "C7514" not in report and "serialized" not in report, report
     assert "wgmma.mma_async" in compiled.asm["ptx"]
     assert " 0 bytes spill stores" in report, report
+    # The one-pass dK/dV pass adds dQ by the copy engine, not by an atomic per element.
+    reductions = compiled.asm["ptx"].count("cp.reduce.async.bulk.tensor")
+    assert (reductions > 0) == config.atomic_dq, reductions
+    assert "red.global" not in compiled.asm["ptx"] and "atom.global" not in compiled.asm["ptx"]
 
 
 def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
@@ -808,8 +843,9 @@ def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
         return kernels._fwd_call(config, is_causal, q, k, v, o, lse)
     if kernel == "dq":
         return kernels._dq_call(config, is_causal, q, k, v, o, do, lse, lse, torch.empty_like(q))
+    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if config.atomic_dq else None
     return kernels._dkdv_call(
-        config, is_causal, q, k, v, do, lse, lse, torch.empty_like(k), torch.empty_like(v)
+        config, is_causal, q, k, v, do, lse, lse, torch.empty_like(k), torch.empty_like(v), dq_acc
     )
 
 

@@ -559,8 +559,8 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     A = True  # dK/dV: the one-pass backward, dQ added atomically
 
     # The Gluon kernel (Triton's q-k-w-s-tma where it cannot run)
-    def G(q: int, k: int, w: int, s: int = 2) -> TileConfig:
-        return C(q, k, w, s, T, gluon=True)
+    def G(q: int, k: int, w: int, s: int = 2, atomic_dq: bool = False) -> TileConfig:
+        return C(q, k, w, s, T, atomic_dq, gluon=True)
 
     return {
         ("fwd", False, False): [
@@ -594,6 +594,11 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             # (1, 16, 16384), 2.14 vs 2.25 at (2, 16, 8192) non-causal (scripts/flash_gluon_probe.py).
             G(64, 64, 4),
             G(32, 64, 4),
+            # Gluon one pass: dS K after dK's matmul, its float32 tile reduced into dQ by the copy engine under
+            # the next tile's S^T and dP^T. Backward 0.98x the split Gluon one at (1, 16, 16384), 1.00-1.15x
+            # elsewhere; two warp groups per 128 keys (half the reductions) lost 1.05-1.13x against the
+            # tuned split (scripts/flash_one_pass_sweep.py, docs/perf-notes.md session 11).
+            G(64, 64, 4, atomic_dq=True),
         ],
         ("dkdv", False, True): [
             C(32, 64, 4, 3, T),
@@ -1023,13 +1028,14 @@ def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, 
     one_pass = dq_acc is not None
     qt, kt = c.q_tile, c.k_tile
     tensors = (q, k, v, do, lse, delta, dk, dv)
+    float32 = (lse, delta, dq_acc) if one_pass else (lse, delta)
     if (
         c.gluon
-        and not one_pass
-        and flash_gluon.gluon_supported("dkdv", qt, kt, q, k, v, do, dk, dv, stats=(lse, delta))
+        and (not one_pass or flash_gluon.one_pass_tiles(qt, kt, c.num_warps))
+        and flash_gluon.gluon_supported("dkdv", qt, kt, q, k, v, do, dk, dv, stats=float32)
     ):
-        args = flash_gluon.dkdv_gluon_args(qt, kt, *tensors)
-        constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=c.num_warps)
+        args = flash_gluon.dkdv_gluon_args(qt, kt, *tensors, dq_acc=dq_acc)
+        constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=c.num_warps, ATOMIC_DQ=one_pass)
         grid = (n_k // kt, batch * heads)
         return _Call(flash_gluon.flash_bwd_dkdv_gluon_kernel, grid, args, constexprs, c)
     # Triton 3.6's interpreter has no descriptor reductions: there, the one-pass backward uses pointers.
@@ -1058,9 +1064,10 @@ def _preprocess_call(o, do, delta, dq_acc) -> _Call:
     return _Call(flash_bwd_preprocess_kernel, grid, args, constexprs, _ROWS)
 
 
-def _cast_call(dq_acc, dq) -> _Call:
+def _cast_call(dq_acc, dq, prescaled: bool = False) -> _Call:
+    """dQ from the one-pass accumulator: scaled here unless the dK/dV pass added ``prescaled`` shares."""
     batch, heads, n_q, d = dq.shape
-    args = (dq_acc, dq, *dq.stride(), heads, n_q, 1.0 / math.sqrt(d))
+    args = (dq_acc, dq, *dq.stride(), heads, n_q, 1.0 if prescaled else 1.0 / math.sqrt(d))
     grid = (-(-n_q // _ROWS.q_tile), batch * heads)
     constexprs = dict(D=d, ROWS=_ROWS.q_tile, BLOCK_D=_bucket(d))
     return _Call(flash_bwd_dq_cast_kernel, grid, args, constexprs, _ROWS)
@@ -1217,8 +1224,10 @@ class _OnePassBackward:
         """Builds the three kernels' plans, which runs the backward once."""
         delta, acc = self._scratch(q, lse)
         self.pre = _KernelPlan(_preprocess_call(o, do, delta, acc))
-        self.fused = _KernelPlan(_dkdv_call(c, is_causal, q, k, v, do, lse, delta, dk, dv, acc))
-        self.cast = _KernelPlan(_cast_call(acc, dq))
+        fused = _dkdv_call(c, is_causal, q, k, v, do, lse, delta, dk, dv, acc)
+        self.fused = _KernelPlan(fused)
+        # The Gluon pass scales its shares itself (see flash_bwd_dkdv_gluon_kernel).
+        self.cast = _KernelPlan(_cast_call(acc, dq, fused.fn is flash_gluon.flash_bwd_dkdv_gluon_kernel))
 
     @property
     def plans(self) -> tuple[_KernelPlan, ...]:

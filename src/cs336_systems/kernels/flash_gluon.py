@@ -11,7 +11,9 @@ warps):
   previous tile's P V does;
 - dQ: S_j, dP_j = dO V_j^T and dQ += dS_{j-1} K_{j-1} are issued together; P_j runs under dP_j, dS_j under
   the previous tile's dS K;
-- dK/dV: S^T and dP^T are issued together; P^T runs under dP^T, dS^T under dV += P^T dO.
+- dK/dV: S^T and dP^T are issued together; P^T runs under dP^T, dS^T under dV += P^T dO. As the one-pass
+  backward (``ATOMIC_DQ``) it also computes each tile pair's dS K and has the copy engine add it into a
+  float32 dQ accumulator (``cp.reduce.async.bulk.tensor``) under the next tile's S^T and dP^T.
 
 No accumulator is left in flight across a loop's back edge: ptxas then serializes every wgmma of the kernel
 (C7514). K/V (forward, dQ) or Q/dO (dK/dV) tiles stream through a TMA ring with mbarriers.
@@ -26,9 +28,12 @@ from __future__ import annotations
 import math
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -40,11 +45,30 @@ LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
 
 
+@builtin
+def _reduce_add_async(tensor_desc, coord, src, _semantic=None):
+    """Add a shared-memory tile into global memory at ``coord`` by the copy engine
+    (cp.reduce.async.bulk.tensor); wait with ``tma.store_wait`` before overwriting ``src``. Gluon 3.6 exposes
+    the op only on its builder (Triton's ``desc.atomic_add`` lowers to it)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(
+        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
+    )
+
+
 # fmt: off
 @gluon.constexpr_function
 def _wgmma_layout(warps, n):
     """The register layout of a wgmma result with N = ``n`` columns, ``warps`` warps along M."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _split_n_layout(warps, n):
+    """A wgmma result of 64 rows shared by ``warps`` // 4 warp groups side by side, each ``n`` / groups
+    columns wide."""
+    groups = warps // 4
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, groups], instr_shape=[16, n // groups, 16])
 
 
 @gluon.constexpr_function
@@ -348,6 +372,16 @@ def _load_query_tile(q_desc, do_desc, l_desc, delta_desc, row, bar, q_ring, do_r
 
 
 @gluon.jit
+def _add_dq_tile(dq_acc_desc, dq_smem, dq, row):
+    """Add a float32 dQ tile to the accumulator's rows [row, row + BM) by the copy engine, through
+    ``dq_smem`` once the previous tile's reduction has read it."""
+    tma.store_wait(0)
+    dq_smem.store(dq)
+    fence_async_shared()
+    _reduce_add_async(dq_acc_desc, [row, 0], dq_smem)
+
+
+@gluon.jit
 def _probs_t(s_t, lse2, offs_q, offs_k, qk_scale, MASKED: gl.constexpr):
     """P^T = exp2(S^T * scale * log2(e) - L * log2(e)), zero where a query precedes a key (causal)."""
     x = s_t * qk_scale - lse2[None, :]
@@ -358,14 +392,20 @@ def _probs_t(s_t, lse2, offs_q, offs_k, qk_scale, MASKED: gl.constexpr):
 
 @gluon.jit
 def flash_bwd_dkdv_gluon_kernel(
-    q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr, dQ_unused,
+    q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr, dq_acc_desc,
     N_QUERIES, N_KEYS, scale,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, is_causal: gl.constexpr, WARPS: gl.constexpr,
+    ATOMIC_DQ: gl.constexpr = False,
 ):
     """One program per key tile of BN keys (grid (N_KEYS / BN, batch * heads)); each warp group owns 64
-    keys. Loops over query tiles of BM rows. The leading parameters line up with the Triton dK/dV kernel's
-    (``dQ_unused`` is its dQ accumulator, which the split backward never reads), so that one launch plan
-    serves both; WARPS must equal the launch's num_warps."""
+    keys. Loops over query tiles of BM rows. The leading parameters line up with the Triton dK/dV kernel's,
+    so that one launch plan serves both; WARPS must equal the launch's num_warps.
+
+    With ATOMIC_DQ (the one-pass backward; BM = 64, 64 keys per warp group) each query tile's share of dQ, dS K
+    times the scale, is added into the zeroed float32 accumulator behind ``dq_acc_desc`` by the copy
+    engine, issued under the next tile's S^T and dP^T: five matmuls per tile pair instead of the split
+    backward's seven.
+    Without, ``dq_acc_desc`` is the unread dQ slot of the Triton kernel's parameter list."""
     STAGES: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
     bh = gl.program_id(1)
@@ -387,6 +427,15 @@ def flash_bwd_dkdv_gluon_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES + 1):
         mbarrier.init(bars.index(i), count=1)
+    if ATOMIC_DQ:
+        gl.static_assert(BM == 64 and BN == 16 * WARPS, "one-pass tiles: 64 queries, 64 keys per warp group")
+        # dS^T goes through shared memory: dQ = dS K needs it transposed, as the A operand, and with two warp
+        # groups each needs the other's keys too; they then split dQ's columns.
+        ds_smem = gl.allocate_shared_memory(dtype, [BN, BM], gl.NVMMASharedLayout.get_default_for([BN, BM], dtype))
+        dq_smem = gl.allocate_shared_memory(gl.float32, [BM, D], dq_acc_desc.layout)
+        dq_layout: gl.constexpr = _split_n_layout(WARPS, D)
+        zeros_dq = gl.zeros([BM, D], gl.float32, dq_layout)
+        dq = zeros_dq
 
     # Causal: query tiles before k_start see none of these keys; those in [k_start, k_start + BN) straddle
     # the diagonal.
@@ -422,6 +471,9 @@ def flash_bwd_dkdv_gluon_kernel(
         nxt = (i + 1) % STAGES
         _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_row0 + start_q + BM, bars.index(nxt), q_ring,
                          do_ring, l_ring, delta_ring, nxt, i + 1 < n_tiles)
+        if ATOMIC_DQ:  # noqa: SIM102 (a compile-time branch around a run-time one)
+            if i > 0:  # the previous tile's dQ share goes out under this tile's S^T and dP^T
+                _add_dq_tile(dq_acc_desc, dq_smem, dq, q_row0 + start_q - BM)
         offs_q = start_q + gl.arange(0, BM, layout=q_vec)
         lse2 = l_ring.index(stage).load(q_vec) * LOG2E
         delta = delta_ring.index(stage).load(q_vec)
@@ -435,13 +487,27 @@ def flash_bwd_dkdv_gluon_kernel(
             p_t = _probs_t(s_t, lse2, offs_q, offs_k, qk_scale, False)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True)
         dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T is ready; dV += P^T dO runs on under dS^T
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_buf, dk, is_async=True)
-        # Waiting here, not at the next tile's first wait: an accumulator in flight across the loop's back
-        # edge makes ptxas serialize every wgmma of the kernel (C7514).
-        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+        dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_buf, dk, is_async=True)
+        if ATOMIC_DQ:
+            ds_smem.store(ds_t)  # the previous tile's dS K, its only reader, was waited below
+            fence_async_shared()
+            dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zeros_dq, use_acc=False, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+            # Scaled here (the cast after the pass then does not): dQ's registers are then no longer a
+            # wgmma's when the next tile reads them under its own matmuls, where ptxas would otherwise
+            # wait for those matmuls first (C7517).
+            dq = dq * scale
+        else:
+            # Waiting here, not at the next tile's first wait: an accumulator in flight across the loop's
+            # back edge makes ptxas serialize every wgmma of the kernel (C7514).
+            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
     for i in gl.static_range(STAGES + 1):
         mbarrier.invalidate(bars.index(i))
+    if ATOMIC_DQ:
+        if n_tiles > 0:
+            _add_dq_tile(dq_acc_desc, dq_smem, dq, q_row0 + lo + (n_tiles - 1) * BM)
+        tma.store_wait(0)  # dq_smem must outlive the last reduction's read
 
     rows = k_start + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -521,9 +587,15 @@ def dq_gluon_args(q_tile: int, k_tile: int, q, k, v, o, do, lse, delta, dq) -> t
             *_o_strides(o), *_tail(q, k))  # fmt: skip
 
 
-def dkdv_gluon_args(q_tile: int, k_tile: int, q, k, v, do, lse, delta, dk, dv) -> tuple:
+def one_pass_tiles(q_tile: int, k_tile: int, num_warps: int) -> bool:
+    """Whether the Gluon dK/dV pass can also add dQ (ATOMIC_DQ): 64-query tiles, 64 keys per warp group."""
+    return q_tile == 64 and num_warps in (4, 8) and k_tile == 16 * num_warps
+
+
+def dkdv_gluon_args(q_tile: int, k_tile: int, q, k, v, do, lse, delta, dk, dv, dq_acc=None) -> tuple:
     """The dK/dV pass's arguments: descriptors of [tile, d] boxes over the tensors' rows and of [q_tile]
-    boxes over L and D, then dK, dV, the unread dQ slot and the tail."""
+    boxes over L and D, then dK, dV, the dQ slot (the one-pass backward's float32 accumulator, as [q_tile,
+    d] boxes; else dK, unread) and the tail."""
     vector = lambda t: _descriptor(t.view(-1), [q_tile])
     descs = (
         _rows(q, q_tile),
@@ -533,4 +605,4 @@ def dkdv_gluon_args(q_tile: int, k_tile: int, q, k, v, do, lse, delta, dk, dv) -
         vector(lse),
         vector(delta),
     )
-    return (*descs, dk, dv, dk, *_tail(q, k))
+    return (*descs, dk, dv, dk if dq_acc is None else _rows(dq_acc, q_tile), *_tail(q, k))
