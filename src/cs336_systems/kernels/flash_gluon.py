@@ -490,7 +490,7 @@ def flash_bwd_dkdv_gluon_kernel(
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
         dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_buf, dk, is_async=True)
         if ATOMIC_DQ:
-            ds_smem.store(ds_t)  # the previous tile's dS K, its only reader, was waited below
+            ds_smem.store(ds_t)  # its only reader, the previous tile's dS K, was waited at that tile's end
             fence_async_shared()
             dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zeros_dq, use_acc=False, is_async=True)
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
