@@ -31,14 +31,21 @@ SHAPES = [
     (1, 32, 32768, 128, True),
     (2, 32, 4096, 128, True),
 ]
-CONFIGS = {  # small query tiles keep dQ's share of registers small
-    128: [C(32, 64, 4, 3, True, True), C(16, 128, 8, 3, True, True), C(64, 128, 8, 2, True, True)],
+G = lambda q, k, w, atomic_dq=False: C(q, k, w, 2, True, atomic_dq, gluon=True)
+CONFIGS = {
+    128: [
+        C(64, 128, 8, 3, True),  # split, Triton
+        G(64, 64, 4),  # split, Gluon
+        C(32, 64, 4, 3, True, True),  # one pass, Triton
+        G(64, 128, 8, True),  # one pass, Gluon: two warp groups split the 128 keys
+        G(64, 64, 4, True),
+    ],
     64: [
         C(64, 64, 4, 4, True),  # split, Triton
-        C(64, 64, 4, 2, True, gluon=True),  # split, Gluon
+        G(64, 64, 4),  # split, Gluon
         C(64, 64, 4, 4, True, True),  # one pass, Triton
-        C(64, 64, 4, 2, True, True, gluon=True),  # one pass, Gluon
-        C(64, 128, 8, 2, True, True, gluon=True),  # one pass, Gluon, two warp groups: half the dQ reductions
+        G(64, 64, 4, True),  # one pass, Gluon
+        G(64, 128, 8, True),
     ],
 }
 

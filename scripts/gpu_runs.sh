@@ -74,8 +74,8 @@ for stage in "$@"; do
         --benchmark-json="$OUT/flash-leaderboard.json" 2>&1 | tail -8 ;;
     flash-gluon-probe)  # issue 14: the Gluon kernels against the Triton ones (tuner timings per candidate), on the grid (~3 min)
       timeout 400 python3 scripts/flash_gluon_probe.py --out "$OUT" 2>&1 | grep -v -i warn | tail -40 ;;
-    flash-one-pass)  # issue 14: the one-pass backward (Triton and Gluon) against the split one at d 64 (~2 min)
-      timeout 300 python3 scripts/flash_one_pass_sweep.py --out "$OUT" --d 64 --budget-s 200 2>&1 | grep -v -i warn | tail -30 ;;
+    flash-one-pass)  # issue 14: the one-pass backward (Triton and Gluon) against the split one, d 64 and 128 (~2.5 min)
+      timeout 400 python3 scripts/flash_one_pass_sweep.py --out "$OUT" --d 64,128 --budget-s 300 2>&1 | grep -v -i warn | tail -40 ;;
     flash-cold-tuning)  # issue 14: cold compile+tune+check of the whole grid, fresh Triton caches, 1 vs 8 compile threads (~2 min)
       for th in 1 8; do
         TRITON_CACHE_DIR=$(mktemp -d) CS336_FLASH_COMPILE_THREADS=$th python3 scripts/flash_device_check.py \

@@ -722,8 +722,15 @@ GLUON_CONFIGS = [
 ]
 GLUON_IDS = [f"{kernel}-d{d}-{c}" for kernel, d, c in GLUON_CONFIGS]
 GLUON_KERNELS = {
-    "fwd": "flash_fwd_gluon_kernel", "dq": "flash_bwd_dq_gluon_kernel", "dkdv": "flash_bwd_dkdv_gluon_kernel"
+    "fwd": "flash_fwd_gluon_kernel", "dq": "flash_bwd_dq_gluon_kernel", "dkdv": "flash_bwd_dkdv_gluon_kernel",
+    "one_pass": "flash_bwd_one_pass_gluon_kernel",
 }  # fmt: skip
+
+
+def _gluon_name(kernel: str, config) -> str:
+    """The key of GLUON_KERNELS that ``config`` of ``kernel`` launches: a one-pass dK/dV config runs the
+    one-pass kernel."""
+    return "one_pass" if kernel == "dkdv" and config.atomic_dq else kernel
 
 
 def _ptxas_report(ptx: str) -> str:
@@ -758,19 +765,20 @@ def _gluon_signature(kernel: str, d: int, config) -> dict[str, str]:
         desc([config.k_tile, d], gl.bfloat16, "bf16"),
     )
     vector = desc([config.q_tile], gl.float32, "fp32")
+    dkdv = {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "do_desc": q_rows, "l_desc": vector,
+            "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16"}  # fmt: skip
     head = {
         "fwd": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "O_ptr": "*bf16", "L_ptr": "*fp32"},
         "dq": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "O_ptr": "*bf16", "do_desc": q_rows,
                "L_ptr": "*fp32", "Delta_ptr": "*fp32", "dQ_ptr": "*bf16"},
-        "dkdv": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "do_desc": q_rows, "l_desc": vector,
-                 "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16",
-                 # the one-pass backward's float32 dQ accumulator, else the unread dQ slot
-                 "dq_acc_desc": desc([config.q_tile, d], gl.float32, "fp32") if config.atomic_dq else "*bf16"},
+        "dkdv": {**dkdv, "dQ_unused": "*bf16"},
+        # the one-pass backward: the same, with the float32 dQ accumulator in the dQ slot
+        "one_pass": {**dkdv, "dq_acc_desc": desc([config.q_tile, d], gl.float32, "fp32")},
     }[kernel]  # fmt: skip
     o_strides = {"stride_ob": "i32", "stride_oh": "i32", "stride_on": "i32", "H": "i32"}
     return {
         **head,
-        **(o_strides if kernel != "dkdv" else {}),
+        **(o_strides if kernel in ("fwd", "dq") else {}),
         "N_QUERIES": "i32",
         "N_KEYS": "i32",
         "scale": "fp32",
@@ -814,13 +822,12 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    name = _gluon_name(kernel, config)
     constexprs = dict(D=d, BM=config.q_tile, BN=config.k_tile, is_causal=is_causal, WARPS=config.num_warps)
-    if kernel != "dkdv":  # the forward's and dQ's K/V ring depth (the dK/dV pass's is fixed)
+    if kernel != "dkdv":  # the forward's and dQ's K/V ring depth (the dK/dV passes' is fixed)
         constexprs["STAGES"] = config.num_stages
-    else:
-        constexprs["ATOMIC_DQ"] = config.atomic_dq
-    signature = {**_gluon_signature(kernel, d, config), **dict.fromkeys(constexprs, "constexpr")}
-    fn = getattr(kernels.flash_gluon, GLUON_KERNELS[kernel])
+    signature = {**_gluon_signature(name, d, config), **dict.fromkeys(constexprs, "constexpr")}
+    fn = getattr(kernels.flash_gluon, GLUON_KERNELS[name])
     source = GluonASTSource(fn, signature, constexprs)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps)
@@ -829,7 +836,7 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     assert "C7514" not in report and "serialized" not in report, report
     assert "wgmma.mma_async" in compiled.asm["ptx"]
     assert " 0 bytes spill stores" in report, report
-    # The one-pass dK/dV pass adds dQ by the copy engine, not by an atomic per element.
+    # The one-pass backward adds dQ by the copy engine, not by an atomic per element.
     reductions = compiled.asm["ptx"].count("cp.reduce.async.bulk.tensor")
     assert (reductions > 0) == config.atomic_dq, reductions
     assert "red.global" not in compiled.asm["ptx"] and "atom.global" not in compiled.asm["ptx"]
@@ -866,7 +873,7 @@ def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, device,
             )
         q4, k4, v4, do4 = (kernels.as_4d(t.detach()) for t in (q, k, v, do))
         call = _calls(kernel, config, is_causal, q4, k4, v4, do4)
-        assert call.fn is getattr(kernels.flash_gluon, GLUON_KERNELS[kernel]), (
+        assert call.fn is getattr(kernels.flash_gluon, GLUON_KERNELS[_gluon_name(kernel, config)]), (
             "the Gluon kernel must apply here"
         )
         kernels.force_config(kernel, config)

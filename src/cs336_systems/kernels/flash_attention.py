@@ -594,10 +594,10 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             # (1, 16, 16384), 2.14 vs 2.25 at (2, 16, 8192) non-causal (scripts/flash_gluon_probe.py).
             G(64, 64, 4),
             G(32, 64, 4),
-            # Gluon one pass: dS K after dK's matmul, its float32 tile reduced into dQ by the copy engine under
-            # the next tile's S^T and dP^T. Backward 0.98x the split Gluon one at (1, 16, 16384), 1.00-1.15x
-            # elsewhere; two warp groups per 128 keys (half the reductions) lost 1.05-1.13x against the
-            # tuned split (scripts/flash_one_pass_sweep.py, docs/perf-notes.md session 11).
+            # Gluon one pass (flash_bwd_one_pass_gluon_kernel): S and dP query-major, each tile's dS K reduced
+            # into dQ by the copy engine. Backward 0.99x the split Gluon one at (1, 16, 16384), 1.01x at (2,
+            # 16, 8192) non-causal, 1.06-1.12x elsewhere; two warp groups per 128 keys lost 1.14-1.27x. At
+            # d = 128 it spills and lost 1.12-1.18x (scripts/flash_one_pass_sweep.py, perf-notes session 12).
             G(64, 64, 4, atomic_dq=True),
         ],
         ("dkdv", False, True): [
@@ -1035,9 +1035,14 @@ def _dkdv_call(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv, 
         and flash_gluon.gluon_supported("dkdv", qt, kt, q, k, v, do, dk, dv, stats=float32)
     ):
         args = flash_gluon.dkdv_gluon_args(qt, kt, *tensors, dq_acc=dq_acc)
-        constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=c.num_warps, ATOMIC_DQ=one_pass)
+        constexprs = dict(D=d, BM=qt, BN=kt, is_causal=is_causal, WARPS=c.num_warps)
         grid = (n_k // kt, batch * heads)
-        return _Call(flash_gluon.flash_bwd_dkdv_gluon_kernel, grid, args, constexprs, c)
+        fn = (
+            flash_gluon.flash_bwd_one_pass_gluon_kernel
+            if one_pass
+            else flash_gluon.flash_bwd_dkdv_gluon_kernel
+        )
+        return _Call(fn, grid, args, constexprs, c)
     # Triton 3.6's interpreter has no descriptor reductions: there, the one-pass backward uses pointers.
     tma = c.tma and _tma_ok(q, k, v, do, dk, dv) and not (one_pass and (INTERPRET or not _tma_ok(dq_acc)))
     args = (
@@ -1226,8 +1231,8 @@ class _OnePassBackward:
         self.pre = _KernelPlan(_preprocess_call(o, do, delta, acc))
         fused = _dkdv_call(c, is_causal, q, k, v, do, lse, delta, dk, dv, acc)
         self.fused = _KernelPlan(fused)
-        # The Gluon pass scales its shares itself (see flash_bwd_dkdv_gluon_kernel).
-        self.cast = _KernelPlan(_cast_call(acc, dq, fused.fn is flash_gluon.flash_bwd_dkdv_gluon_kernel))
+        # The Gluon pass scales its shares itself (see flash_bwd_one_pass_gluon_kernel).
+        self.cast = _KernelPlan(_cast_call(acc, dq, fused.fn is flash_gluon.flash_bwd_one_pass_gluon_kernel))
 
     @property
     def plans(self) -> tuple[_KernelPlan, ...]:

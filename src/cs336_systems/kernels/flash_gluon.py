@@ -11,9 +11,10 @@ warps):
   previous tile's P V does;
 - dQ: S_j, dP_j = dO V_j^T and dQ += dS_{j-1} K_{j-1} are issued together; P_j runs under dP_j, dS_j under
   the previous tile's dS K;
-- dK/dV: S^T and dP^T are issued together; P^T runs under dP^T, dS^T under dV += P^T dO. As the one-pass
-  backward (``ATOMIC_DQ``) it also computes each tile pair's dS K and has the copy engine add it into a
-  float32 dQ accumulator (``cp.reduce.async.bulk.tensor``) under the next tile's S^T and dP^T.
+- dK/dV: S^T and dP^T are issued together; P^T runs under dP^T, dS^T under dV += P^T dO;
+- the one-pass backward (dK/dV and dQ's shares): S and dP query-major, P and dS through shared memory, and
+  each tile's dS K added into a float32 dQ accumulator by the copy engine (``cp.reduce.async.bulk.tensor``)
+  under the next tile's matmuls.
 
 No accumulator is left in flight across a loop's back edge: ptxas then serializes every wgmma of the kernel
 (C7514). K/V (forward, dQ) or Q/dO (dK/dV) tiles stream through a TMA ring with mbarriers.
@@ -391,33 +392,14 @@ def _probs_t(s_t, lse2, offs_q, offs_k, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def flash_bwd_dkdv_gluon_kernel(
-    q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr, dq_acc_desc,
-    N_QUERIES, N_KEYS, scale,
-    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, is_causal: gl.constexpr, WARPS: gl.constexpr,
-    ATOMIC_DQ: gl.constexpr = False,
-):
-    """One program per key tile of BN keys (grid (N_KEYS / BN, batch * heads)); each warp group owns 64
-    keys. Loops over query tiles of BM rows. The leading parameters line up with the Triton dK/dV kernel's,
-    so that one launch plan serves both; WARPS must equal the launch's num_warps.
-
-    With ATOMIC_DQ (the one-pass backward; BM = 64, 64 keys per warp group) each query tile's share of dQ, dS K
-    times the scale, is added into the zeroed float32 accumulator behind ``dq_acc_desc`` by the copy
-    engine, issued under the next tile's S^T and dP^T: five matmuls per tile pair instead of the split
-    backward's seven.
-    Without, ``dq_acc_desc`` is the unread dQ slot of the Triton kernel's parameter list."""
-    STAGES: gl.constexpr = 2
+def _key_program_start(q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, N_QUERIES, N_KEYS, BM: gl.constexpr,
+                       BN: gl.constexpr, D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr):
+    """The start of a key-tile program (the dK/dV passes): its K and V tiles in shared memory, the ring of
+    query tiles (Q, dO, L, D) with the first tile in flight, and the loop's bounds: the first query and the
+    number of query tiles (causal: query tiles before k_start see none of these keys)."""
     dtype: gl.constexpr = q_desc.dtype
     bh = gl.program_id(1)
     k_start = gl.program_id(0) * BN
-    q_row0 = bh * N_QUERIES
-
-    s_layout: gl.constexpr = _wgmma_layout(WARPS, BM)
-    acc_layout: gl.constexpr = _wgmma_layout(WARPS, D)
-    a_layout: gl.constexpr = _register_operand(acc_layout)
-    q_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
-    k_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
-
     k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
     q_ring = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
@@ -427,32 +409,56 @@ def flash_bwd_dkdv_gluon_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES + 1):
         mbarrier.init(bars.index(i), count=1)
-    if ATOMIC_DQ:
-        gl.static_assert(BM == 64 and BN == 16 * WARPS, "one-pass tiles: 64 queries, 64 keys per warp group")
-        # dS^T goes through shared memory: dQ = dS K needs it transposed, as the A operand, and with two warp
-        # groups each needs the other's keys too; they then split dQ's columns.
-        ds_smem = gl.allocate_shared_memory(dtype, [BN, BM], gl.NVMMASharedLayout.get_default_for([BN, BM], dtype))
-        dq_smem = gl.allocate_shared_memory(gl.float32, [BM, D], dq_acc_desc.layout)
-        dq_layout: gl.constexpr = _split_n_layout(WARPS, D)
-        zeros_dq = gl.zeros([BM, D], gl.float32, dq_layout)
-        dq = zeros_dq
-
-    # Causal: query tiles before k_start see none of these keys; those in [k_start, k_start + BN) straddle
-    # the diagonal.
     if is_causal:  # noqa: SIM108
         lo = k_start
     else:
         lo = 0
     n_tiles = (N_QUERIES - lo) // BM
-    diag_end = k_start + BN
 
     kv_bar = bars.index(STAGES)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [bh * N_KEYS + k_start, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [bh * N_KEYS + k_start, 0], kv_bar, v_smem)
-    _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_row0 + lo, bars.index(0), q_ring, do_ring, l_ring,
-                     delta_ring, 0, n_tiles > 0)
+    _load_query_tile(q_desc, do_desc, l_desc, delta_desc, bh * N_QUERIES + lo, bars.index(0), q_ring, do_ring,
+                     l_ring, delta_ring, 0, n_tiles > 0)
     mbarrier.wait(kv_bar, 0)
+    return bh, k_start, lo, n_tiles, k_smem, v_smem, q_ring, do_ring, l_ring, delta_ring, bars
+
+
+@gluon.jit
+def _store_dk_dv(dK_ptr, dV_ptr, dk, dv, bh, k_start, N_KEYS, scale, BN: gl.constexpr, D: gl.constexpr):
+    """dK (times the softmax scale) and dV of a key tile. (32-bit offsets within the tile made ptxas spill
+    in the split pass at d = 128 with two warp groups.)"""
+    layout: gl.constexpr = dk.type.layout
+    rows = k_start + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    offs = (bh.to(gl.int64) * N_KEYS + rows[:, None]) * D + cols[None, :]
+    gl.store(dK_ptr + offs, (dk * scale).to(dK_ptr.dtype.element_ty))
+    gl.store(dV_ptr + offs, dv.to(dV_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def flash_bwd_dkdv_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr, dQ_unused,
+    N_QUERIES, N_KEYS, scale,
+    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, is_causal: gl.constexpr, WARPS: gl.constexpr,
+):
+    """One program per key tile of BN keys (grid (N_KEYS / BN, batch * heads)); each warp group owns 64
+    keys. Loops over query tiles of BM rows. The leading parameters line up with the Triton dK/dV kernel's
+    (``dQ_unused`` is its dQ accumulator, which the split backward never reads), so that one launch plan
+    serves both; WARPS must equal the launch's num_warps."""
+    STAGES: gl.constexpr = 2
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _wgmma_layout(WARPS, BM)
+    acc_layout: gl.constexpr = _wgmma_layout(WARPS, D)
+    a_layout: gl.constexpr = _register_operand(acc_layout)
+    q_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+    k_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    bh, k_start, lo, n_tiles, k_smem, v_smem, q_ring, do_ring, l_ring, delta_ring, bars = _key_program_start(
+        q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, N_QUERIES, N_KEYS, BM, BN, D, is_causal, STAGES)
+    q_row0 = bh * N_QUERIES
+    diag_end = k_start + BN  # query tiles in [k_start, diag_end) straddle the diagonal (causal)
 
     qk_scale = scale * LOG2E
     offs_k = k_start + gl.arange(0, BN, layout=k_vec)
@@ -471,9 +477,6 @@ def flash_bwd_dkdv_gluon_kernel(
         nxt = (i + 1) % STAGES
         _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_row0 + start_q + BM, bars.index(nxt), q_ring,
                          do_ring, l_ring, delta_ring, nxt, i + 1 < n_tiles)
-        if ATOMIC_DQ:  # noqa: SIM102 (a compile-time branch around a run-time one)
-            if i > 0:  # the previous tile's dQ share goes out under this tile's S^T and dP^T
-                _add_dq_tile(dq_acc_desc, dq_smem, dq, q_row0 + start_q - BM)
         offs_q = start_q + gl.arange(0, BM, layout=q_vec)
         lse2 = l_ring.index(stage).load(q_vec) * LOG2E
         delta = delta_ring.index(stage).load(q_vec)
@@ -487,33 +490,94 @@ def flash_bwd_dkdv_gluon_kernel(
             p_t = _probs_t(s_t, lse2, offs_q, offs_k, qk_scale, False)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True)
         dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # dP^T is ready; dV += P^T dO runs on under dS^T
-        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
-        dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_buf, dk, is_async=True)
-        if ATOMIC_DQ:
-            ds_smem.store(ds_t)  # its only reader, the previous tile's dS K, was waited at that tile's end
-            fence_async_shared()
-            dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zeros_dq, use_acc=False, is_async=True)
-            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            # Scaled here (the cast after the pass then does not): dQ's registers are then no longer a
-            # wgmma's when the next tile reads them under its own matmuls, where ptxas would otherwise
-            # wait for those matmuls first (C7517).
-            dq = dq * scale
-        else:
-            # Waiting here, not at the next tile's first wait: an accumulator in flight across the loop's
-            # back edge makes ptxas serialize every wgmma of the kernel (C7514).
-            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_buf, dk, is_async=True)
+        # Waiting here, not at the next tile's first wait: an accumulator in flight across the loop's back
+        # edge makes ptxas serialize every wgmma of the kernel (C7514).
+        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
     for i in gl.static_range(STAGES + 1):
         mbarrier.invalidate(bars.index(i))
-    if ATOMIC_DQ:
-        if n_tiles > 0:
-            _add_dq_tile(dq_acc_desc, dq_smem, dq, q_row0 + lo + (n_tiles - 1) * BM)
-        tma.store_wait(0)  # dq_smem must outlive the last reduction's read
+    _store_dk_dv(dK_ptr, dV_ptr, dk, dv, bh, k_start, N_KEYS, scale, BN, D)
 
-    rows = k_start + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-    offs = (bh.to(gl.int64) * N_KEYS + rows[:, None]) * D + cols[None, :]
-    gl.store(dK_ptr + offs, (dk * scale).to(dtype))
-    gl.store(dV_ptr + offs, dv.to(dtype))
+
+@gluon.jit
+def flash_bwd_one_pass_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr, dq_acc_desc,
+    N_QUERIES, N_KEYS, scale,
+    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, is_causal: gl.constexpr, WARPS: gl.constexpr,
+):
+    """The one-pass backward in FA3's orientation: one program per key tile of BN keys, 64 per warp group,
+    looping over query tiles of BM = 64 rows (grid (N_KEYS / BN, batch * heads)). The parameters are the
+    split dK/dV pass's, with the float32 dQ accumulator's descriptor in its dQ slot.
+
+    S = Q K^T and dP = dO V^T are computed query-major, each warp group the columns of its own keys, so L
+    and D are two registers per thread (the transposed orientation of ``flash_bwd_dkdv_gluon_kernel`` holds
+    a column of them each, and spills at d = 128 with dQ's share beside dK and dV). P and dS go through
+    shared memory: P^T and dS^T are the A operands of dV += P^T dO and dK += dS^T Q, and dS, all BN keys of
+    it, of dQ = dS K, whose columns the warp groups split. Each tile's dQ share, times the scale, is added
+    into the zeroed float32 accumulator behind ``dq_acc_desc`` by the copy engine, which has the next
+    tile's matmuls to finish it: five matmuls per tile pair instead of the split backward's seven."""
+    STAGES: gl.constexpr = 2
+    dtype: gl.constexpr = q_desc.dtype
+    gl.static_assert(BM == 64 and BN == 16 * WARPS, "one-pass tiles: 64 queries, 64 keys per warp group")
+    s_layout: gl.constexpr = _split_n_layout(WARPS, BN)  # [BM, BN]; warp group g: keys [64 g, 64 g + 64)
+    acc_layout: gl.constexpr = _wgmma_layout(WARPS, D)  # [BN, D]; warp group g: the same keys' rows
+    dq_layout: gl.constexpr = _split_n_layout(WARPS, D)
+    q_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dtype)
+    p_smem = gl.allocate_shared_memory(dtype, [BM, BN], p_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BM, BN], p_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BM, D], dq_acc_desc.layout)
+    bh, k_start, lo, n_tiles, k_smem, v_smem, q_ring, do_ring, l_ring, delta_ring, bars = _key_program_start(
+        q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, N_QUERIES, N_KEYS, BM, BN, D, is_causal, STAGES)
+    q_row0 = bh * N_QUERIES
+    diag_end = k_start + BN
+
+    qk_scale = scale * LOG2E
+    dk = gl.zeros([BN, D], gl.float32, acc_layout)
+    dv = gl.zeros([BN, D], gl.float32, acc_layout)
+    zeros_s = gl.zeros([BM, BN], gl.float32, s_layout)
+    zeros_dq = gl.zeros([BM, D], gl.float32, dq_layout)
+    for i in range(n_tiles):
+        stage = i % STAGES
+        start_q = lo + i * BM
+        q_buf = q_ring.index(stage)
+        do_buf = do_ring.index(stage)
+        mbarrier.wait(bars.index(stage), (i // STAGES) & 1)
+        s = warpgroup_mma(q_buf, k_smem.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_buf, v_smem.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        nxt = (i + 1) % STAGES  # its readers, the previous tile's matmuls, are done: prefetch into it
+        _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_row0 + start_q + BM, bars.index(nxt), q_ring,
+                         do_ring, l_ring, delta_ring, nxt, i + 1 < n_tiles)
+        offs_q = start_q + gl.arange(0, BM, layout=q_vec)
+        lse2 = l_ring.index(stage).load(q_vec) * LOG2E
+        delta = delta_ring.index(stage).load(q_vec)
+        s = warpgroup_mma_wait(1, deps=(s,))  # S is ready; dP runs on under the exponentials
+        if is_causal:
+            if start_q < diag_end:
+                p = _probs(s, lse2, offs_q, k_start, qk_scale, BN, True)
+            else:
+                p = _probs(s, lse2, offs_q, k_start, qk_scale, BN, False)
+        else:
+            p = _probs(s, lse2, offs_q, k_start, qk_scale, BN, False)
+        p_smem.store(p.to(dtype))  # its reader, the previous tile's dV matmul, was waited at that tile's end
+        fence_async_shared()
+        dv = warpgroup_mma(p_smem.permute((1, 0)), do_buf, dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=(dp,))  # dP is ready; dV += P^T dO runs on under dS
+        ds_smem.store((p * (dp - delta[:, None])).to(dtype))
+        fence_async_shared()
+        # dQ before dK, so that dK's matmul runs under dQ's trip to shared memory.
+        dq = warpgroup_mma(ds_smem, k_smem, zeros_dq, use_acc=False, is_async=True)
+        dk = warpgroup_mma(ds_smem.permute((1, 0)), q_buf, dk, is_async=True)
+        dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
+        _add_dq_tile(dq_acc_desc, dq_smem, dq * scale, q_row0 + start_q)
+        # Not left in flight across the back edge: ptxas would serialize every wgmma of the kernel (C7514).
+        dk = warpgroup_mma_wait(0, deps=(dk,))
+    for i in gl.static_range(STAGES + 1):
+        mbarrier.invalidate(bars.index(i))
+    tma.store_wait(0)  # dq_smem must outlive the last reduction's read
+    _store_dk_dv(dK_ptr, dV_ptr, dk, dv, bh, k_start, N_KEYS, scale, BN, D)
 # fmt: on
 
 
@@ -588,7 +652,7 @@ def dq_gluon_args(q_tile: int, k_tile: int, q, k, v, o, do, lse, delta, dq) -> t
 
 
 def one_pass_tiles(q_tile: int, k_tile: int, num_warps: int) -> bool:
-    """Whether the Gluon dK/dV pass can also add dQ (ATOMIC_DQ): 64-query tiles, 64 keys per warp group."""
+    """Whether ``flash_bwd_one_pass_gluon_kernel`` takes these tiles: 64 queries, 64 keys per warp group."""
     return q_tile == 64 and num_warps in (4, 8) and k_tile == 16 * num_warps
 
 
