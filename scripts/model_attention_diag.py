@@ -97,20 +97,107 @@ def paired(size: str, ctx: int, steps: int, cudagraphs: bool = False) -> dict:
             work.step()
     torch.cuda.synchronize()
     times: dict[str, list[float]] = {a: [] for a in works}
+    # Where a slow step's time went: host_ms is the step's Python until it returns (enqueue, no sync), device_ms
+    # the CUDA events around it. wall >> device means the GPU waited for the host; device >> usual means the GPU.
+    host: dict[str, list[float]] = {a: [] for a in works}
+    device: dict[str, list[float]] = {a: [] for a in works}
     with gc_paused():
         for i in range(steps):
             for name in list(works)[:: 1 if i % 2 == 0 else -1]:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t0 = time.perf_counter()
+                start.record()
                 works[name].step()
+                end.record()
+                host[name].append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
                 times[name].append((time.perf_counter() - t0) * 1e3)
+                device[name].append(start.elapsed_time(end))
+    inductor_counters = dict(torch._dynamo.utils.counters.get("inductor", {}))  # cudagraph_skips among them
     for work in works.values():
         work.close()
-    result = {a: {**summarize_ms(t), "ms": t} for a, t in times.items()}
+    result = {
+        a: {**summarize_ms(t), "ms": t, "host_ms": host[a], "device_ms": device[a]} for a, t in times.items()
+    }
+    result["inductor_counters"] = inductor_counters
     ours, ref = times["flash_triton"], times["sdpa"]
     result["ratio_of_means"] = statistics.fmean(ours) / statistics.fmean(ref)
     result["ratio_of_medians"] = statistics.median(ours) / statistics.median(ref)
     result["median_pair_ratio"] = statistics.median(o / r for o, r in zip(ours, ref, strict=True))
+    return result
+
+
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def slow_step_ops(prof, n_top: int = 8) -> dict:
+    """The slowest and the median profiled step (``record_function("step N")``): their top-level CPU ops by
+    duration, to tell a host stall inside our Python from one inside torch (allocator, graph launch)."""
+    events = prof.events()
+    steps = sorted((e for e in events if e.name.startswith("step ")), key=lambda e: e.time_range.elapsed_us())
+    if not steps:
+        return {}
+
+    def top(step) -> list:
+        r = step.time_range
+        inside = [e for e in events if e is not step and r.start <= e.time_range.start < r.end]
+        inside.sort(key=lambda e: -e.time_range.elapsed_us())
+        return [(e.name[:80], round(e.time_range.elapsed_us() / 1e3, 2)) for e in inside[:n_top]]
+
+    slow, median = steps[-1], steps[len(steps) // 2]
+    return {
+        "slowest_step_ms": slow.time_range.elapsed_us() / 1e3,
+        "slowest_top_ops_ms": top(slow),
+        "median_step_ms": median.time_range.elapsed_us() / 1e3,
+        "median_top_ops_ms": top(median),
+    }
+
+
+def stalls(size: str, ctx: int, steps: int, attentions: tuple[str, ...] = ("sdpa", "flash_triton")) -> dict:
+    """One compiled, CUDA-graphed model at a time (as the bench rows): per step wall, host (enqueue) and
+    device (events) ms and the caching allocator's device allocs/frees/retries/syncs in that step; then a
+    profiled window and the ops of its slowest step."""
+    result = {}
+    for attention in attentions:
+        work = Workload(Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=True), "cuda")
+        for _ in range(5):
+            work.step()
+        torch.cuda.synchronize()
+        rows = []
+        with gc_paused():
+            for _ in range(steps):
+                before = torch.cuda.memory_stats()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                start.record()
+                work.step()
+                end.record()
+                host_ms = (time.perf_counter() - t0) * 1e3
+                torch.cuda.synchronize()
+                wall_ms = (time.perf_counter() - t0) * 1e3
+                after = torch.cuda.memory_stats()
+                counts = {c: after.get(c, 0) - before.get(c, 0) for c in ALLOCATOR_COUNTERS}
+                rows.append(
+                    {"wall_ms": wall_ms, "host_ms": host_ms, "device_ms": start.elapsed_time(end), **counts}
+                )
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for i in range(steps):
+                    with torch.profiler.record_function(f"step {i}"):
+                        work.step()
+                        torch.cuda.synchronize()
+        kernels_ms = profile_steps(work)
+        work.close()
+        walls = [r["wall_ms"] for r in rows]
+        cpu_self = sorted(((e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()),
+                          key=lambda t: -t[1])[:25]  # fmt: skip
+        result[attention] = {
+            **summarize_ms(walls),
+            "steps": rows,
+            "profiled": slow_step_ops(prof),
+            "cpu_self_ms_per_step": [(k[:90], round(ms, 3), n) for k, ms, n in cpu_self],
+            **kernels_ms,
+        }
+    result["tuning"] = kernels.tuning_report()
     return result
 
 
@@ -123,8 +210,26 @@ def main() -> None:
     ap.add_argument("--modes", default="inductor,cudagraphs")
     ap.add_argument("--paired", help="sizes, e.g. small,xl: compiled sdpa and flash_triton, steps alternated")
     ap.add_argument("--cudagraphs", action="store_true", help="--paired with CUDA graphs (reduce-overhead)")
+    ap.add_argument(
+        "--stalls", help="a size: per-step wall/host/device ms and allocator counts, CUDA-graphed"
+    )
+    ap.add_argument("--attentions", default="sdpa,flash_triton", help="--stalls: which models, in this order")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.stalls:
+        result = {"device": torch.cuda.get_device_name(), "ctx": args.ctx, "size": args.stalls}
+        result.update(stalls(args.stalls, args.ctx, args.steps, tuple(args.attentions.split(","))))
+        (args.out / "model_attention_stalls.json").write_text(json.dumps(result, indent=1, default=str))
+        for attention in args.attentions.split(","):
+            r = result[attention]
+            print(f"{attention}: {r['mean_ms']:.2f} ± {r['std_ms']:.2f} ({r['median_ms']:.2f}) ms")
+            for i, row in enumerate(r["steps"]):
+                print(f"  step {i}: " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in row.items()))  # fmt: skip
+            print("  profiled:", json.dumps(r["profiled"]))
+            print(f"  GPU busy {r['gpu_busy_ms']:.2f} ms, attention {r['attention_ms']:.3f} ms:",
+                  json.dumps({k[:60]: round(v, 4) for k, v in r["attention_kernels_ms"].items()}))  # fmt: skip
+        return
     if args.paired:
         result = {"device": torch.cuda.get_device_name(), "ctx": args.ctx, "steps": args.steps}
         result["cudagraphs"] = args.cudagraphs

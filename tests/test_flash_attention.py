@@ -378,6 +378,50 @@ def test_tuning_compiles_the_candidates_side_by_side_before_building_any(monkeyp
     assert log[len(candidates)][0] == "built"
 
 
+def test_traced_tuning_has_its_own_keys_and_times_device_time_only(monkeypatch, tuner_off_gpu) -> None:
+    # A compiled graph launches the traced kernels itself (or replays them from a CUDA graph), so our
+    # launcher's host time, which the eager "launch" metric counts, is never paid there: traced configs are
+    # timed by the CUDA-graph metric, under keys apart from the eager ones. Here the host-heavy candidate
+    # is the faster one on the device and must win the traced key, and lose the eager one.
+    C = kernels.TileConfig
+    light, heavy = C(16, 16), C(32, 32)
+    monkeypatch.setattr(kernels, "_launch_time_ms", lambda step: step() or {light: 1.0, heavy: 1.5}[last[0]])
+    monkeypatch.setattr(kernels, "_graph_time_ms", lambda step: step() or {light: 1.0, heavy: 0.5}[last[0]])
+    monkeypatch.setattr(kernels, "pointer_configs", lambda kernel, d, dtype: (light, heavy))
+    monkeypatch.setattr(kernels, "candidate_configs", lambda kernel, d, dtype: (light, heavy))
+    monkeypatch.setattr(kernels, "TMA", True)
+    last: list[kernels.TileConfig] = [light]
+    case = (3, 48, 48, 16, True, torch.float32)  # a key no other test tunes
+    keys = [kernels._tune_key(f"fwd{suffix}", *case) for suffix in ("-traced", "")]
+    try:
+        traced = kernels._pick("fwd", True, lambda c: last.__setitem__(0, c), *case)
+        eager = kernels._pick("fwd", False, lambda c: last.__setitem__(0, c), *case)
+        assert traced == heavy and eager == light, (traced, eager)
+        assert all(key in kernels._TUNE.cache for key in keys), "traced and eager choices share a key"
+    finally:
+        for key in keys:
+            kernels._TUNE.cache.pop(key, None)
+            kernels._TUNE.timings.pop(key, None)
+
+
+@pytest.mark.gpu
+def test_graph_time_metric_leaves_out_host_time(device) -> None:
+    # The traced path's metric replays the launches from a CUDA graph: a launch that spends 2 ms on the
+    # host around a microseconds kernel measures microseconds, where the eager launch metric counts the
+    # host time.
+    import time
+
+    x = torch.zeros(1024, device=device)
+
+    def launch() -> None:
+        time.sleep(2e-3)
+        x.add_(1)
+
+    assert kernels._graph_time_ms(launch) < 0.2
+    assert kernels._launch_time_ms(launch) > 1.5
+    assert x.sum().item() > 0
+
+
 def test_tuning_key_classes() -> None:
     # Ragged lengths share their power-of-two bucket; few heads (a short grid) get their own choice,
     # and batch x heads beyond 64 all share one.

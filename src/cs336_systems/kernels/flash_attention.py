@@ -73,11 +73,14 @@ TUNE_CACHE_PATH = os.environ.get("CS336_FLASH_TUNE_CACHE")
 TMA = os.environ.get("CS336_FLASH_TMA", "1") != "0"
 # "wide": tune over a broad grid of tiles x warps x stages (slow; to find what the short lists should hold).
 CANDIDATE_SET = os.environ.get("CS336_FLASH_CANDIDATES", "default")
-# What the tuner minimises: "launch" (default: per launch of back-to-back launches, their event time plus
-# the host's enqueue time: what a host-bound call pays, see _launch_time_ms) or "device" (do_bench kernel
-# time, L2 flushed between launches: what a GPU-bound step pays; it picks host-heavier TMA configs for
-# short shapes).
+# What the tuner minimises in eager calls: "launch" (default: per launch of back-to-back launches, their
+# event time plus the host's enqueue time: what a host-bound call pays, see _launch_time_ms) or "device"
+# (do_bench kernel time, L2 flushed between launches: what a GPU-bound step pays; it picks host-heavier TMA
+# configs for short shapes). The traced path (kernels launched by a compiled graph) always tunes by
+# "graph" (_graph_time_ms): there our launcher's host cost is not paid at all.
 TUNE_METRIC = os.environ.get("CS336_FLASH_TUNE_METRIC", "launch")
+if TUNE_METRIC not in ("launch", "device"):
+    raise ValueError(f"CS336_FLASH_TUNE_METRIC must be 'launch' or 'device', got {TUNE_METRIC!r}")
 # Threads that compile a key's candidates at once before tuning times them ("1": one after the other).
 COMPILE_THREADS = int(os.environ.get("CS336_FLASH_COMPILE_THREADS", str(min(8, os.cpu_count() or 1))))
 
@@ -793,6 +796,37 @@ def _device_time_ms(launch: Callable[[], None]) -> float:
     return triton.testing.do_bench(launch, warmup=10, rep=30)
 
 
+def _graph_time_ms(launch: Callable[[], None], budget_ms: float = 2.0) -> float:
+    """Milliseconds per launch of ~``budget_ms`` of back-to-back launches captured in a CUDA graph and
+    replayed: device time only, L2 warm. What a compiled model pays for a traced kernel: inductor's code (or
+    its CUDA graph) launches it at a host cost no config changes, and the model's attention inputs were just
+    written by the QKV projection. The launch-time metric would rank a short kernel by our launcher's host
+    time instead, which that model never pays. (Not triton's do_bench_cudagraph: torch.cuda.graph runs a
+    full garbage collection per capture, 0.1-0.3 s in a compiling process, and tuning captures once per
+    candidate and round.)"""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        reps = max(1, min(200, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(capture_error_mode="thread_local")
+        for _ in range(reps):
+            launch()
+        graph.capture_end()
+        graph.replay()  # first replay uploads the graph
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+    torch.cuda.current_stream().wait_stream(stream)
+    return start.elapsed_time(end) / reps
+
+
 TUNE_ROUNDS = 3
 
 
@@ -802,9 +836,10 @@ def _choose(
     key: tuple,
     candidates: tuple[TileConfig, ...],
     calls: Callable[[TileConfig], list[_Call]] | None = None,
+    metric: str | None = None,
 ) -> TileConfig:
-    """The config for ``key``: forced, the heuristic default, or the fastest candidate (tuned once per
-    key and process, or read from the disk cache).
+    """The config for ``key``: forced, the heuristic default, or the fastest candidate by ``metric`` ("launch",
+    "device" or "graph"; default TUNE_METRIC), tuned once per key and process, or read from the disk cache.
 
     Every candidate is built (compiled, launched once) before any is timed; ``calls`` (a candidate's
     kernel launches) lets the compiles run side by side first. Then they are timed in
@@ -836,7 +871,7 @@ def _choose(
         order = list(built)
         for r in range(TUNE_ROUNDS):  # the order rotated per round: no candidate always goes first
             for c in order[r % len(order) :] + order[: r % len(order)]:
-                rounds[c].append(_tuning_round(built[c]))
+                rounds[c].append(_tuning_round(built[c], metric or TUNE_METRIC))
         timings.update({str(c): statistics.median(t) for c, t in rounds.items()})
     cfg = min(candidates, key=lambda c: timings[str(c)])
     if math.isinf(timings[str(cfg)]):
@@ -893,9 +928,9 @@ def _builds(step: Callable[[], None]) -> bool:
     return True
 
 
-def _tuning_round(step: Callable[[], None]) -> float:
-    """One round of one candidate: ms per launch by the tuning metric (inf if it fails)."""
-    measure = _device_time_ms if TUNE_METRIC == "device" else _launch_time_ms
+def _tuning_round(step: Callable[[], None], metric: str) -> float:
+    """One round of one candidate: ms per launch by ``metric`` (inf if it fails)."""
+    measure = {"launch": _launch_time_ms, "device": _device_time_ms, "graph": _graph_time_ms}[metric]
     try:
         return measure(step)
     except _CandidateFailed:
@@ -1285,14 +1320,15 @@ class AttentionPlan:
     launches, with no tuning lookup, argument building or input checks (the plan's key implies them).
 
     Tensors have any rank >= 2: (..., seq, d), as (batch, heads, seq, d) inside; outputs come back in the
-    inputs' rank. ``pointers`` restricts tuning to block-pointer configs (what a traced graph can launch)."""
+    inputs' rank. A ``traced`` plan tunes the block-pointer configs that a compiled graph launches itself
+    (under keys of their own, by device time: see _graph_time_ms)."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, pointers: bool):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, traced: bool):
         q4, k4 = as_4d(q), as_4d(k)
         batch, heads, n_q, d = q4.shape
         self.case = (batch * heads, n_q, k4.shape[2], d, is_causal, q.dtype)
         self.is_causal = is_causal
-        self.pointers = pointers
+        self.traced = traced
         self.four_d = q.ndim == 4
         self.device = q.get_device()
         if q.is_cuda and self.device != torch.cuda.current_device():
@@ -1346,7 +1382,7 @@ class AttentionPlan:
             else:
                 built[c] = build(c)
 
-        cfg = _pick(kernel, self.pointers, launch, *self.case, calls=calls)
+        cfg = _pick(kernel, self.traced, launch, *self.case, calls=calls)
         launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
         return built[cfg]
 
@@ -1419,7 +1455,7 @@ def attention_plan(
     v: torch.Tensor,
     is_causal: bool,
     *,
-    pointers: bool = False,
+    traced: bool = False,
     check: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None] | None = None,
 ) -> AttentionPlan:
     """The plan for this call's signature; ``check`` validates the inputs when a new plan is made (a known
@@ -1427,7 +1463,7 @@ def attention_plan(
     try:
         key = (
             q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(),
-            is_causal, pointers, torch.are_deterministic_algorithms_enabled(), *_layout_key(q, k, v),
+            is_causal, traced, torch.are_deterministic_algorithms_enabled(), *_layout_key(q, k, v),
         )  # fmt: skip
     except (AttributeError, TypeError, RuntimeError):
         if check is not None:
@@ -1437,13 +1473,13 @@ def attention_plan(
     if plan is None:
         if check is not None:
             check(q, k, v, is_causal)
-        plan = _PLANS[key] = AttentionPlan(q, k, v, is_causal, pointers)
+        plan = _PLANS[key] = AttentionPlan(q, k, v, is_causal, traced)
     return plan
 
 
 def _pick(
     kernel: str,
-    pointers: bool,
+    traced: bool,
     launch: Callable[[TileConfig], None],
     bh: int,
     n_q: int,
@@ -1453,22 +1489,23 @@ def _pick(
     dtype: torch.dtype,
     calls: Callable[[TileConfig], list[_Call]] | None = None,
 ) -> TileConfig:
-    name, candidates = _tune_space(kernel, pointers, d, dtype)
-    cfg = _choose(kernel, launch, _tune_key(name, bh, n_q, n_k, d, is_causal, dtype), candidates, calls)
-    if cfg.tma and (pointers or not TMA):  # a forced TMA config
+    name, candidates = _tune_space(kernel, traced, d, dtype)
+    key = _tune_key(name, bh, n_q, n_k, d, is_causal, dtype)
+    cfg = _choose(kernel, launch, key, candidates, calls, metric="graph" if traced else TUNE_METRIC)
+    if cfg.tma and (traced or not TMA):  # a forced TMA config
         cfg = replace(cfg, tma=False)
-    if cfg.atomic_dq and (pointers or torch.are_deterministic_algorithms_enabled()):  # a forced one-pass one
+    if cfg.atomic_dq and (traced or torch.are_deterministic_algorithms_enabled()):  # a forced one-pass one
         cfg = replace(cfg, atomic_dq=False)
     return cfg
 
 
-def _tune_space(
-    kernel: str, pointers: bool, d: int, dtype: torch.dtype
-) -> tuple[str, tuple[TileConfig, ...]]:
-    """The tuning-key name and the candidates of ``kernel``: block pointers only (a traced launch, or
-    ``CS336_FLASH_TMA=0``) tune under their own "-ptr" keys, and with deterministic algorithms on, the
-    dK/dV pass tunes among split backwards only ("-det")."""
-    if pointers or not TMA:
+def _tune_space(kernel: str, traced: bool, d: int, dtype: torch.dtype) -> tuple[str, tuple[TileConfig, ...]]:
+    """The tuning-key name and the candidates of ``kernel``: block pointers only, under keys of their own,
+    for a traced launch ("-traced", timed by another metric) or with ``CS336_FLASH_TMA=0`` ("-ptr"); with
+    deterministic algorithms on, the dK/dV pass tunes among split backwards only ("-det")."""
+    if traced:
+        return f"{kernel}-traced", pointer_configs(kernel, d, dtype)
+    if not TMA:
         return f"{kernel}-ptr", pointer_configs(kernel, d, dtype)
     candidates = candidate_configs(kernel, d, dtype)
     if kernel == "dkdv" and torch.are_deterministic_algorithms_enabled():
@@ -1520,7 +1557,7 @@ def tune_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
 
     with _disable_current_modes(), torch.no_grad():
         qr, kr, vr = (_real_like(t) for t in (q, k, v))
-        plan = AttentionPlan(qr, kr, vr, is_causal, pointers=True)
+        plan = AttentionPlan(qr, kr, vr, is_causal, traced=True)
         o, lse = plan.forward(qr, kr, vr)
         plan.backward(qr, kr, vr, o, torch.randn_like(o), lse)
 
