@@ -52,6 +52,20 @@ def time_steps(work: Workload, steps: int) -> dict:
     }
 
 
+def timed_step(work: Workload) -> dict[str, float]:
+    """One synchronized step: wall ms, host ms until ``step()`` returns (enqueue, no sync) and device ms
+    (CUDA events around it). wall >> usual with host >> usual: the GPU waited for the host."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    work.step()
+    end.record()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    return {"wall_ms": wall_ms, "host_ms": host_ms, "device_ms": start.elapsed_time(end)}
+
+
 def profile_steps(work: Workload, steps: int = 3) -> dict:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -96,28 +110,19 @@ def paired(size: str, ctx: int, steps: int, cudagraphs: bool = False) -> dict:
         for _ in range(5):  # compiles, tunes
             work.step()
     torch.cuda.synchronize()
-    times: dict[str, list[float]] = {a: [] for a in works}
-    # Where a slow step's time went: host_ms is the step's Python until it returns (enqueue, no sync), device_ms
-    # the CUDA events around it. wall >> device means the GPU waited for the host; device >> usual means the GPU.
-    host: dict[str, list[float]] = {a: [] for a in works}
-    device: dict[str, list[float]] = {a: [] for a in works}
+    rows: dict[str, list[dict[str, float]]] = {a: [] for a in works}
     with gc_paused():
         for i in range(steps):
             for name in list(works)[:: 1 if i % 2 == 0 else -1]:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                start.record()
-                works[name].step()
-                end.record()
-                host[name].append((time.perf_counter() - t0) * 1e3)
-                torch.cuda.synchronize()
-                times[name].append((time.perf_counter() - t0) * 1e3)
-                device[name].append(start.elapsed_time(end))
+                rows[name].append(timed_step(works[name]))
     inductor_counters = dict(torch._dynamo.utils.counters.get("inductor", {}))  # cudagraph_skips among them
     for work in works.values():
         work.close()
+    column = lambda a, what: [r[what] for r in rows[a]]
+    times = {a: column(a, "wall_ms") for a in works}
     result = {
-        a: {**summarize_ms(t), "ms": t, "host_ms": host[a], "device_ms": device[a]} for a, t in times.items()
+        a: {**summarize_ms(t), "ms": t, "host_ms": column(a, "host_ms"), "device_ms": column(a, "device_ms")}
+        for a, t in times.items()
     }
     result["inductor_counters"] = inductor_counters
     ours, ref = times["flash_triton"], times["sdpa"]
@@ -167,19 +172,9 @@ def stalls(size: str, ctx: int, steps: int, attentions: tuple[str, ...] = ("sdpa
         with gc_paused():
             for _ in range(steps):
                 before = torch.cuda.memory_stats()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                start.record()
-                work.step()
-                end.record()
-                host_ms = (time.perf_counter() - t0) * 1e3
-                torch.cuda.synchronize()
-                wall_ms = (time.perf_counter() - t0) * 1e3
+                row = timed_step(work)
                 after = torch.cuda.memory_stats()
-                counts = {c: after.get(c, 0) - before.get(c, 0) for c in ALLOCATOR_COUNTERS}
-                rows.append(
-                    {"wall_ms": wall_ms, "host_ms": host_ms, "device_ms": start.elapsed_time(end), **counts}
-                )
+                rows.append({**row, **{c: after.get(c, 0) - before.get(c, 0) for c in ALLOCATOR_COUNTERS}})
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for i in range(steps):
                     with torch.profiler.record_function(f"step {i}"):
