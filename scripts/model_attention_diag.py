@@ -2,6 +2,8 @@
 
     python scripts/model_attention_diag.py --out DIR [--size xl] [--ctx 512] [--steps 20]
     python scripts/model_attention_diag.py --out DIR --paired small,xl [--steps 40] [--cudagraphs]
+    python scripts/model_attention_diag.py --out DIR --stalls xl [--attentions sdpa,flash_triton]
+    python scripts/model_attention_diag.py --out DIR --kernels xl [--attentions sdpa,flash_triton/opaque]
 
 For the model (bf16 autocast, forward+backward) compiled with inductor, and with CUDA graphs
 (``mode="reduce-overhead"``), per attention (sdpa, flash_triton): per-step device time (CUDA events) and host
@@ -66,7 +68,7 @@ def timed_step(work: Workload) -> dict[str, float]:
     return {"wall_ms": wall_ms, "host_ms": host_ms, "device_ms": start.elapsed_time(end)}
 
 
-def profile_steps(work: Workload, steps: int = 3) -> dict:
+def profile_steps(work: Workload, steps: int = 3, top: int = 6) -> dict:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -78,12 +80,12 @@ def profile_steps(work: Workload, steps: int = 3) -> dict:
         if t > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
             gpu[e.key] = gpu.get(e.key, 0.0) + t / 1e3 / steps
     attention = {k: v for k, v in gpu.items() if any(a in k.lower() for a in ATTENTION_KERNELS)}
-    top = dict(sorted(gpu.items(), key=lambda kv: -kv[1])[:6])
+    ranked = dict(sorted(gpu.items(), key=lambda kv: -kv[1])[:top])
     return {
         "gpu_busy_ms": sum(gpu.values()),
         "attention_ms": sum(attention.values()),
         "attention_kernels_ms": attention,
-        "top_kernels_ms": {k[:90]: v for k, v in top.items()},
+        "top_kernels_ms": {k[:90]: v for k, v in ranked.items()},
     }
 
 
@@ -196,6 +198,86 @@ def stalls(size: str, ctx: int, steps: int, attentions: tuple[str, ...] = ("sdpa
     return result
 
 
+def _saved_by_compiled_graphs(loss: torch.Tensor) -> list[int]:
+    """How many tensors each compiled graph's backward node holds (the forward graph's outputs kept for
+    backward: under CUDA graphs, every one is rebuilt in Python on each replay)."""
+    counts, seen, todo = [], set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "CompiledFunction" in node.name():
+            counts.append(len(node.saved_tensors))
+        todo.extend(fn for fn, _ in node.next_functions)
+    return counts
+
+
+def host_split(work: Workload, steps: int) -> dict:
+    """Host (enqueue) ms of the forward+loss and of the backward per step, the tensors saved by the compiled
+    graphs, and the CPU self time per op over ``steps`` steps: where the host time of a step goes."""
+    fwd, bwd = [], []
+    for _ in range(steps):
+        torch.compiler.cudagraph_mark_step_begin()
+        work.model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        loss = work.loss()
+        t1 = time.perf_counter()
+        saved = _saved_by_compiled_graphs(loss)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        torch.cuda.synchronize()
+        fwd.append((t1 - t0) * 1e3)
+        bwd.append((t3 - t2) * 1e3)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            work.step()
+            torch.cuda.synchronize()
+    cpu_self = sorted(((e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()),
+                      key=lambda t: -t[1])[:30]  # fmt: skip
+    return {
+        "forward_host_ms": statistics.median(fwd),
+        "backward_host_ms": statistics.median(bwd),
+        "saved_tensors": saved,
+        "cpu_self_ms_per_step": [(k[:90], round(ms, 3), n) for k, ms, n in cpu_self],
+    }
+
+
+def kernel_table(size: str, ctx: int, steps: int, variants: tuple[str, ...]) -> dict:
+    """One compiled, CUDA-graphed model per variant: per-step device ms, then a profiled window's GPU ms per
+    kernel (every kernel), to see what each attention adds or saves around itself (copies, RoPE, casts)
+    besides its own kernels. Variants: "sdpa", "flash_triton" (graphed plans), "flash_triton/opaque" (the
+    opaque ops with eager plans, as before session 14), "flash_triton/traced" (inductor launches the
+    block-pointer kernels, as the compiled model without CUDA graphs does)."""
+    from cs336_systems.attention import flash_triton
+
+    result = {}
+    for variant in variants:
+        attention, _, how = variant.partition("/")
+        saved = flash_triton.TRACED_MAX_WORK, flash_triton._cuda_graphed
+        if how == "opaque":
+            flash_triton.TRACED_MAX_WORK = 0
+        elif how == "traced":
+            flash_triton._cuda_graphed = lambda: False
+        try:
+            work = Workload(Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=True), "cuda")
+            for _ in range(5):
+                work.step()
+            torch.cuda.synchronize()
+            with gc_paused():
+                rows = [timed_step(work) for _ in range(steps)]
+            profiled = profile_steps(work, steps=5, top=60)
+            profiled["host"] = host_split(work, steps)
+            work.close()
+        finally:
+            flash_triton.TRACED_MAX_WORK, flash_triton._cuda_graphed = saved
+        device = [r["device_ms"] for r in rows]
+        result[variant] = {**summarize_ms(device), "steps": rows, **profiled}
+    result["tuning"] = kernels.tuning_report()
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -209,8 +291,32 @@ def main() -> None:
         "--stalls", help="a size: per-step wall/host/device ms and allocator counts, CUDA-graphed"
     )
     ap.add_argument("--attentions", default="sdpa,flash_triton", help="--stalls: which models, in this order")
+    ap.add_argument("--kernels", help="a size: every kernel's GPU ms per CUDA-graphed step, per --attentions "
+                    "variant (flash_triton/opaque: the custom ops at every size)")  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.kernels:
+        variants = tuple(args.attentions.split(","))
+        result = {"device": torch.cuda.get_device_name(), "ctx": args.ctx, "size": args.kernels}
+        result.update(kernel_table(args.kernels, args.ctx, args.steps, variants))
+        (args.out / f"model_attention_kernels_{args.kernels}.json").write_text(
+            json.dumps(result, indent=1, default=str)
+        )
+        for v in variants:
+            r = result[v]
+            h = r["host"]
+            print(f"{v}: device {r['mean_ms']:.2f} ± {r['std_ms']:.2f} ({r['median_ms']:.2f}) ms, GPU busy "
+                  f"{r['gpu_busy_ms']:.2f}, attention {r['attention_ms']:.3f}; host fwd {h['forward_host_ms']:.2f}"
+                  f" bwd {h['backward_host_ms']:.2f} ms, saved tensors {h['saved_tensors']}")  # fmt: skip
+            for row in h["cpu_self_ms_per_step"]:
+                print("   ", row)
+        names = dict.fromkeys(k for v in variants for k in result[v]["top_kernels_ms"])
+        print("kernel | " + " | ".join(variants))
+        for k in names:
+            print(
+                k[:70] + " | " + " | ".join(f"{result[v]['top_kernels_ms'].get(k, 0):.3f}" for v in variants)
+            )
+        return
     if args.stalls:
         result = {"device": torch.cuda.get_device_name(), "ctx": args.ctx, "size": args.stalls}
         result.update(stalls(args.stalls, args.ctx, args.steps, tuple(args.attentions.split(","))))

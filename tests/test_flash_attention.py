@@ -378,11 +378,14 @@ def test_tuning_compiles_the_candidates_side_by_side_before_building_any(monkeyp
     assert log[len(candidates)][0] == "built"
 
 
-def test_traced_tuning_has_its_own_keys_and_times_device_time_only(monkeypatch, tuner_off_gpu) -> None:
-    # A compiled graph launches the traced kernels itself (or replays them from a CUDA graph), so our
-    # launcher's host time, which the eager "launch" metric counts, is never paid there: traced configs are
-    # timed by the CUDA-graph metric, under keys apart from the eager ones. Here the host-heavy candidate
-    # is the faster one on the device and must win the traced key, and lose the eager one.
+def test_traced_and_graphed_tuning_have_their_own_keys_and_time_device_time_only(
+    monkeypatch, tuner_off_gpu
+) -> None:
+    # A compiled graph launches the traced kernels itself, and a CUDA graph replays the graphed ones, so
+    # our launcher's host time, which the eager "launch" metric counts, is never paid there: both are
+    # timed by the CUDA-graph metric, under keys apart from the eager ones and from each other's (their
+    # candidates differ). Here the host-heavy candidate is the faster one on the device and must win the
+    # traced and graphed keys, and lose the eager one.
     C = kernels.TileConfig
     light, heavy = C(16, 16), C(32, 32)
     monkeypatch.setattr(kernels, "_launch_time_ms", lambda step: step() or {light: 1.0, heavy: 1.5}[last[0]])
@@ -392,16 +395,32 @@ def test_traced_tuning_has_its_own_keys_and_times_device_time_only(monkeypatch, 
     monkeypatch.setattr(kernels, "TMA", True)
     last: list[kernels.TileConfig] = [light]
     case = (3, 48, 48, 16, True, torch.float32)  # a key no other test tunes
-    keys = [kernels._tune_key(f"fwd{suffix}", *case) for suffix in ("-traced", "")]
+    keys = [kernels._tune_key(f"fwd{suffix}", *case) for suffix in ("-traced", "-graphed", "")]
     try:
-        traced = kernels._pick("fwd", True, lambda c: last.__setitem__(0, c), *case)
-        eager = kernels._pick("fwd", False, lambda c: last.__setitem__(0, c), *case)
-        assert traced == heavy and eager == light, (traced, eager)
-        assert all(key in kernels._TUNE.cache for key in keys), "traced and eager choices share a key"
+        chosen = {
+            launcher: kernels._pick("fwd", launcher, lambda c: last.__setitem__(0, c), *case)
+            for launcher in kernels.LAUNCHERS
+        }
+        assert chosen == {"eager": light, "traced": heavy, "graphed": heavy}, chosen
+        assert all(key in kernels._TUNE.cache for key in keys), "launchers share a tuning key"
     finally:
         for key in keys:
             kernels._TUNE.cache.pop(key, None)
             kernels._TUNE.timings.pop(key, None)
+
+
+def test_only_traced_launches_drop_descriptors_and_atomics(monkeypatch) -> None:
+    # A traced graph has no data pointers to build descriptors from, and its backward is the split one;
+    # a CUDA graph records our launcher, which may use both.
+    forced = kernels.TileConfig(64, 64, tma=True)
+    monkeypatch.setattr(kernels, "TMA", True)
+    monkeypatch.setitem(kernels._TUNE.forced, "fwd", forced)
+    monkeypatch.setitem(kernels._TUNE.forced, "dkdv", replace(forced, atomic_dq=True))
+    pick = lambda kernel, launcher: kernels._pick(kernel, launcher, None, 4, 64, 64, 64, True, torch.bfloat16)
+    assert pick("fwd", "graphed").tma and pick("dkdv", "graphed").atomic_dq
+    assert not pick("fwd", "traced").tma and not pick("dkdv", "traced").atomic_dq
+    with pytest.raises(ValueError, match="launcher must be one of"):
+        kernels.AttentionPlan(*(torch.zeros(1, 8, 16) for _ in range(3)), True, "inductor")
 
 
 @pytest.mark.gpu
@@ -474,6 +493,79 @@ def test_traced_ops_match_reference(device, generator) -> None:
     tol = tolerance(torch.bfloat16, device)
     for x, ref in ((o, o_ref), (lse, lse_ref), (dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
         assert rel_err(x, ref) < tol
+
+
+@pytest.mark.parametrize("cudagraphs", [False, True], ids=["inductor", "cudagraphs"])
+def test_traced_ops_hand_cuda_graphs_the_graphed_launcher(cudagraphs, device, generator, monkeypatch) -> None:
+    # Lowered for CUDA graphs (mode="reduce-overhead" sets inductor's triton.cudagraphs while the body is
+    # traced), the traced ops' bodies call the opaque ops with graphed plans, whose launchers the graph
+    # records once; otherwise they launch the block-pointer kernels themselves.
+    from torch._inductor import config
+
+    launchers = []
+    for name in ("flash_forward", "flash_backward"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=original: launchers.append(a[-1]) or _f(*a))
+    q, k, v, do = (
+        torch.randn(2, 3, 72, 32, generator=generator).to(device, torch.bfloat16) for _ in range(4)
+    )
+    with config.patch({"triton.cudagraphs": cudagraphs}):
+        o, lse = flash_triton._flash_fwd_traced(q, k, v, True)
+        dq, dk, dv = flash_triton._flash_bwd_traced(q, k, v, o, do, lse, True)
+    assert launchers == (["graphed"] * 2 if cudagraphs else []), launchers
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    o_ref, lse_ref = reference_attention(q64, k64, v64, True)
+    o_ref.backward(do.double())
+    tol = tolerance(torch.bfloat16, device)
+    for x, ref in ((o, o_ref), (lse, lse_ref), (dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
+        assert rel_err(x, ref) < tol
+
+
+@pytest.mark.gpu
+def test_cuda_graphed_compile_replays_graphed_plans(device, generator, monkeypatch) -> None:
+    # torch.compile(mode="reduce-overhead") of a small case's step: graphed plans (configs tuned by device
+    # time), whose launchers run in the warm-up and recording runs only; replays match. The loss is part of
+    # the compiled step, as in the model (the backward's inputs then live in the graphs' memory pool).
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(2, 4, 256, 64, generator=generator).to(device, torch.bfloat16) for _ in range(3))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    weight = torch.randn(2, 4, 256, 64, generator=generator).to(device)
+
+    def step(q, k, v):
+        o = FlashAttentionTriton.apply(q, k, v, True)
+        return o, (o.float() * weight).sum()
+
+    flash = torch.compile(step, mode="reduce-overhead")
+
+    def run() -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        for x in (q, k, v):
+            x.grad = None  # a graph's output, which the next replay overwrites: never accumulate into it
+        o, loss = flash(q, k, v)
+        loss.backward()
+        return o
+
+    for _ in range(5):  # warm-up, recording (forward and backward), replays
+        run()
+    launchers = [plan.launcher for plan in kernels._PLANS.values()]
+    assert "graphed" in launchers, launchers
+    calls = []
+    for name in ("flash_forward", "flash_backward"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(
+            kernels, name, lambda *a, _f=original, _n=name: calls.append((_n, a[-1])) or _f(*a)
+        )
+    o = run()
+    assert not calls, f"launcher calls in a replay: {calls}"
+    with sdpa_kernel(SDPBackend.MATH):
+        q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+        o_ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
+        (o_ref * weight).sum().backward()
+    tol = tolerance(torch.bfloat16, device)
+    assert rel_err(o, o_ref) < tol
+    for x, x_ref in ((q, q32), (k, k32), (v, v32)):
+        assert rel_err(x.grad, x_ref.grad) < tol
+    torch._dynamo.reset()
 
 
 @pytest.mark.gpu

@@ -9,8 +9,10 @@ backward of :mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.s
 Under torch.compile, two paths by size. Small cases (the model at short context: host-bound, ~10 µs of
 GPU work per launch) go through ``torch.library.triton_op``: inductor traces into the op, bakes the
 tuned block-pointer config and launches the kernels from its own generated code, so a compiled step runs
-none of our Python per call (and CUDA graphs can capture it). Large cases go through two opaque custom
-ops whose launchers tune at first run and may use tensor descriptors (TMA), which pay off there. In eager
+none of our Python per call. Compiled for CUDA graphs (``mode="reduce-overhead"``), the same small
+cases go through the opaque ops with "graphed" plans instead (tuned by device time while compiling, any
+config): the graph records their launchers once and replays the kernels. Large cases go through the
+opaque ops whose launchers tune at first run and may use tensor descriptors (TMA), which pay off there. In eager
 mode the call signature's plan (:class:`kernels.flash_attention.AttentionPlan`) launches the kernels:
 inputs are checked when a signature is first seen, and later calls cost a few allocations and the
 launches (a custom op's Python dispatch would cost more than the launch itself, and the model calls
@@ -38,13 +40,13 @@ MAX_HEAD_DIM = kernels.MAX_HEAD_DIM
 
 @torch.library.custom_op("cs336_systems::flash_attention_fwd", mutates_args=())
 def _flash_fwd_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, graphed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return kernels.flash_forward(q, k, v, is_causal)
+    return kernels.flash_forward(q, k, v, is_causal, "graphed" if graphed else "eager")
 
 
 @_flash_fwd_op.register_fake
-def _(q, k, v, is_causal):
+def _(q, k, v, is_causal, graphed=False):
     return kernels.new_output(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -57,12 +59,13 @@ def _flash_bwd_op(
     do: torch.Tensor,
     lse: torch.Tensor,
     is_causal: bool,
+    graphed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return kernels.flash_backward(q, k, v, o, do, lse, is_causal)
+    return kernels.flash_backward(q, k, v, o, do, lse, is_causal, "graphed" if graphed else "eager")
 
 
 @_flash_bwd_op.register_fake
-def _(q, k, v, o, do, lse, is_causal):
+def _(q, k, v, o, do, lse, is_causal, graphed=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -72,10 +75,27 @@ def _(q, k, v, o, do, lse, is_causal):
 TRACED_MAX_WORK = 1 << 33
 
 
+def _cuda_graphed() -> bool:
+    """Whether the graph being compiled will be replayed from CUDA graphs (``mode="reduce-overhead"``:
+    inductor's ``triton.cudagraphs``, set while the graph is lowered, which is when a triton_op's body
+    is traced into it)."""
+    from torch._inductor import config
+
+    return bool(config.triton.cudagraphs)
+
+
+# A triton_op's body is traced into the compiled graph. Under CUDA graphs it emits the opaque op instead,
+# with graphed plans: a replay pays no launcher's host time, so the kernels may be the ones that cost more
+# host time and less device time (tensor descriptors, Gluon), which the traced launches cannot use. In
+# the compiled xl model (H100) the traced kernels took 4.33 ms per step, the graphed ones 4.09 and cuDNN
+# 4.23 (docs/perf-notes.md, session 14).
 @torch.library.triton_op("cs336_systems::flash_attention_fwd_traced", mutates_args=())
 def _flash_fwd_traced(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if _cuda_graphed():
+        kernels.tune_ahead(q, k, v, is_causal, "graphed")
+        return _flash_fwd_op(q, k, v, is_causal, True)
     return kernels.flash_forward_traced(q, k, v, is_causal)
 
 
@@ -89,6 +109,9 @@ def _flash_bwd_traced(
     lse: torch.Tensor,
     is_causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _cuda_graphed():
+        kernels.tune_ahead(q, k, v, is_causal, "graphed")
+        return _flash_bwd_op(q, k, v, o, do, lse, is_causal, True)
     return kernels.flash_backward_traced(q, k, v, o, do, lse, is_causal)
 
 

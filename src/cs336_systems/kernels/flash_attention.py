@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import triton
@@ -76,8 +76,8 @@ CANDIDATE_SET = os.environ.get("CS336_FLASH_CANDIDATES", "default")
 # What the tuner minimises in eager calls: "launch" (default: per launch of back-to-back launches, their
 # event time plus the host's enqueue time: what a host-bound call pays, see _launch_time_ms) or "device"
 # (do_bench kernel time, L2 flushed between launches: what a GPU-bound step pays; it picks host-heavier TMA
-# configs for short shapes). The traced path (kernels launched by a compiled graph) always tunes by
-# "graph" (_graph_time_ms): there our launcher's host cost is not paid at all.
+# configs for short shapes). Kernels that a compiled graph launches (traced) or that a CUDA graph replays
+# (graphed) always tune by "graph" (_graph_time_ms): there our launcher's host cost is not paid at all.
 TUNE_METRIC = os.environ.get("CS336_FLASH_TUNE_METRIC", "launch")
 if TUNE_METRIC not in ("launch", "device"):
     raise ValueError(f"CS336_FLASH_TUNE_METRIC must be 'launch' or 'device', got {TUNE_METRIC!r}")
@@ -95,6 +95,15 @@ BUILD_ERRORS = (OutOfResources, CompilationError, PTXASError)
 # The triton 3.6 interpreter multiplies bfloat16 dot operands wrongly (numpy has no bfloat16): under it,
 # operands are widened to float32 first, which is exact and keeps the algorithm's roundings (P, dS casts).
 _WIDEN_DOTS = tl.constexpr(INTERPRET)
+
+
+# Who launches a plan's kernels, which decides what its tuner measures and which configs it may use:
+# - "eager": our launcher on every call (host time counts; any config);
+# - "traced": the code of a compiled graph (device time; block pointers and the split backward only: a
+#   descriptor is built from a data pointer, which a traced graph does not have);
+# - "graphed": our launcher once, while a CUDA graph records it, then replays (device time; any config).
+Launcher = Literal["eager", "traced", "graphed"]
+LAUNCHERS: tuple[Launcher, ...] = ("eager", "traced", "graphed")
 
 
 # Kernels keep the Triton tutorials' dense layout of long argument lists.
@@ -709,7 +718,7 @@ def _eager_keys(batch_heads: int, n_q: int, n_k: int, d: int, causal: bool, dtyp
     """Each kernel's tuning key and candidates for this case in eager calls."""
     out = {}
     for kernel in ("fwd", "dq", "dkdv"):
-        name, candidates = _tune_space(kernel, False, d, dtype)
+        name, candidates = _tune_space(kernel, "eager", d, dtype)
         out[kernel] = (_tune_key(name, batch_heads, n_q, n_k, d, causal, dtype), candidates)
     return out
 
@@ -1320,15 +1329,20 @@ class AttentionPlan:
     launches, with no tuning lookup, argument building or input checks (the plan's key implies them).
 
     Tensors have any rank >= 2: (..., seq, d), as (batch, heads, seq, d) inside; outputs come back in the
-    inputs' rank. A ``traced`` plan tunes the block-pointer configs that a compiled graph launches itself
-    (under keys of their own, by device time: see _graph_time_ms)."""
+    inputs' rank. ``launcher`` says who launches the kernels (see :data:`Launcher`): a "traced" plan tunes
+    the block-pointer configs that a compiled graph launches itself, a "graphed" one the configs a CUDA
+    graph replays, both under keys of their own and by device time (see _graph_time_ms)."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, traced: bool):
+    def __init__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, launcher: Launcher = "eager"
+    ):
         q4, k4 = as_4d(q), as_4d(k)
         batch, heads, n_q, d = q4.shape
         self.case = (batch * heads, n_q, k4.shape[2], d, is_causal, q.dtype)
         self.is_causal = is_causal
-        self.traced = traced
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+        self.launcher = launcher
         self.four_d = q.ndim == 4
         self.device = q.get_device()
         if q.is_cuda and self.device != torch.cuda.current_device():
@@ -1382,7 +1396,7 @@ class AttentionPlan:
             else:
                 built[c] = build(c)
 
-        cfg = _pick(kernel, self.traced, launch, *self.case, calls=calls)
+        cfg = _pick(kernel, self.launcher, launch, *self.case, calls=calls)
         launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
         return built[cfg]
 
@@ -1455,7 +1469,7 @@ def attention_plan(
     v: torch.Tensor,
     is_causal: bool,
     *,
-    traced: bool = False,
+    launcher: Launcher = "eager",
     check: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None] | None = None,
 ) -> AttentionPlan:
     """The plan for this call's signature; ``check`` validates the inputs when a new plan is made (a known
@@ -1463,7 +1477,7 @@ def attention_plan(
     try:
         key = (
             q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(),
-            is_causal, traced, torch.are_deterministic_algorithms_enabled(), *_layout_key(q, k, v),
+            is_causal, launcher, torch.are_deterministic_algorithms_enabled(), *_layout_key(q, k, v),
         )  # fmt: skip
     except (AttributeError, TypeError, RuntimeError):
         if check is not None:
@@ -1473,13 +1487,13 @@ def attention_plan(
     if plan is None:
         if check is not None:
             check(q, k, v, is_causal)
-        plan = _PLANS[key] = AttentionPlan(q, k, v, is_causal, traced)
+        plan = _PLANS[key] = AttentionPlan(q, k, v, is_causal, launcher)
     return plan
 
 
 def _pick(
     kernel: str,
-    traced: bool,
+    launcher: Launcher,
     launch: Callable[[TileConfig], None],
     bh: int,
     n_q: int,
@@ -1489,9 +1503,12 @@ def _pick(
     dtype: torch.dtype,
     calls: Callable[[TileConfig], list[_Call]] | None = None,
 ) -> TileConfig:
-    name, candidates = _tune_space(kernel, traced, d, dtype)
+    name, candidates = _tune_space(kernel, launcher, d, dtype)
     key = _tune_key(name, bh, n_q, n_k, d, is_causal, dtype)
-    cfg = _choose(kernel, launch, key, candidates, calls, metric="graph" if traced else TUNE_METRIC)
+    cfg = _choose(
+        kernel, launch, key, candidates, calls, metric=TUNE_METRIC if launcher == "eager" else "graph"
+    )
+    traced = launcher == "traced"
     if cfg.tma and (traced or not TMA):  # a forced TMA config
         cfg = replace(cfg, tma=False)
     if cfg.atomic_dq and (traced or torch.are_deterministic_algorithms_enabled()):  # a forced one-pass one
@@ -1499,18 +1516,22 @@ def _pick(
     return cfg
 
 
-def _tune_space(kernel: str, traced: bool, d: int, dtype: torch.dtype) -> tuple[str, tuple[TileConfig, ...]]:
+def _tune_space(
+    kernel: str, launcher: Launcher, d: int, dtype: torch.dtype
+) -> tuple[str, tuple[TileConfig, ...]]:
     """The tuning-key name and the candidates of ``kernel``: block pointers only, under keys of their own,
     for a traced launch ("-traced", timed by another metric) or with ``CS336_FLASH_TMA=0`` ("-ptr"); with
-    deterministic algorithms on, the dK/dV pass tunes among split backwards only ("-det")."""
-    if traced:
+    deterministic algorithms on, the dK/dV pass tunes among split backwards only ("-det"). A graphed
+    launch tunes the eager candidates under keys of its own ("-graphed": another metric)."""
+    if launcher == "traced":
         return f"{kernel}-traced", pointer_configs(kernel, d, dtype)
+    suffix = "-graphed" if launcher == "graphed" else ""
     if not TMA:
-        return f"{kernel}-ptr", pointer_configs(kernel, d, dtype)
+        return f"{kernel}-ptr{suffix}", pointer_configs(kernel, d, dtype)
     candidates = candidate_configs(kernel, d, dtype)
     if kernel == "dkdv" and torch.are_deterministic_algorithms_enabled():
-        return "dkdv-det", tuple(c for c in candidates if not c.atomic_dq)
-    return kernel, candidates
+        return f"dkdv-det{suffix}", tuple(c for c in candidates if not c.atomic_dq)
+    return f"{kernel}{suffix}", candidates
 
 
 @functools.cache
@@ -1522,15 +1543,17 @@ def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig
     return tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in listed if not c.atomic_dq))
 
 
-def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
+def flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, launcher: Launcher = "eager"
+):
     """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous (batch, heads, n_q)) for
     4-D (batch, heads, seq, d) inputs of any strides."""
-    return attention_plan(q, k, v, is_causal).forward(q, k, v)
+    return attention_plan(q, k, v, is_causal, launcher=launcher).forward(q, k, v)
 
 
-def flash_backward(q, k, v, o, do, lse, is_causal: bool):
+def flash_backward(q, k, v, o, do, lse, is_causal: bool, launcher: Launcher = "eager"):
     """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q)."""
-    return attention_plan(q, k, v, is_causal).backward(q, k, v, o, do, lse)
+    return attention_plan(q, k, v, is_causal, launcher=launcher).backward(q, k, v, o, do, lse)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1544,37 +1567,40 @@ def _real_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).normal_()
 
 
-def tune_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> None:
-    """Tune the block-pointer configs of all three kernels for this case on real tensors of the same
-    layout, outside any tracing mode: a traced launch bakes its config into the compiled graph, so the
-    choice must exist when the graph is traced, not at its first run."""
+def tune_ahead(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, launcher: Launcher
+) -> None:
+    """Tune the ``launcher``'s configs of all three kernels for this case on real tensors of the same
+    layout, outside any tracing mode, while a graph is compiled: a traced launch bakes its config into the
+    compiled graph, so the choice must exist when the graph is traced; a graphed one would otherwise tune
+    in the CUDA graph's warm-up run, with the model's memory in use."""
     batch, heads, n_q, d = q.shape
-    keys = [_tune_key(_tune_space(kernel, True, d, q.dtype)[0], batch * heads, n_q, k.shape[2], d, is_causal,
-                      q.dtype) for kernel in ("fwd", "dq", "dkdv")]  # fmt: skip
+    keys = [_tune_key(_tune_space(kernel, launcher, d, q.dtype)[0], batch * heads, n_q, k.shape[2], d,
+                      is_causal, q.dtype) for kernel in ("fwd", "dq", "dkdv")]  # fmt: skip
     if all(key in _TUNE.cache for key in keys) or not AUTOTUNE or INTERPRET:
         return
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.no_grad():
         qr, kr, vr = (_real_like(t) for t in (q, k, v))
-        plan = AttentionPlan(qr, kr, vr, is_causal, traced=True)
+        plan = AttentionPlan(qr, kr, vr, is_causal, launcher)
         o, lse = plan.forward(qr, kr, vr)
         plan.backward(qr, kr, vr, o, torch.randn_like(o), lse)
 
 
 def _traced_config(kernel: str, q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> TileConfig:
-    """The block-pointer config :func:`tune_traced` chose (or the default, with tuning off)."""
+    """The block-pointer config :func:`tune_ahead` chose (or the default, with tuning off)."""
 
     def untuned(c: TileConfig) -> None:
-        raise RuntimeError(f"{kernel}: traced configs are tuned by tune_traced, before tracing launches")
+        raise RuntimeError(f"{kernel}: traced configs are tuned by tune_ahead, before tracing launches")
 
     batch, heads, n_q, d = q.shape
-    return _pick(kernel, True, untuned, batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
+    return _pick(kernel, "traced", untuned, batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
 
 
 def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
     """:func:`flash_forward` for a ``triton_op`` body: tuned block-pointer configs, ``wrap_triton``."""
-    tune_traced(q, k, v, is_causal)
+    tune_ahead(q, k, v, is_causal, "traced")
     o = new_output(q)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     _fwd_call(_traced_config("fwd", q, k, is_causal), is_causal, q, k, v, o, lse).traced()
@@ -1583,7 +1609,7 @@ def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
 
 def flash_backward_traced(q, k, v, o, do, lse, is_causal: bool):
     """:func:`flash_backward` for a ``triton_op`` body."""
-    tune_traced(q, k, v, is_causal)
+    tune_ahead(q, k, v, is_causal, "traced")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     _dq_call(_traced_config("dq", q, k, is_causal), is_causal, q, k, v, o, do, lse, delta, dq).traced()
