@@ -480,26 +480,13 @@ def test_torch_compile_apply_small(device, generator) -> None:
         assert rel_err(x.grad, x_ref.grad) < tol
 
 
-def test_traced_ops_match_reference(device, generator) -> None:
-    # The triton_op bodies that compiled graphs trace into (called eagerly here, so the kernels launch
-    # directly; under the CPU interpreter wrap_triton cannot trace): same kernels, block-pointer configs.
-    shape = (2, 3, 72, 32)
-    q, k, v, do = (torch.randn(*shape, generator=generator).to(device, torch.bfloat16) for _ in range(4))
-    o, lse = flash_triton._flash_fwd_traced(q, k, v, True)
-    dq, dk, dv = flash_triton._flash_bwd_traced(q, k, v, o, do, lse, True)
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    o_ref, lse_ref = reference_attention(q64, k64, v64, True)
-    o_ref.backward(do.double())
-    tol = tolerance(torch.bfloat16, device)
-    for x, ref in ((o, o_ref), (lse, lse_ref), (dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
-        assert rel_err(x, ref) < tol
-
-
 @pytest.mark.parametrize("cudagraphs", [False, True], ids=["inductor", "cudagraphs"])
 def test_traced_ops_hand_cuda_graphs_the_graphed_launcher(cudagraphs, device, generator, monkeypatch) -> None:
-    # Lowered for CUDA graphs (mode="reduce-overhead" sets inductor's triton.cudagraphs while the body is
-    # traced), the traced ops' bodies call the opaque ops with graphed plans, whose launchers the graph
-    # records once; otherwise they launch the block-pointer kernels themselves.
+    # The triton_op bodies that compiled graphs trace into, called eagerly here (so the kernels launch
+    # directly; under the CPU interpreter wrap_triton cannot trace). Lowered for CUDA graphs
+    # (mode="reduce-overhead" sets inductor's triton.cudagraphs while a body is traced), they call the
+    # opaque ops with graphed plans, whose launchers the graph records once; otherwise they launch the
+    # block-pointer kernels themselves. Either way the results match the reference.
     from torch._inductor import config
 
     launchers = []
