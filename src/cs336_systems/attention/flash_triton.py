@@ -6,7 +6,7 @@ backward of :mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.s
 (batch, n_queries) for (batch, seq, d) inputs. Inputs may also be (batch, heads, seq, d) with any strides
 (passed to the kernels as they are: no copies), with n_queries != n_keys.
 
-Under torch.compile, two paths by size. Small cases (the model at short context: host-bound, ~10 µs of
+Under torch.compile, the path depends on size and on CUDA graphs. Small cases (the model at short context: host-bound, ~10 µs of
 GPU work per launch) go through ``torch.library.triton_op``: inductor traces into the op, bakes the
 tuned block-pointer config and launches the kernels from its own generated code, so a compiled step runs
 none of our Python per call. Compiled for CUDA graphs (``mode="reduce-overhead"``), the same small
@@ -87,8 +87,8 @@ def _cuda_graphed() -> bool:
 # A triton_op's body is traced into the compiled graph. Under CUDA graphs it emits the opaque op instead,
 # with graphed plans: a replay pays no launcher's host time, so the kernels may be the ones that cost more
 # host time and less device time (tensor descriptors, Gluon), which the traced launches cannot use. In
-# the compiled xl model (H100) the traced kernels took 4.33 ms per step, the graphed ones 4.09 and cuDNN
-# 4.23 (docs/perf-notes.md, session 14).
+# the compiled xl model (H100) the traced kernels took 4.33 ms per step, cuDNN's 4.23 and the graphed ones
+# 3.97 (docs/perf-notes.md, session 14).
 @torch.library.triton_op("cs336_systems::flash_attention_fwd_traced", mutates_args=())
 def _flash_fwd_traced(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
