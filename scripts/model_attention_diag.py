@@ -160,16 +160,29 @@ def slow_step_ops(prof, n_top: int = 8) -> dict:
     }
 
 
+def warm_cudagraphed(size: str, ctx: int, attention: str) -> Workload:
+    """The compiled, CUDA-graphed model (as the bench rows) after 5 warm-up steps (compile, tuning, the
+    graphs' warm-up and recording runs)."""
+    work = Workload(Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=True), "cuda")
+    for _ in range(5):
+        work.step()
+    torch.cuda.synchronize()
+    return work
+
+
+def cpu_self_per_step(prof, steps: int, n_top: int) -> list:
+    """The ``n_top`` ops by CPU self time per step of a profiled window of ``steps`` steps: (name, ms, calls)."""
+    ranked = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:n_top]
+    return [(e.key[:90], round(e.self_cpu_time_total / 1e3 / steps, 3), e.count // steps) for e in ranked]
+
+
 def stalls(size: str, ctx: int, steps: int, attentions: tuple[str, ...] = ("sdpa", "flash_triton")) -> dict:
     """One compiled, CUDA-graphed model at a time (as the bench rows): per step wall, host (enqueue) and
     device (events) ms and the caching allocator's device allocs/frees/retries/syncs in that step; then a
     profiled window and the ops of its slowest step."""
     result = {}
     for attention in attentions:
-        work = Workload(Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=True), "cuda")
-        for _ in range(5):
-            work.step()
-        torch.cuda.synchronize()
+        work = warm_cudagraphed(size, ctx, attention)
         rows = []
         with gc_paused():
             for _ in range(steps):
@@ -185,13 +198,11 @@ def stalls(size: str, ctx: int, steps: int, attentions: tuple[str, ...] = ("sdpa
         kernels_ms = profile_steps(work)
         work.close()
         walls = [r["wall_ms"] for r in rows]
-        cpu_self = sorted(((e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()),
-                          key=lambda t: -t[1])[:25]  # fmt: skip
         result[attention] = {
             **summarize_ms(walls),
             "steps": rows,
             "profiled": slow_step_ops(prof),
-            "cpu_self_ms_per_step": [(k[:90], round(ms, 3), n) for k, ms, n in cpu_self],
+            "cpu_self_ms_per_step": cpu_self_per_step(prof, steps, 25),
             **kernels_ms,
         }
     result["tuning"] = kernels.tuning_report()
@@ -234,13 +245,11 @@ def host_split(work: Workload, steps: int) -> dict:
         for _ in range(steps):
             work.step()
             torch.cuda.synchronize()
-    cpu_self = sorted(((e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()),
-                      key=lambda t: -t[1])[:30]  # fmt: skip
     return {
         "forward_host_ms": statistics.median(fwd),
         "backward_host_ms": statistics.median(bwd),
         "saved_tensors": saved,
-        "cpu_self_ms_per_step": [(k[:90], round(ms, 3), n) for k, ms, n in cpu_self],
+        "cpu_self_ms_per_step": cpu_self_per_step(prof, steps, 30),
     }
 
 
@@ -261,10 +270,7 @@ def kernel_table(size: str, ctx: int, steps: int, variants: tuple[str, ...]) -> 
         elif how == "traced":
             flash_triton._cuda_graphed = lambda: False
         try:
-            work = Workload(Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=True), "cuda")
-            for _ in range(5):
-                work.step()
-            torch.cuda.synchronize()
+            work = warm_cudagraphed(size, ctx, attention)
             with gc_paused():
                 rows = [timed_step(work) for _ in range(steps)]
             profiled = profile_steps(work, steps=5, top=60)

@@ -480,6 +480,21 @@ def test_torch_compile_apply_small(device, generator) -> None:
         assert rel_err(x.grad, x_ref.grad) < tol
 
 
+def spy_on_launchers(monkeypatch) -> list[tuple[str, str]]:
+    """From now on, record each call of our two launchers (eager or graphed plans) as (name, launcher)."""
+    calls = []
+    for name in ("flash_forward", "flash_backward"):
+        original = getattr(kernels, name)
+
+        def spy(*args, _f=original, _name=name, **kwargs):
+            launcher = args[-1] if isinstance(args[-1], str) else kwargs.get("launcher", "eager")
+            calls.append((_name, launcher))
+            return _f(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, spy)
+    return calls
+
+
 @pytest.mark.parametrize("cudagraphs", [False, True], ids=["inductor", "cudagraphs"])
 def test_traced_ops_hand_cuda_graphs_the_graphed_launcher(cudagraphs, device, generator, monkeypatch) -> None:
     # The triton_op bodies that compiled graphs trace into, called eagerly here (so the kernels launch
@@ -489,17 +504,15 @@ def test_traced_ops_hand_cuda_graphs_the_graphed_launcher(cudagraphs, device, ge
     # block-pointer kernels themselves. Either way the results match the reference.
     from torch._inductor import config
 
-    launchers = []
-    for name in ("flash_forward", "flash_backward"):
-        original = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _f=original: launchers.append(a[-1]) or _f(*a))
+    calls = spy_on_launchers(monkeypatch)
     q, k, v, do = (
         torch.randn(2, 3, 72, 32, generator=generator).to(device, torch.bfloat16) for _ in range(4)
     )
     with config.patch({"triton.cudagraphs": cudagraphs}):
         o, lse = flash_triton._flash_fwd_traced(q, k, v, True)
         dq, dk, dv = flash_triton._flash_bwd_traced(q, k, v, o, do, lse, True)
-    assert launchers == (["graphed"] * 2 if cudagraphs else []), launchers
+    graphed = [("flash_forward", "graphed"), ("flash_backward", "graphed")]
+    assert calls == (graphed if cudagraphs else []), calls
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o_ref, lse_ref = reference_attention(q64, k64, v64, True)
     o_ref.backward(do.double())
@@ -536,12 +549,7 @@ def test_cuda_graphed_compile_replays_graphed_plans(device, generator, monkeypat
         run()
     launchers = [plan.launcher for plan in kernels._PLANS.values()]
     assert "graphed" in launchers, launchers
-    calls = []
-    for name in ("flash_forward", "flash_backward"):
-        original = getattr(kernels, name)
-        monkeypatch.setattr(
-            kernels, name, lambda *a, _f=original, _n=name: calls.append((_n, a[-1])) or _f(*a)
-        )
+    calls = spy_on_launchers(monkeypatch)
     o = run()
     assert not calls, f"launcher calls in a replay: {calls}"
     with sdpa_kernel(SDPBackend.MATH):
@@ -568,10 +576,7 @@ def test_compiled_small_case_runs_none_of_our_python(path, device, generator, mo
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     flash = torch.compile(lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True))
     flash(q, k, v).sum().backward()  # traces, tunes
-    calls = []
-    for name in ("flash_forward", "flash_backward"):
-        original = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _f=original, **kw: calls.append(1) or _f(*a, **kw))
+    calls = spy_on_launchers(monkeypatch)
     for x in (q, k, v):
         x.grad = None
     o = flash(q, k, v)
