@@ -30,8 +30,9 @@ pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
   passes of one shape and impl run back to back and share the compile.
 
 Attention shapes (group key "attention_shapes", issue 14): the shapes people train with, as (batch,
-heads, seq_q, seq_k, d, causal) in bf16 (``SHAPES``) x impl in {sdpa_flash, sdpa_cudnn,
-sdpa_efficient, flash_triton} x pass_ in {fwd, bwd, fwd_bwd}, 4-D inputs. A shape's first case
+heads, seq_q, seq_k, d, causal) in bf16 (``SHAPES``: the issue's grid, then ``BREADTH_SHAPES``, rows
+with ``shape_set`` "breadth") x impl in {sdpa_flash, sdpa_cudnn, sdpa_efficient, flash_triton} x pass_ in
+{fwd, bwd, fwd_bwd}, 4-D inputs. A shape's first case
 measures all of its selected impls and passes at once:
 - each impl's output and dQ on a sample of query rows (first and last 128 of the first and last
   head) are checked against float32 math on those rows (cheap at any length); a wrong result fails
@@ -74,6 +75,7 @@ import torch.nn.functional as F
 
 from cs336_systems.harness.attention import (
     ATTENTION_SHAPES,
+    BREADTH_SHAPES,
     IMPLS,
     PASSES,
     SDPA_BACKENDS,
@@ -341,7 +343,7 @@ def _expected_failure(benchmark: Any, exc: Exception, impl: str, info: dict[str,
 
 # ------------------------------------------------------------------------------- attention shapes
 
-SHAPES = ATTENTION_SHAPES
+SHAPES = ATTENTION_SHAPES + BREADTH_SHAPES
 # Runs everywhere (a CPU-only machine times the SDPA backends it has and our kernels under Triton's
 # interpreter, host clock): the group's code path, not a figure for the writeup.
 CPU_SHAPE = (1, 2, 64, 64, 16, True)
@@ -560,7 +562,8 @@ def test_attention_shapes(
     b, h, nq, nk, d, causal = shape
     flops = attention_flops(b, nq, d, heads=h, causal=causal, pass_=pass_, n_keys=nk)
     info: dict[str, Any] = dict(
-        impl=impl, shape=_shape_id(shape), batch=b, heads=h, seq_q=nq, seq_k=nk, d=d, causal=causal,
+        impl=impl, shape=_shape_id(shape), shape_set="breadth" if shape in BREADTH_SHAPES else "grid",
+        batch=b, heads=h, seq_q=nq, seq_k=nk, d=d, causal=causal,
         dtype="bf16", pass_=pass_, flops=flops, **environment_info(device),
     )  # fmt: skip
     if shape not in _SHAPE_RESULTS:  # the shape's first case measures all of its selected impls

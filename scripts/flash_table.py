@@ -52,7 +52,8 @@ def shapes_table(path: str) -> None:
     for b in _benchmarks(path):
         e = b["extra_info"]
         if e.get("group_key") == "attention_shapes":
-            rows[(e["shape"], e["pass_"])][e["impl"]] = e
+            shape = e["shape"] + (" (breadth)" if e.get("shape_set") == "breadth" else "")
+            rows[(shape, e["pass_"])][e["impl"]] = e
     if not rows:
         return
     print(

@@ -3,7 +3,8 @@
     python scripts/model_attention_diag.py --out DIR [--size xl] [--ctx 512] [--steps 20]
     python scripts/model_attention_diag.py --out DIR --paired small,xl [--steps 40] [--cudagraphs]
     python scripts/model_attention_diag.py --out DIR --stalls xl [--attentions sdpa,flash_triton]
-    python scripts/model_attention_diag.py --out DIR --kernels xl [--attentions sdpa,flash_triton/opaque]
+    python scripts/model_attention_diag.py --out DIR --kernels xl [--attentions sdpa,flash_triton/opaque] \
+        [--modes inductor]
 
 For the model (bf16 autocast, forward+backward) compiled with inductor, and with CUDA graphs
 (``mode="reduce-overhead"``), per attention (sdpa, flash_triton): per-step device time (CUDA events) and host
@@ -15,7 +16,9 @@ Writes ``model_attention_diag.json``; a table last.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -160,10 +163,10 @@ def slow_step_ops(prof, n_top: int = 8) -> dict:
     }
 
 
-def warm_cudagraphed(size: str, ctx: int, attention: str) -> Workload:
-    """The compiled, CUDA-graphed model (as the bench rows) after 5 warm-up steps (compile, tuning, the
-    graphs' warm-up and recording runs)."""
-    work = Workload(Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=True), "cuda")
+def warm_compiled(size: str, ctx: int, attention: str, cudagraphs: bool = True) -> Workload:
+    """The compiled model (``cudagraphs``: CUDA-graphed, as the bench rows) after 5 warm-up steps (compile,
+    tuning, the graphs' warm-up and recording runs)."""
+    work = Workload(Case(size, ctx, "fwd_bwd", "bf16", True, attention, cudagraphs=cudagraphs), "cuda")
     for _ in range(5):
         work.step()
     torch.cuda.synchronize()
@@ -182,7 +185,7 @@ def stalls(size: str, ctx: int, steps: int, attentions: tuple[str, ...] = ("sdpa
     profiled window and the ops of its slowest step."""
     result = {}
     for attention in attentions:
-        work = warm_cudagraphed(size, ctx, attention)
+        work = warm_compiled(size, ctx, attention)
         rows = []
         with gc_paused():
             for _ in range(steps):
@@ -224,13 +227,32 @@ def _saved_by_compiled_graphs(loss: torch.Tensor) -> list[int]:
     return counts
 
 
+def python_self_per_step(work: Workload, steps: int, n_top: int) -> list:
+    """cProfile over ``steps`` steps: the ``n_top`` Python functions by own time per step, (file:line name,
+    ms, calls). Inflated by cProfile, but it names the Python a host-bound step runs (inductor's wrappers,
+    launchers, the autograd Function), which torch.profiler's op view does not."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        work.step()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (prim calls, calls, tottime, cumtime, callers)}
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:n_top]
+    return [
+        (f"{Path(f).name}:{line} {name}"[:90], round(tt * 1e3 / steps, 3), calls // steps)
+        for (f, line, name), (_, calls, tt, _, _) in ranked
+    ]
+
+
 def host_split(work: Workload, steps: int) -> dict:
     """Host (enqueue) ms of the forward+loss and of the backward per step, the tensors saved by the compiled
-    graphs, and the CPU self time per op over ``steps`` steps: where the host time of a step goes."""
+    graphs, the CPU self time per op and per Python function over ``steps`` steps: where the host time of a
+    step goes."""
     fwd, bwd = [], []
     for _ in range(steps):
         torch.compiler.cudagraph_mark_step_begin()
-        work.model.zero_grad(set_to_none=True)
+        work.clear_grads()
         t0 = time.perf_counter()
         loss = work.loss()
         t1 = time.perf_counter()
@@ -250,11 +272,12 @@ def host_split(work: Workload, steps: int) -> dict:
         "backward_host_ms": statistics.median(bwd),
         "saved_tensors": saved,
         "cpu_self_ms_per_step": cpu_self_per_step(prof, steps, 30),
+        "python_self_ms_per_step": python_self_per_step(work, steps, 30),
     }
 
 
-def kernel_table(size: str, ctx: int, steps: int, variants: tuple[str, ...]) -> dict:
-    """One compiled, CUDA-graphed model per variant: per-step device ms, then a profiled window's GPU ms per
+def kernel_table(size: str, ctx: int, steps: int, variants: tuple[str, ...], cudagraphs: bool = True) -> dict:
+    """One compiled model per variant (``cudagraphs``: CUDA-graphed, else inductor's launches): per-step device ms, then a profiled window's GPU ms per
     kernel (every kernel), to see what each attention adds or saves around itself (copies, RoPE, casts)
     besides its own kernels. Variants: "sdpa", "flash_triton" (graphed plans), "flash_triton/opaque" (the
     opaque ops with eager plans, as before session 14), "flash_triton/traced" (inductor launches the
@@ -270,7 +293,7 @@ def kernel_table(size: str, ctx: int, steps: int, variants: tuple[str, ...]) -> 
         elif how == "traced":
             flash_triton._cuda_graphed = lambda: False
         try:
-            work = warm_cudagraphed(size, ctx, attention)
+            work = warm_compiled(size, ctx, attention, cudagraphs)
             with gc_paused():
                 rows = [timed_step(work) for _ in range(steps)]
             profiled = profile_steps(work, steps=5, top=60)
@@ -290,7 +313,9 @@ def main() -> None:
     ap.add_argument("--size", default="xl")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--modes", default="inductor,cudagraphs")
+    ap.add_argument(
+        "--modes", help="inductor,cudagraphs (the default); --kernels takes one (default cudagraphs)"
+    )
     ap.add_argument("--paired", help="sizes, e.g. small,xl: compiled sdpa and flash_triton, steps alternated")
     ap.add_argument("--cudagraphs", action="store_true", help="--paired with CUDA graphs (reduce-overhead)")
     ap.add_argument(
@@ -303,9 +328,18 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.kernels:
         variants = tuple(args.attentions.split(","))
-        result = {"device": torch.cuda.get_device_name(), "ctx": args.ctx, "size": args.kernels}
-        result.update(kernel_table(args.kernels, args.ctx, args.steps, variants))
-        (args.out / f"model_attention_kernels_{args.kernels}.json").write_text(
+        modes = (args.modes or "cudagraphs").split(",")
+        if len(modes) != 1 or modes[0] not in ("inductor", "cudagraphs"):
+            ap.error(f"--kernels takes one of --modes inductor or cudagraphs, got {args.modes!r}")
+        cudagraphs = modes[0] == "cudagraphs"
+        result = {
+            "device": torch.cuda.get_device_name(),
+            "ctx": args.ctx,
+            "size": args.kernels,
+            "mode": modes[0],
+        }
+        result.update(kernel_table(args.kernels, args.ctx, args.steps, variants, cudagraphs))
+        (args.out / f"model_attention_kernels_{args.kernels}_{modes[0]}.json").write_text(
             json.dumps(result, indent=1, default=str)
         )
         for v in variants:
@@ -315,6 +349,9 @@ def main() -> None:
                   f"{r['gpu_busy_ms']:.2f}, attention {r['attention_ms']:.3f}; host fwd {h['forward_host_ms']:.2f}"
                   f" bwd {h['backward_host_ms']:.2f} ms, saved tensors {h['saved_tensors']}")  # fmt: skip
             for row in h["cpu_self_ms_per_step"]:
+                print("   ", row)
+            print("  Python self ms per step (cProfile):")
+            for row in h["python_self_ms_per_step"]:
                 print("   ", row)
         names = dict.fromkeys(k for v in variants for k in result[v]["top_kernels_ms"])
         print("kernel | " + " | ".join(variants))
@@ -358,7 +395,7 @@ def main() -> None:
         return
     result = {"device": torch.cuda.get_device_name(), "size": args.size, "ctx": args.ctx}
     rows = {}
-    for mode in args.modes.split(","):
+    for mode in (args.modes or "inductor,cudagraphs").split(","):
         for attention in ("sdpa", "flash_triton"):
             name = f"{mode}/{attention}"
             rows[name] = run_model(args.size, args.ctx, attention, mode, args.steps)

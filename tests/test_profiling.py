@@ -119,6 +119,9 @@ def test_workload_modes_do_what_they_say():
         w.step()
         assert all(p.grad is not None for p in w.model.parameters())
         assert all(torch.equal(a, b) for a, b in zip(before, w.model.parameters(), strict=True))
+        first = [p.grad.clone() for p in w.model.parameters()]
+        w.step()  # starts from no gradients: the same ones again, not twice them
+        assert all(torch.equal(a, p.grad) for a, p in zip(first, w.model.parameters(), strict=True))
     with Workload(_tiny("train"), "cpu") as w:
         w.step()
         assert not all(torch.equal(a, b) for a, b in zip(before, w.model.parameters(), strict=True))

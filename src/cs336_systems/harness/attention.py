@@ -51,6 +51,18 @@ ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
     (2, 16, 1024, 4096, 64, False),
 )
 
+# Beyond the grid, in the same group: the shapes the issue first tried "as a new user would" (16 x 12 x
+# 1024 was 2.4x SDPA flash, 8 x 16 x 2048 1.09x, 1 x 1 x 16384 1.28x) and the ends of its batch x heads
+# range: one head of batch 256 (what (batch, seq, d) input becomes), 256 and 512 short sequences.
+BREADTH_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
+    (16, 12, 1024, 1024, 64, True),
+    (8, 16, 2048, 2048, 64, True),
+    (1, 1, 16384, 16384, 64, False),
+    (256, 1, 512, 512, 64, True),
+    (32, 8, 512, 512, 128, False),
+    (32, 16, 128, 128, 64, True),
+)
+
 
 def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
