@@ -277,11 +277,12 @@ def host_split(work: Workload, steps: int) -> dict:
 
 
 def kernel_table(size: str, ctx: int, steps: int, variants: tuple[str, ...], cudagraphs: bool = True) -> dict:
-    """One compiled model per variant (``cudagraphs``: CUDA-graphed, else inductor's launches): per-step device ms, then a profiled window's GPU ms per
-    kernel (every kernel), to see what each attention adds or saves around itself (copies, RoPE, casts)
-    besides its own kernels. Variants: "sdpa", "flash_triton" (graphed plans), "flash_triton/opaque" (the
-    opaque ops with eager plans, as before session 14), "flash_triton/traced" (inductor launches the
-    block-pointer kernels, as the compiled model without CUDA graphs does)."""
+    """One compiled model per variant (``cudagraphs``: CUDA-graphed, else inductor's own launches): per-step
+    device ms, then a profiled window's GPU ms per kernel (every kernel), to see what each attention adds or
+    saves around itself (copies, RoPE, casts) besides its own kernels. Variants: "sdpa", "flash_triton"
+    (graphed plans under CUDA graphs, else traced launches), "flash_triton/opaque" (the opaque ops with eager
+    plans, as before session 14), "flash_triton/traced" (inductor launches the block-pointer kernels, as the
+    compiled model without CUDA graphs does)."""
     from cs336_systems.attention import flash_triton
 
     result = {}
