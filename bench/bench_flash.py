@@ -92,7 +92,7 @@ from cs336_systems.harness.attention import (
 from cs336_systems.harness.environment import environment_info
 from cs336_systems.harness.record import log_case, record_not_run, record_oom, run_benchmark
 from cs336_systems.harness.settings import settings
-from cs336_systems.kernels import flash_attention as kernels
+from cs336_systems.kernels import flash
 from cs336_systems.profiling.flops import attention_flops, tflops
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import (
@@ -474,11 +474,12 @@ def _build_steps(
             continue
         steps.update({(impl, pass_): step for pass_, step in impl_steps.items()})
         if impl == "flash_triton":
-            r.extra["configs"] = kernels.chosen_configs(b * h, nq, nk, d, causal, torch.bfloat16)
-            r.extra["tuning_ms"] = kernels.candidate_timings(b * h, nq, nk, d, causal, torch.bfloat16)
+            case = (b * h, nq, nk, d, causal, torch.bfloat16)
+            r.extra["configs"] = flash.chosen_configs(case)
+            r.extra["tuning_ms"] = flash.candidate_timings(case)
             # Seconds spent tuning (compiles included) in this process so far: the last row of a cold
             # run of the group is the whole grid's tuning cost.
-            r.extra["tune_seconds_so_far"] = kernels.tuning_report()["tune_seconds"]
+            r.extra["tune_seconds_so_far"] = flash.tuning_report()["tune_seconds"]
     return steps
 
 

@@ -3,10 +3,9 @@
 #   bash scripts/gpu_runs.sh tests model-xl-mem profile     (single GPU)
 #   bash scripts/gpu_runs.sh model-core                     (single GPU)
 #   bash scripts/gpu_runs.sh attention flash                (single GPU)
-#   bash scripts/gpu_runs.sh tests-attention flash-shapes flash-host model-attention model-attention-paired   (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh tests-attention flash-shapes model-attention   (1 GPU, issue 14)
 #   bash scripts/gpu_runs.sh model-attention-cudagraphs flash-leaderboard                  (1 GPU, issue 14)
-#   bash scripts/gpu_runs.sh flash-cold-tuning flash-ws-probe flash-config-pairs         (1 GPU, issue 14)
-#   bash scripts/gpu_runs.sh flash-gluon-probe flash-one-pass                            (1 GPU, issue 14)
+#   bash scripts/gpu_runs.sh flash-compare cold-start                                     (1 GPU, issue 36)
 #   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
@@ -68,39 +67,30 @@ for stage in "$@"; do
       CS336_BENCH_JSONL=$OUT/flash-shapes.jsonl "${BENCH[@]}" bench/bench_flash.py -k attention_shapes \
         --benchmark-json="$OUT/flash-shapes.json" > "$OUT/flash-shapes.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-shapes.log" | tail -8
-      python3 scripts/flash_table.py "$OUT/flash-shapes.json" ;;
+      python3 -m cs336_systems.report "$OUT/flash-shapes.json" --out "$OUT/report-flash-shapes" > /dev/null ;;
     flash-leaderboard)  # D12 / issue 14: the leaderboard case, ours beside SDPA flash and cuDNN (~1 min)
       "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa)" \
         --benchmark-json="$OUT/flash-leaderboard.json" 2>&1 | tail -8 ;;
-    flash-gluon-probe)  # issue 14: the Gluon kernels against the Triton ones (tuner timings per candidate), on the grid (~3 min)
-      timeout 400 python3 scripts/flash_gluon_probe.py --out "$OUT" 2>&1 | grep -v -i warn | tail -40 ;;
-    flash-one-pass)  # issue 14: the one-pass backward (Triton and Gluon) against the split one, d 64 and 128 (~2.5 min)
-      timeout 400 python3 scripts/flash_one_pass_sweep.py --out "$OUT" --d 64,128 --budget-s 300 2>&1 | grep -v -i warn | tail -40 ;;
-    flash-cold-tuning)  # issue 14: cold compile+tune+check of the whole grid, fresh Triton caches, 1 vs 8 compile threads (~2 min)
-      for th in 1 8; do
-        TRITON_CACHE_DIR=$(mktemp -d) CS336_FLASH_COMPILE_THREADS=$th python3 scripts/flash_device_check.py \
-          --out "$OUT/cold-tuning-$th" --skip-grid 2>&1 | grep -E "^cold|CHECKS"
+    flash-compare)  # a refactor's proof: the revision REV (default main's parent) against this tree, interleaved
+      # (attention shapes group + leaderboard; needs .ab/old from `python3 scripts/compare_revisions.py export REV .ab/old`)
+      PYTHONPATH=src:.ab/old python3 scripts/compare_revisions.py run --out "$OUT/compare-revisions.json" 2>&1 \
+        | grep -v -i warn | tail -20 ;;
+    cold-start)  # the compiled xl step (ctx 512, bf16, fwd_bwd) from empty Triton/inductor caches: sdpa vs flash_triton
+      for attn in sdpa flash_triton; do
+        rm -rf /tmp/cold-tc /tmp/cold-ic; s=$(date +%s)
+        TRITON_CACHE_DIR=/tmp/cold-tc TORCHINDUCTOR_CACHE_DIR=/tmp/cold-ic python3 -m cs336_systems.cli.benchmark \
+          --size xl --context 512 --mode fwd_bwd --dtype bf16 --compile --attention $attn --warmup 1 --steps 2 \
+          --no-mfu > "$OUT/cold-$attn.log" 2>&1
+        echo "cold start $attn: rc=$? $(( $(date +%s) - s )) s"; tail -3 "$OUT/cold-$attn.log"
       done ;;
-    flash-ws-probe)  # issue 14: triton's Hopper warp specialization on an attention forward (a watchdog ends a hang)
-      timeout -k 10 300 python3 scripts/flash_ws_probe.py --out "$OUT" 2>&1 | tail -20 ;;
-    flash-config-pairs)  # issue 14: earlier runs' config choices forced side by side, interleaved (~2.5 min)
-      python3 scripts/flash_config_pairs.py --out "$OUT" 2>&1 | grep -v -i warn | tail -60 ;;
-    flash-host)  # issue 14: host microseconds of one eager fwd+bwd at the xl shape, ours vs SDPA vs floors
-      python3 scripts/flash_host_overhead.py --out "$OUT/host-model" 2>&1 | tail -16
-      python3 scripts/flash_host_overhead.py --out "$OUT/host-contiguous" --layout contiguous --profile 2>&1 | tail -50 ;;
     model-attention)  # issue 14: small and xl, ctx 512, bf16, fwd_bwd, eager and compiled, sdpa vs flash_triton (4 compiles)
       CS336_FULL_GRID=1 "${BENCH[@]}" bench/bench_model.py::test_model --only size=small,xl --only ctx=512 \
         --only dtype=bf16 --only mode=fwd_bwd --only compile=compiled,eager --only attention=sdpa,flash_triton \
-        --benchmark-json="$OUT/model-attention.json" 2>&1 | tail -12
-      python3 scripts/flash_table.py "$OUT/model-attention.json" ;;
-    model-attention-paired)  # issue 14: small and xl compiled, sdpa and flash_triton steps alternated (4 compiles)
-      python3 scripts/model_attention_diag.py --out "$OUT" --paired small,xl --steps 40 2>&1 | tail -5 ;;
+        --benchmark-json="$OUT/model-attention.json" 2>&1 | tail -12 ;;
     model-attention-cudagraphs)  # issue 14: small and xl, ctx 512, bf16, fwd_bwd, CUDA-graphed: bench rows, then paired (8 compiles)
       CS336_FULL_GRID=1 "${BENCH[@]}" bench/bench_model.py::test_model --only size=small,xl --only ctx=512 \
         --only dtype=bf16 --only mode=fwd_bwd --only compile=cudagraphs --only attention=sdpa,flash_triton \
-        --benchmark-json="$OUT/model-attention-cudagraphs.json" 2>&1 | tail -8
-      python3 scripts/flash_table.py "$OUT/model-attention-cudagraphs.json"
-      python3 scripts/model_attention_diag.py --out "$OUT" --paired small,xl --steps 40 --cudagraphs 2>&1 | tail -5 ;;
+        --benchmark-json="$OUT/model-attention-cudagraphs.json" 2>&1 | tail -8 ;;
     allreduce)  # D13: nccl at 2 and 4 GPUs (6 needs an 8-GPU machine), 1 MB .. 1 GB
       "${BENCH[@]}" bench/bench_allreduce.py --only backend=nccl --benchmark-json="$OUT/allreduce.json" 2>&1 | tail -30 ;;
     ddp)  # D14-D17 + torch DDP, xl, 2 GPUs
@@ -113,13 +103,13 @@ for stage in "$@"; do
         bench/bench_leaderboard_2026.py -k "not ablation" --benchmark-json="$OUT/leaderboard_2026.json" \
         > "$OUT/leaderboard_2026.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/leaderboard_2026.log" | tail -8
-      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
+      python3 -m cs336_systems.report "$OUT/leaderboard_2026.jsonl" --format md --out "$OUT/report-leaderboard_2026" > /dev/null ;;
     leaderboard-2026-ablation)  # D26: ours with one piece swapped for torch's, eager (~4 min)
       CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026.jsonl "${BENCH[@]}" -s \
         bench/bench_leaderboard_2026.py -k "ours-eager or ablation" \
         --benchmark-json="$OUT/leaderboard_2026_ablation.json" > "$OUT/leaderboard_2026_ablation.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/leaderboard_2026_ablation.log" | tail -8
-      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
+      python3 -m cs336_systems.report "$OUT/leaderboard_2026.jsonl" --format md --out "$OUT/report-leaderboard_2026" > /dev/null ;;
     leaderboard-2026-keep)  # D26 keep:N: ours compiled keep:auto vs built-ins compiled (same run, cold
       # caches), then ours compiled at keep 0 / 8 / auto (warm caches; keep:0 = every:1) (~6 min)
       CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026_keep.jsonl CS336_8B_ABLATION_COMPILE=1 \
@@ -128,7 +118,7 @@ for stage in "$@"; do
         bench/bench_leaderboard_2026.py -k "compiled or ablation_keep" \
         --benchmark-json="$OUT/leaderboard_2026_keep.json" > "$OUT/leaderboard_2026_keep.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed|Error|^checkpoint keep|^peak GiB|^step s" "$OUT/leaderboard_2026_keep.log" | tail -24
-      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026_keep.jsonl" ;;
+      python3 -m cs336_systems.report "$OUT/leaderboard_2026_keep.jsonl" --format md --out "$OUT/report-leaderboard_2026_keep" > /dev/null ;;
     fsdp)  # D23/D24(b): xl ctx 512, ours vs FSDP2 vs DDP (individual), fp32 and bf16, 2 GPUs (~2 min)
       CUDA_VISIBLE_DEVICES=0,1 "${BENCH[@]}" bench/bench_fsdp.py --benchmark-json="$OUT/fsdp.json" 2>&1 | tail -20 ;;
     fsdp-blocks)  # issue 15 headline: ours vs FSDP2 per block and DDP, fp32 and bf16, traces kept (~1.5 min)
@@ -140,7 +130,7 @@ for stage in "$@"; do
       CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026.jsonl CS336_8B_TIMEOUT_S=170 \
         CS336_FLASH_TUNE_CACHE=/tmp/flash_tune.json "${BENCH[@]}" -s bench/bench_leaderboard_2026.py \
         -k "compiled and not ablation" --benchmark-json="$OUT/leaderboard_2026.json" > "$OUT/leaderboard_2026.log" 2>&1
-      python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
+      python3 -m cs336_systems.report "$OUT/leaderboard_2026.jsonl" --format md --out "$OUT/report-leaderboard_2026" > /dev/null ;;
     tests-fsdp)  # the GPU-marked FSDP tests (nccl, 2 GPUs)
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
     tests-nccl)

@@ -9,6 +9,7 @@ tuning candidate, and torch.compile(apply) on the leaderboard case.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
 
@@ -21,7 +22,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from cs336_systems.attention import flash_pytorch, flash_triton, get_attention_fn
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch
 from cs336_systems.attention.flash_triton import FlashAttentionTriton, FlashAttentionTritonCompiledBackward
-from cs336_systems.kernels import flash_attention as kernels
+from cs336_systems.kernels import flash
 
 # The Triton interpreter (numpy) warns about a deprecated scalar conversion on every launch.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -87,9 +88,9 @@ def check_against_reference(fn, q, k, v, do, is_causal: bool, tol: float) -> dic
 
 
 def test_kernels_compiled_or_interpreted(device: torch.device) -> None:
-    names = {type(kernels.flash_fwd_kernel).__name__, type(kernels.flash_bwd_dkdv_kernel).__name__}
+    names = {type(flash.flash_fwd_kernel).__name__, type(flash.flash_bwd_dkdv_kernel).__name__}
     if device.type == "cpu":
-        assert kernels.INTERPRET, "TRITON_INTERPRET=1 must be set before import on a CPU-only machine"
+        assert flash.INTERPRET, "TRITON_INTERPRET=1 must be set before import on a CPU-only machine"
         assert names == {"InterpretedFunction"}
     else:
         assert names == {"JITFunction"}
@@ -165,7 +166,7 @@ def test_model_layout_without_copies(device, generator) -> None:
 def test_plans_by_call_signature(device, generator) -> None:
     # A plan fixes strides, dtypes, alignment and causality: a call that differs in any of them gets a plan
     # of its own, and every call is right on its own data.
-    kernels.clear_plans()
+    flash.clear_plans()
     shape = (2, 3, 40, 32)
     tol = tolerance(torch.float32, device)
     leaf = lambda t: t.detach().requires_grad_()
@@ -173,7 +174,7 @@ def test_plans_by_call_signature(device, generator) -> None:
 
     def check(q, k, v, do, planned: int, is_causal: bool = True) -> None:
         check_against_reference(FlashAttentionTriton.apply, q, k, v, do, is_causal, tol)
-        assert len(kernels._PLANS) == planned
+        assert len(flash.PLANS) == planned
 
     check(*(leaf(draw(*shape)) for _ in range(3)), draw(*shape), planned=1)
     check(*(leaf(draw(*shape)) for _ in range(3)), draw(*shape), planned=1)  # reused, on new data
@@ -223,111 +224,50 @@ def test_registry_entries(name, device, generator) -> None:
 def test_tensor_descriptor_path(device, generator) -> None:
     # The TMA variant of every kernel (tensor descriptors instead of block pointers) against float64; on
     # CPU the interpreter emulates the descriptors, bounds included (ragged lengths, d = 48 padded to 64).
-    for kernel in ("fwd", "dkdv", "dq"):
-        kernels.force_config(
-            kernel, replace(kernels.candidate_configs(kernel, 48, torch.float32)[0], tma=True)
-        )
-    try:
+    with contextlib.ExitStack() as stack:
+        for kernel in flash.KERNELS:
+            config = replace(flash.candidate_configs(kernel, 48, torch.float32)[0], tma=True)
+            stack.enter_context(flash.forced(kernel, config))
         q, k, v, do = make_inputs((2, 100, 72, 48), torch.float32, device, generator)
         check_against_reference(
             FlashAttentionTriton.apply, q, k, v, do, True, tolerance(torch.float32, device)
         )
-    finally:
-        for kernel in ("fwd", "dkdv", "dq"):
-            kernels.force_config(kernel, None)
-
-
-@pytest.fixture
-def forced_one_pass():
-    """The dK/dV pass pinned to the one-pass backward (atomic dQ), with the case's default tiles."""
-
-    def force(d: int, dtype: torch.dtype) -> kernels.TileConfig:
-        config = replace(kernels.candidate_configs("dkdv", d, dtype)[0], atomic_dq=True)
-        kernels.force_config("dkdv", config)
-        return config
-
-    yield force
-    kernels.force_config("dkdv", None)
-
-
-@pytest.fixture
-def deterministic():
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    yield
-    torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize("layout", ["3d", "model"])
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_one_pass_backward(is_causal, layout, device, generator, forced_one_pass) -> None:
-    # D, then dK/dV with dQ added atomically (bulk descriptor reductions on the GPU, element atomics under
-    # the interpreter), then dQ's cast: ragged lengths, n_q != n_k, d = 48 padded to 64.
+def test_backward_is_deterministic(layout, device, generator) -> None:
+    # The split backward has no atomics: two runs agree bit for bit (model layout: (batch, heads, seq, d)
+    # views of (batch, seq, heads, d) tensors; ragged lengths, n_q != n_k).
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    forced_one_pass(48, dtype)
     if layout == "3d":
         q, k, v, do = make_inputs((2, 100, 72, 48), dtype, device, generator)
-    else:  # (batch, heads, seq, d) views of (batch, seq, heads, d) tensors
+    else:
         draw = lambda n: torch.randn(2, n, 3, 48, generator=generator).to(device, dtype).transpose(1, 2)
         q, k, v = (draw(n).requires_grad_() for n in (100, 72, 72))
         do = draw(100)
-    check_against_reference(FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(dtype, device))
-    run = next(iter(kernels.attention_plan(q, k, v, is_causal).bwd.values()))
-    assert isinstance(run, kernels._OnePassBackward)
-
-
-def test_deterministic_algorithms_keep_the_split_backward(device, generator, forced_one_pass) -> None:
-    # The one-pass backward's atomic adds land in any order; with deterministic algorithms on, even a
-    # forced one-pass config runs the split backward, and two runs agree bit for bit.
-    forced_one_pass(32, torch.float32)
-    q, k, v, do = make_inputs((2, 64, 64, 32), torch.float32, device, generator)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        grads = []
-        for _ in range(2):
-            o = FlashAttentionTriton.apply(q, k, v, True)
-            grads.append(torch.autograd.grad(o, (q, k, v), do))
-        run = next(iter(kernels.attention_plan(q, k, v, True).bwd.values()))
-    finally:
-        torch.use_deterministic_algorithms(False)
-    assert isinstance(run, kernels._SplitBackward)
+    grads = [torch.autograd.grad(FlashAttentionTriton.apply(q, k, v, True), (q, k, v), do) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
-    FlashAttentionTriton.apply(q, k, v, True).backward(do)  # deterministic off: a plan of its own
-    run = next(iter(kernels.attention_plan(q, k, v, True).bwd.values()))
-    assert isinstance(run, kernels._OnePassBackward)
 
 
 @pytest.fixture
-def tuner_off_gpu(monkeypatch):
-    """``kernels._choose`` driven without a GPU: tuning on, no clock warm-up or synchronization; a test
-    supplies the timings. Yields a runner that tunes a throwaway key and forgets it afterwards."""
-    monkeypatch.setattr(kernels, "INTERPRET", False)
-    monkeypatch.setattr(kernels, "AUTOTUNE", True)
-    monkeypatch.setattr(kernels, "TUNE_METRIC", "launch")
-    monkeypatch.setattr(kernels, "_warm_clocks", lambda step: None)
-    monkeypatch.setattr(kernels.torch.cuda, "synchronize", lambda: None)
-    key = ("fwd-test", 1, 16, 16, 16, True, torch.float32)
-
-    def choose(launch, candidates, calls=None) -> kernels.TileConfig:
-        try:
-            return kernels._choose("fwd", launch, key, tuple(candidates), calls)
-        finally:
-            kernels._TUNE.cache.pop(key, None)
-            kernels._TUNE.timings.pop(key, None)
-
-    return choose
+def fake_tuner():
+    """A :class:`flash.Tuner` with no GPU behind it: tuning on, no clock warm-up; the test supplies the
+    timers by metric."""
+    with flash.configured(autotune=True, tune_cache=None):
+        yield lambda **timers: flash.Tuner(timers=timers, warm_up=lambda step: None, can_time=True)
 
 
-def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(monkeypatch, tuner_off_gpu) -> None:
+KEY = ("fwd-test", 1, 16, 16, 16, True, torch.float32)
+
+
+def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(fake_tuner) -> None:
     # Each timing runs ~5% faster than the one before (clocks ramping up after compiles, host drift). A
     # is 2% faster than B. Timed one candidate after another, or in rounds that keep the same order, B
     # looks faster; with every candidate built first and the order rotated per round, A wins.
-    C = kernels.TileConfig
+    C = flash.TileConfig
     true_ms = {C(16, 16): 1.00, C(32, 32): 1.02, C(64, 64): 1.5}
-    log: list[tuple[str, kernels.TileConfig]] = []
+    log: list[tuple[str, flash.TileConfig]] = []
     clock = iter(range(100))
-
-    def launch(c: kernels.TileConfig) -> None:
-        log.append(("launch", c))
 
     def fake_launch_time(step) -> float:
         step()
@@ -335,15 +275,16 @@ def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(monkeyp
         log.append(("timed", c))
         return true_ms[c] * (1 - 0.05 * next(clock))
 
-    monkeypatch.setattr(kernels, "_launch_time_ms", fake_launch_time)
-    chosen = tuner_off_gpu(launch, true_ms)
+    tuner = fake_tuner(launch=fake_launch_time)
+    chosen = tuner.choose("fwd", KEY, list(true_ms), lambda c: log.append(("launch", c)))
     assert log[:3] == [("launch", c) for c in true_ms], "every candidate is built before any is timed"
     timed = [c for what, c in log if what == "timed"]
-    assert len(timed) == kernels.TUNE_ROUNDS * len(true_ms)
+    assert len(timed) == tuner.ROUNDS * len(true_ms)
     assert chosen == C(16, 16), f"picked {chosen}; rounds timed in the order {timed}"
+    assert tuner.cache[KEY] == chosen and set(tuner.timings[KEY]) == {str(c) for c in true_ms}
 
 
-def test_tuning_compiles_the_candidates_side_by_side_before_building_any(monkeypatch, tuner_off_gpu) -> None:
+def test_tuning_compiles_the_candidates_side_by_side_before_building_any(fake_tuner) -> None:
     # A cold key's tuning is mostly compiles: they go to Triton's AsyncCompileMode (a thread pool) and all
     # finish before the first candidate is built, as the JIT submits them (the fake compile stands in for
     # Triton's, which needs a GPU target).
@@ -355,7 +296,7 @@ def test_tuning_compiles_the_candidates_side_by_side_before_building_any(monkeyp
     log: list[tuple] = []
 
     class FakeCall:
-        def __init__(self, c: kernels.TileConfig):
+        def __init__(self, c: flash.TileConfig):
             self.c = c
 
         def warmup(self) -> None:
@@ -368,59 +309,69 @@ def test_tuning_compiles_the_candidates_side_by_side_before_building_any(monkeyp
 
             mode.submit(str(self.c), compile_, lambda kernel: None)
 
-    candidates = [kernels.TileConfig(16 * 2**i, 16) for i in range(4)]
-    monkeypatch.setattr(kernels, "COMPILE_THREADS", 4)
-    monkeypatch.setattr(kernels, "_launch_time_ms", lambda step: step() or 1.0)
-    tuner_off_gpu(lambda c: log.append(("built", c)), candidates, lambda c: [FakeCall(c)])
+    candidates = [flash.TileConfig(16 * 2**i, 16) for i in range(4)]
+    tuner = fake_tuner(launch=lambda step: step() or 1.0)
+    with flash.configured(compile_threads=4):
+        tuner.choose("fwd", KEY, candidates, lambda c: log.append(("built", c)), lambda c: [FakeCall(c)])
     assert [e[0] for e in log[: len(candidates)]] == ["compiled"] * len(candidates), log
     assert {e[1] for e in log[: len(candidates)]} == set(candidates)
     assert len({e[2] for e in log[: len(candidates)]}) > 1, "the compiles ran on one thread"
     assert log[len(candidates)][0] == "built"
 
 
-def test_traced_and_graphed_tuning_have_their_own_keys_and_time_device_time_only(
-    monkeypatch, tuner_off_gpu
-) -> None:
+def test_traced_and_graphed_launches_tune_by_device_time_under_keys_of_their_own(fake_tuner) -> None:
     # A compiled graph launches the traced kernels itself, and a CUDA graph replays the graphed ones, so
     # our launcher's host time, which the eager "launch" metric counts, is never paid there: both are
     # timed by the CUDA-graph metric, under keys apart from the eager ones and from each other's (their
-    # candidates differ). Here the host-heavy candidate is the faster one on the device and must win the
-    # traced and graphed keys, and lose the eager one.
-    C = kernels.TileConfig
+    # candidates differ). Here the host-heavy candidate is the faster one on the device: it must win by
+    # the graph metric and lose by the launch metric.
+    C = flash.TileConfig
     light, heavy = C(16, 16), C(32, 32)
-    monkeypatch.setattr(kernels, "_launch_time_ms", lambda step: step() or {light: 1.0, heavy: 1.5}[last[0]])
-    monkeypatch.setattr(kernels, "_graph_time_ms", lambda step: step() or {light: 1.0, heavy: 0.5}[last[0]])
-    monkeypatch.setattr(kernels, "pointer_configs", lambda kernel, d, dtype: (light, heavy))
-    monkeypatch.setattr(kernels, "candidate_configs", lambda kernel, d, dtype: (light, heavy))
-    monkeypatch.setattr(kernels, "TMA", True)
-    last: list[kernels.TileConfig] = [light]
-    case = (3, 48, 48, 16, True, torch.float32)  # a key no other test tunes
-    keys = [kernels._tune_key(f"fwd{suffix}", *case) for suffix in ("-traced", "-graphed", "")]
-    try:
-        chosen = {
-            launcher: kernels._pick("fwd", launcher, lambda c: last.__setitem__(0, c), *case)
-            for launcher in kernels.LAUNCHERS
-        }
-        assert chosen == {"eager": light, "traced": heavy, "graphed": heavy}, chosen
-        assert all(key in kernels._TUNE.cache for key in keys), "launchers share a tuning key"
-    finally:
-        for key in keys:
-            kernels._TUNE.cache.pop(key, None)
-            kernels._TUNE.timings.pop(key, None)
+    last = [light]
+    tuner = fake_tuner(
+        launch=lambda step: step() or {light: 1.0, heavy: 1.5}[last[0]],
+        graph=lambda step: step() or {light: 1.0, heavy: 0.5}[last[0]],
+    )
+    chosen = {}
+    for launcher in flash.LAUNCHERS:
+        metric = flash.metric_of(launcher)
+        key = (launcher, *KEY[1:])
+        chosen[launcher] = tuner.choose(
+            "fwd", key, [light, heavy], lambda c: last.__setitem__(0, c), metric=metric
+        )
+    assert chosen == {"eager": light, "traced": heavy, "graphed": heavy}, chosen
+    names = {
+        launcher: flash.tune_space("fwd", launcher, 64, torch.bfloat16)[0] for launcher in flash.LAUNCHERS
+    }
+    assert len(set(names.values())) == len(names), f"launchers share a tuning key: {names}"
 
 
-def test_only_traced_launches_drop_descriptors_and_atomics(monkeypatch) -> None:
-    # A traced graph has no data pointers to build descriptors from, and its backward is the split one;
-    # a CUDA graph records our launcher, which may use both.
-    forced = kernels.TileConfig(64, 64, tma=True)
-    monkeypatch.setattr(kernels, "TMA", True)
-    monkeypatch.setitem(kernels._TUNE.forced, "fwd", forced)
-    monkeypatch.setitem(kernels._TUNE.forced, "dkdv", replace(forced, atomic_dq=True))
-    pick = lambda kernel, launcher: kernels._pick(kernel, launcher, None, 4, 64, 64, 64, True, torch.bfloat16)
-    assert pick("fwd", "graphed").tma and pick("dkdv", "graphed").atomic_dq
-    assert not pick("fwd", "traced").tma and not pick("dkdv", "traced").atomic_dq
+def test_traced_launches_take_block_pointers_only() -> None:
+    # A traced graph has no data pointers to build descriptors from: even a forced TMA or Gluon config
+    # runs its tiles with block pointers there, while a CUDA graph records our launcher, which may use both.
+    case = (4, 64, 64, 64, True, torch.bfloat16)
+    assert all(not (c.tma or c.gluon) for c in flash.tune_space("fwd", "traced", 64, torch.bfloat16)[1])
+    with flash.forced("fwd", flash.TileConfig(64, 64, tma=True, gluon=True)):
+        assert flash.pick("fwd", "graphed", case, None) == flash.TileConfig(64, 64, tma=True, gluon=True)
+        assert flash.pick("fwd", "traced", case, None) == flash.TileConfig(64, 64)
     with pytest.raises(ValueError, match="launcher must be one of"):
-        kernels.AttentionPlan(*(torch.zeros(1, 8, 16) for _ in range(3)), True, "inductor")
+        flash.AttentionPlan(*(torch.zeros(1, 8, 16) for _ in range(3)), True, "inductor")
+
+
+def test_flash_settings_come_from_the_environment_and_name_bad_values() -> None:
+    env = {
+        "CS336_FLASH_AUTOTUNE": "0",
+        "CS336_FLASH_TUNE_CACHE": "/tmp/t.json",
+        "CS336_FLASH_COMPILE_THREADS": "3",
+    }
+    assert flash.FlashSettings.from_env(env) == flash.FlashSettings(False, "/tmp/t.json", 3)
+    for name, bad in (("CS336_FLASH_AUTOTUNE", "yes"), ("CS336_FLASH_COMPILE_THREADS", "many")):
+        with pytest.raises(ValueError, match=name):
+            flash.FlashSettings.from_env({name: bad})
+    before = flash.flash_settings()
+    with flash.configured(traced_max_work=0) as inside:
+        assert flash.flash_settings() is inside and inside.traced_max_work == 0
+    assert flash.flash_settings() is before
 
 
 @pytest.mark.gpu
@@ -430,25 +381,27 @@ def test_graph_time_metric_leaves_out_host_time(device) -> None:
     # host time.
     import time
 
+    from cs336_systems.kernels.flash.tuner import graph_time_ms, launch_time_ms
+
     x = torch.zeros(1024, device=device)
 
     def launch() -> None:
         time.sleep(2e-3)
         x.add_(1)
 
-    assert kernels._graph_time_ms(launch) < 0.2
-    assert kernels._launch_time_ms(launch) > 1.5
+    assert graph_time_ms(launch) < 0.2
+    assert launch_time_ms(launch) > 1.5
     assert x.sum().item() > 0
 
 
 def test_tuning_key_classes() -> None:
     # Ragged lengths share their power-of-two bucket; few heads (a short grid) get their own choice,
     # and batch x heads beyond 64 all share one.
-    key = lambda bh, n: kernels._tune_key("fwd", bh, n, n, 64, True, torch.bfloat16)
+    key = lambda bh, n: flash.tune_key("fwd", bh, n, n, 64, True, torch.bfloat16)
     assert key(16, 1000) == key(16, 1024) != key(16, 1025)
     assert key(2, 1024) != key(16, 1024)
     assert key(100, 512) == key(4096, 512)
-    cfg = kernels.chosen_configs(100, 512, 512, 64, True, torch.bfloat16)
+    cfg = flash.chosen_configs((100, 512, 512, 64, True, torch.bfloat16))
     assert set(cfg) == {"fwd", "dq", "dkdv"}
 
 
@@ -484,14 +437,14 @@ def spy_on_launchers(monkeypatch) -> list[tuple[str, str]]:
     """From now on, record each call of our two launchers (eager or graphed plans) as (name, launcher)."""
     calls = []
     for name in ("flash_forward", "flash_backward"):
-        original = getattr(kernels, name)
+        original = getattr(flash, name)
 
         def spy(*args, _f=original, _name=name, **kwargs):
             launcher = args[-1] if isinstance(args[-1], str) else kwargs.get("launcher", "eager")
             calls.append((_name, launcher))
             return _f(*args, **kwargs)
 
-        monkeypatch.setattr(kernels, name, spy)
+        monkeypatch.setattr(flash, name, spy)
     return calls
 
 
@@ -535,19 +488,19 @@ def test_cuda_graphed_compile_replays_graphed_plans(device, generator, monkeypat
         o = FlashAttentionTriton.apply(q, k, v, True)
         return o, (o.float() * weight).sum()
 
-    flash = torch.compile(step, mode="reduce-overhead")
+    compiled = torch.compile(step, mode="reduce-overhead")
 
     def run() -> torch.Tensor:
         torch.compiler.cudagraph_mark_step_begin()
         for x in (q, k, v):
             x.grad = None  # a graph's output, which the next replay overwrites: never accumulate into it
-        o, loss = flash(q, k, v)
+        o, loss = compiled(q, k, v)
         loss.backward()
         return o
 
     for _ in range(5):  # warm-up, recording (forward and backward), replays
         run()
-    launchers = [plan.launcher for plan in kernels._PLANS.values()]
+    launchers = [plan.launcher for plan in flash.PLANS.values()]
     assert "graphed" in launchers, launchers
     calls = spy_on_launchers(monkeypatch)
     o = run()
@@ -569,17 +522,23 @@ def test_compiled_small_case_runs_none_of_our_python(path, device, generator, mo
     # The model calls attention 2 x layers times per step: compiled, a small case must launch its kernels
     # from inductor's code, not through our launchers ("opaque" forces the custom ops, which must call them,
     # so the counter is shown to see calls).
+    stack = contextlib.ExitStack()
     if path == "opaque":
-        monkeypatch.setattr(flash_triton, "TRACED_MAX_WORK", 0)
+        stack.enter_context(flash.configured(traced_max_work=0))
+    with stack:
+        _compiled_small_case(path, device, generator, monkeypatch)
+
+
+def _compiled_small_case(path, device, generator, monkeypatch) -> None:
     torch._dynamo.reset()
     q, k, v = (torch.randn(2, 4, 256, 64, generator=generator).to(device, torch.bfloat16) for _ in range(3))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    flash = torch.compile(lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True))
-    flash(q, k, v).sum().backward()  # traces, tunes
+    compiled = torch.compile(lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True))
+    compiled(q, k, v).sum().backward()  # traces, tunes
     calls = spy_on_launchers(monkeypatch)
     for x in (q, k, v):
         x.grad = None
-    o = flash(q, k, v)
+    o = compiled(q, k, v)
     o.sum().backward()
     assert (len(calls) == 0) == (path == "traced"), f"{len(calls)} launcher calls on the {path} path"
     with sdpa_kernel(SDPBackend.MATH):
@@ -594,16 +553,11 @@ def test_compiled_small_case_runs_none_of_our_python(path, device, generator, mo
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backward", ["split", "one-pass"])
 @pytest.mark.parametrize("layout", ["3d", "model"])
-def test_eager_calls_replay_from_a_cuda_graph(layout, backward, device, generator, request) -> None:
+def test_eager_calls_replay_from_a_cuda_graph(layout, device, generator) -> None:
     # A CUDA-graphed step (torch.compile's reduce-overhead, or a hand-captured one) records the eager
     # plan's launches: replays after new data is copied into the static inputs must match eager calls, bit
-    # for bit with the split backward; the one-pass backward's dQ (atomic adds, any order) to rounding.
-    if backward == "split":
-        request.getfixturevalue("deterministic")
-    else:
-        request.getfixturevalue("forced_one_pass")(64, torch.bfloat16)
+    # for bit.
     if layout == "3d":
         q, k, v, do = make_inputs((4, 256, 256, 64), torch.bfloat16, device, generator)
     else:  # (batch, heads, seq, d) views of a (batch, seq, heads, d) projection, as the model has them
@@ -637,10 +591,7 @@ def test_eager_calls_replay_from_a_cuda_graph(layout, backward, device, generato
         o_eager = step()
         assert torch.equal(o_static, o_eager)
         for name, got, x in zip("qkv", grads_static, (q, k, v), strict=True):
-            if backward == "one-pass" and name == "q":
-                torch.testing.assert_close(got, x.grad, rtol=1e-2, atol=1e-3)
-            else:
-                assert torch.equal(got, x.grad), f"d{name}"
+            assert torch.equal(got, x.grad), f"d{name}"
 
 
 @pytest.mark.gpu
@@ -649,8 +600,9 @@ def test_plans_launch_through_the_c_launcher_with_addresses(device, generator, m
     # is given, behind a Python wrapper: the plans hand it integers, straight to its C entry point.
     q, k, v, do = make_inputs((2, 128, 128, 64), torch.bfloat16, device, generator)
     FlashAttentionTriton.apply(q, k, v, True).backward(do)  # plans, tunes, compiles
-    plan = kernels.attention_plan(q, k, v, True)
-    kernel_plans = (plan.fwd, *next(iter(plan.bwd.values())).plans)
+    plan = flash.attention_plan(q, k, v, True)
+    backward = next(iter(plan.bwd.values()))
+    kernel_plans = (plan.fwd, backward.dq, backward.dkdv)
     seen = []
     for kernel_plan in kernel_plans:
         assert kernel_plan.launch is not None
@@ -659,12 +611,11 @@ def test_plans_launch_through_the_c_launcher_with_addresses(device, generator, m
     for x in (q, k, v):
         x.grad = None
     check_against_reference(FlashAttentionTriton.apply, q, k, v, do, True, tolerance(torch.bfloat16, device))
-    assert len(seen) == len(kernel_plans)  # forward, then dQ and dK/dV (or D, one pass, dQ's cast)
+    assert len(seen) == len(kernel_plans)  # forward, then dQ and dK/dV
     first_tensor_args = 13  # grid (3), stream, function, then 8 launcher options
     # Addresses are integers and descriptors come encoded (tensor maps): no tensor objects reach it.
     objects = (torch.Tensor, TensorDescriptor)
     assert not any(isinstance(a, objects) for args in seen for a in args[first_tensor_args:])
-    assert all(isinstance(args[first_tensor_args], int) or kernels.TMA for args in seen)
 
 
 @pytest.mark.gpu
@@ -682,12 +633,10 @@ def test_descriptors_are_encoded_once_per_address(device, generator, monkeypatch
         lambda *args: encodes.append(args) or fill(*args),
     )
     tma = {
-        "fwd": kernels.TileConfig(64, 64, 4, 3, tma=True),
-        "dq": kernels.TileConfig(64, 64, 4, 3, tma=True),
+        "fwd": flash.TileConfig(64, 64, 4, 3, tma=True),
+        "dq": flash.TileConfig(64, 64, 4, 3, tma=True),
     }
-    for kernel, config in tma.items():
-        kernels.force_config(kernel, config)
-    try:
+    with flash.forced("fwd", tma["fwd"]), flash.forced("dq", tma["dq"]):
         q, k, v, do = make_inputs((2, 256, 256, 64), torch.bfloat16, device, generator)
         tol = tolerance(torch.bfloat16, device)
         for _ in range(2):  # plan, compile; O and dQ settle on their addresses
@@ -707,15 +656,12 @@ def test_descriptors_are_encoded_once_per_address(device, generator, monkeypatch
         q2, k2, v2, do2 = make_inputs((2, 256, 256, 64), torch.bfloat16, device, generator)
         check_against_reference(FlashAttentionTriton.apply, q2, k2, v2, do2, True, tol)
         assert encodes, "new input addresses must be encoded"
-    finally:
-        for kernel in tma:
-            kernels.force_config(kernel, None)
 
 
 @pytest.mark.gpu
 def test_first_call_inside_graph_capture_is_refused_clearly(device, generator) -> None:
     q, k, v, _ = make_inputs((1, 96, 96, 32), torch.bfloat16, device, generator)  # a signature not seen yet
-    kernels.clear_plans()
+    flash.clear_plans()
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="Run one call with the same shapes"), torch.cuda.graph(graph):
         FlashAttentionTriton.apply(q, k, v, True)
@@ -806,59 +752,53 @@ GPU_SHAPES = {
 @pytest.mark.parametrize("d", [16, 32, 64, 128])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_triton_large_shapes(is_causal, dtype, d, shape, device, generator, monkeypatch) -> None:
+def test_triton_large_shapes(is_causal, dtype, d, shape, device, generator) -> None:
     # The heuristic config per case (tuning every key here would compile every candidate of every case;
     # test_every_tuning_candidate covers the other candidates).
-    monkeypatch.setattr(kernels, "AUTOTUNE", False)
     q, k, v, do = make_inputs((*shape, d), DTYPES[dtype], device, generator)
-    check_against_reference(
-        FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(DTYPES[dtype], device)
-    )
+    with flash.configured(autotune=False):
+        check_against_reference(
+            FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(DTYPES[dtype], device)
+        )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
+@pytest.mark.parametrize("kernel", flash.KERNELS)
 @pytest.mark.parametrize(("dtype", "d"), [("bf16", 64), ("bf16", 128), ("fp32", 128)])
-def test_every_tuning_candidate(kernel, dtype, d, device, generator, monkeypatch) -> None:
+def test_every_tuning_candidate(kernel, dtype, d, device, generator) -> None:
     # Tuning may pick any candidate that builds, so each that builds must be right (ragged lengths,
     # causal: every loop phase). One that cannot be built for this GPU is what tuning skips; the
     # heuristic default must build.
-    monkeypatch.setattr(kernels, "AUTOTUNE", False)
     dtype = DTYPES[dtype]
     built = []
-    for config in kernels.candidate_configs(kernel, d, dtype):
-        kernels.force_config(kernel, config)
+    for config in flash.candidate_configs(kernel, d, dtype):
         q, k, v, do = make_inputs((2, 1000, 1000, d), dtype, device, generator)
         try:
-            check_against_reference(FlashAttentionTriton.apply, q, k, v, do, True, tolerance(dtype, device))
+            with flash.forced(kernel, config):
+                check_against_reference(
+                    FlashAttentionTriton.apply, q, k, v, do, True, tolerance(dtype, device)
+                )
             built.append(config)
-        except kernels.BUILD_ERRORS as exc:
+        except flash.BUILD_ERRORS as exc:
             print(f"{kernel} {config} does not build here: {type(exc).__name__}")
         except AssertionError as exc:
             raise AssertionError(f"{kernel} config {config}: {exc}") from exc
-        finally:
-            kernels.force_config(kernel, None)
-    assert kernels.candidate_configs(kernel, d, dtype)[0] in built
+    assert flash.candidate_configs(kernel, d, dtype)[0] in built
 
 
 GLUON_CONFIGS = [
     (kernel, d, c)
-    for kernel in ("fwd", "dq", "dkdv")
+    for kernel in flash.KERNELS
     for d in (64, 128)
-    for c in kernels.gpu_candidates(kernel, d, torch.bfloat16)
+    for c in flash.gpu_candidates(kernel, d, torch.bfloat16)
     if c.gluon
 ]
 GLUON_IDS = [f"{kernel}-d{d}-{c}" for kernel, d, c in GLUON_CONFIGS]
 GLUON_KERNELS = {
-    "fwd": "flash_fwd_gluon_kernel", "dq": "flash_bwd_dq_gluon_kernel", "dkdv": "flash_bwd_dkdv_gluon_kernel",
-    "one_pass": "flash_bwd_one_pass_gluon_kernel",
-}  # fmt: skip
-
-
-def _gluon_name(kernel: str, config) -> str:
-    """The key of GLUON_KERNELS that ``config`` of ``kernel`` launches: a one-pass dK/dV config runs the
-    one-pass kernel."""
-    return "one_pass" if kernel == "dkdv" and config.atomic_dq else kernel
+    "fwd": flash.flash_fwd_gluon_kernel,
+    "dq": flash.flash_bwd_dq_gluon_kernel,
+    "dkdv": flash.flash_bwd_dkdv_gluon_kernel,
+}
 
 
 def _ptxas_report(ptx: str) -> str:
@@ -893,15 +833,12 @@ def _gluon_signature(kernel: str, d: int, config) -> dict[str, str]:
         desc([config.k_tile, d], gl.bfloat16, "bf16"),
     )
     vector = desc([config.q_tile], gl.float32, "fp32")
-    dkdv = {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "do_desc": q_rows, "l_desc": vector,
-            "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16"}  # fmt: skip
     head = {
         "fwd": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "O_ptr": "*bf16", "L_ptr": "*fp32"},
         "dq": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "O_ptr": "*bf16", "do_desc": q_rows,
                "L_ptr": "*fp32", "Delta_ptr": "*fp32", "dQ_ptr": "*bf16"},
-        "dkdv": {**dkdv, "dQ_unused": "*bf16"},
-        # the one-pass backward: the same, with the float32 dQ accumulator in the dQ slot
-        "one_pass": {**dkdv, "dq_acc_desc": desc([config.q_tile, d], gl.float32, "fp32")},
+        "dkdv": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "do_desc": q_rows, "l_desc": vector,
+                 "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16"},
     }[kernel]  # fmt: skip
     o_strides = {"stride_ob": "i32", "stride_oh": "i32", "stride_on": "i32", "H": "i32"}
     return {
@@ -950,13 +887,11 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    name = _gluon_name(kernel, config)
     constexprs = dict(D=d, BM=config.q_tile, BN=config.k_tile, is_causal=is_causal, WARPS=config.num_warps)
     if kernel != "dkdv":  # the forward's and dQ's K/V ring depth (the dK/dV passes' is fixed)
         constexprs["STAGES"] = config.num_stages
-    signature = {**_gluon_signature(name, d, config), **dict.fromkeys(constexprs, "constexpr")}
-    fn = getattr(kernels.flash_gluon, GLUON_KERNELS[name])
-    source = GluonASTSource(fn, signature, constexprs)
+    signature = {**_gluon_signature(kernel, d, config), **dict.fromkeys(constexprs, "constexpr")}
+    source = GluonASTSource(GLUON_KERNELS[kernel], signature, constexprs)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps)
     )
@@ -964,23 +899,21 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     assert "C7514" not in report and "serialized" not in report, report
     assert "wgmma.mma_async" in compiled.asm["ptx"]
     assert " 0 bytes spill stores" in report, report
-    # The one-pass backward adds dQ by the copy engine, not by an atomic per element.
-    reductions = compiled.asm["ptx"].count("cp.reduce.async.bulk.tensor")
-    assert (reductions > 0) == config.atomic_dq, reductions
+    # The split passes add nothing atomically.
+    assert "cp.reduce.async.bulk.tensor" not in compiled.asm["ptx"]
     assert "red.global" not in compiled.asm["ptx"] and "atom.global" not in compiled.asm["ptx"]
 
 
 def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
     """``kernel``'s launch for these 4-D tensors (scratch outputs: only the chosen function is read)."""
     lse = torch.empty(q.shape[:-1], device=q.device)
-    o = kernels.new_output(q)  # the plan's layout: (batch, seq, heads, d) underneath
+    o = flash.new_output(q)  # the plan's layout: (batch, seq, heads, d) underneath
     if kernel == "fwd":
-        return kernels._fwd_call(config, is_causal, q, k, v, o, lse)
+        return flash.fwd_launch(config, is_causal, q, k, v, o, lse)
     if kernel == "dq":
-        return kernels._dq_call(config, is_causal, q, k, v, o, do, lse, lse, torch.empty_like(q))
-    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if config.atomic_dq else None
-    return kernels._dkdv_call(
-        config, is_causal, q, k, v, do, lse, lse, torch.empty_like(k), torch.empty_like(v), dq_acc
+        return flash.dq_launch(config, is_causal, q, k, v, o, do, lse, lse, torch.empty_like(q))
+    return flash.dkdv_launch(
+        config, is_causal, q, k, v, do, lse, lse, torch.empty_like(k), torch.empty_like(v)
     )
 
 
@@ -999,18 +932,13 @@ def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, device,
             q, k, v, do = (
                 t.detach().view(2, 4, -1, d).requires_grad_(t.requires_grad) for t in (q, k, v, do)
             )
-        q4, k4, v4, do4 = (kernels.as_4d(t.detach()) for t in (q, k, v, do))
+        q4, k4, v4, do4 = (flash.as_4d(t.detach()) for t in (q, k, v, do))
         call = _calls(kernel, config, is_causal, q4, k4, v4, do4)
-        assert call.fn is getattr(kernels.flash_gluon, GLUON_KERNELS[_gluon_name(kernel, config)]), (
-            "the Gluon kernel must apply here"
-        )
-        kernels.force_config(kernel, config)
-        try:
+        assert call.fn is GLUON_KERNELS[kernel], "the Gluon kernel must apply here"
+        with flash.forced(kernel, config):
             check_against_reference(
                 FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
             )
-        finally:
-            kernels.force_config(kernel, None)
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
@@ -1018,11 +946,11 @@ def test_gluon_configs_fall_back_to_triton_where_gluon_cannot_run(kernel, device
     # Ragged lengths (and CPU tensors, and non-Hopper GPUs): the same tiles through the Triton kernel.
     config = next(c for name, _, c in GLUON_CONFIGS if name == kernel)
     q, k, v, do = (
-        kernels.as_4d(t.detach()) for t in make_inputs((2, 100, 100, 64), torch.bfloat16, device, generator)
+        flash.as_4d(t.detach()) for t in make_inputs((2, 100, 100, 64), torch.bfloat16, device, generator)
     )
     call = _calls(kernel, config, True, q, k, v, do)
-    triton_kernel = {"fwd": kernels.flash_fwd_kernel, "dq": kernels.flash_bwd_dq_kernel}.get(
-        kernel, kernels.flash_bwd_dkdv_kernel
+    triton_kernel = {"fwd": flash.flash_fwd_kernel, "dq": flash.flash_bwd_dq_kernel}.get(
+        kernel, flash.flash_bwd_dkdv_kernel
     )
     assert call.fn is triton_kernel
     # So every Gluon config's tiles must be ones the Triton kernel takes.
@@ -1030,7 +958,7 @@ def test_gluon_configs_fall_back_to_triton_where_gluon_cannot_run(kernel, device
         steps = (c.k_tile, c.q_tile) if name == "dkdv" else (c.q_tile, c.k_tile)
         assert steps[0] % steps[1] == 0, f"{name} {c}: the Triton fallback needs tiles that divide"
     assert (call.constexprs["Q_TILE_SIZE"], call.constexprs["K_TILE_SIZE"]) == (config.q_tile, config.k_tile)
-    assert all(not c.gluon for c in kernels.pointer_configs(kernel, 64, torch.bfloat16))
+    assert all(not c.gluon for c in flash.pointer_configs(kernel, 64, torch.bfloat16))
 
 
 @pytest.mark.gpu

@@ -145,13 +145,11 @@ def test_two_rank_step_with_our_pieces_equals_one_process(run_distributed, polic
 
 
 def test_saving_attention_skips_its_rerun_and_changes_nothing(monkeypatch) -> None:
-    from cs336_systems.kernels import flash_attention
+    from cs336_systems.kernels import flash
 
     calls = []
-    forward = flash_attention.AttentionPlan.forward
-    monkeypatch.setattr(
-        flash_attention.AttentionPlan, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k)
-    )
+    forward = flash.AttentionPlan.forward
+    monkeypatch.setattr(flash.AttentionPlan, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
     runs = {}
     for save in (False, True):
         calls.clear()

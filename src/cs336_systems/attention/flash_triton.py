@@ -1,4 +1,4 @@
-"""D9b/c, D10, D12: FlashAttention-2 with Triton kernels as autograd.Functions.
+"""D9b/c, D10, D12: FlashAttention-2 with Triton kernels as autograd.Functions, and the one routing decision.
 
 ``FlashAttentionTriton.apply(Q, K, V, is_causal=False)``: Triton forward, Triton backward (two launches,
 no atomics). ``FlashAttentionTritonCompiledBackward`` has the same forward and the torch.compile'd PyTorch
@@ -6,21 +6,24 @@ backward of :mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.s
 (batch, n_queries) for (batch, seq, d) inputs. Inputs may also be (batch, heads, seq, d) with any strides
 (passed to the kernels as they are: no copies), with n_queries != n_keys.
 
-Under torch.compile, the path depends on size and on CUDA graphs. Small cases (the model at short context: host-bound, ~10 µs of
-GPU work per launch) go through ``torch.library.triton_op``: inductor traces into the op, bakes the
-tuned block-pointer config and launches the kernels from its own generated code, so a compiled step runs
-none of our Python per call. Compiled for CUDA graphs (``mode="reduce-overhead"``), the same small
-cases go through the opaque ops with "graphed" plans instead (tuned by device time while compiling, any
-config): the graph records their launchers once and replays the kernels. Large cases go through the
-opaque ops whose launchers tune at first run and may use tensor descriptors (TMA), which pay off there. In eager
-mode the call signature's plan (:class:`kernels.flash_attention.AttentionPlan`) launches the kernels:
-inputs are checked when a signature is first seen, and later calls cost a few allocations and the
-launches (a custom op's Python dispatch would cost more than the launch itself, and the model calls
-attention 2 x layers times per step). Under a Python dispatch mode the forward goes through its op
-(selective checkpointing keeps its output by op).
+:func:`route` picks one of three routes per call; the table with the figure behind each is in
+docs/architecture.md:
+
+- ``"plan"``: an eager call. The call signature's :class:`~cs336_systems.kernels.flash.AttentionPlan`
+  launches the kernels (a custom op's dispatch would cost more host time than the launch itself).
+- ``"op"``: an opaque custom op whose body runs the eager plan: under a Python dispatch mode (selective
+  checkpointing keeps its output by op, FlopCounterMode counts it), and in compiled graphs for large,
+  GPU-bound cases, whose kernels may then use tensor descriptors and Gluon.
+- ``"traced"``: a ``triton_op`` that compiled graphs trace into, for small, host-bound cases: inductor
+  launches block-pointer kernels from its own code. If the graph is being compiled for CUDA graphs
+  (``mode="reduce-overhead"``: known only while it is lowered, which is when the body runs), the body
+  emits the op instead with "graphed" plans: a replay pays no launcher host time, so the faster
+  descriptor and Gluon kernels cost nothing extra there.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -30,24 +33,37 @@ from cs336_systems.attention.flash_pytorch import (
     check_is_causal,
     compiled_flash_backward,
 )
-from cs336_systems.kernels import flash_attention as kernels
-from cs336_systems.kernels.flash_attention import as_4d
+from cs336_systems.kernels import flash
+from cs336_systems.kernels.flash import as_4d
 
-INTERPRET = kernels.INTERPRET
+INTERPRET = flash.INTERPRET
 MIN_HEAD_DIM = 16
-MAX_HEAD_DIM = kernels.MAX_HEAD_DIM
+MAX_HEAD_DIM = flash.MAX_HEAD_DIM
+
+Route = Literal["plan", "op", "traced"]
+
+
+def route(q: torch.Tensor, k: torch.Tensor) -> Route:
+    """The route of a call with 4-D ``q``, ``k`` (see the module docstring). Eager calls take their plan;
+    under a Python dispatch mode the op; while compiling, small CUDA cases are traced (under Triton's CPU
+    interpreter ``wrap_triton`` returns the plain kernel, which cannot be traced) and large ones the op."""
+    if torch.compiler.is_compiling():
+        batch, heads, n_q, d = q.shape
+        small = batch * heads * n_q * k.shape[2] * d <= flash.flash_settings().traced_max_work
+        return "traced" if q.is_cuda and small else "op"
+    return "op" if _get_current_dispatch_mode() is not None else "plan"
 
 
 @torch.library.custom_op("cs336_systems::flash_attention_fwd", mutates_args=())
 def _flash_fwd_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, graphed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return kernels.flash_forward(q, k, v, is_causal, "graphed" if graphed else "eager")
+    return flash.flash_forward(q, k, v, is_causal, "graphed" if graphed else "eager")
 
 
 @_flash_fwd_op.register_fake
 def _(q, k, v, is_causal, graphed=False):
-    return kernels.new_output(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return flash.new_output(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("cs336_systems::flash_attention_bwd", mutates_args=())
@@ -61,7 +77,7 @@ def _flash_bwd_op(
     is_causal: bool,
     graphed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return kernels.flash_backward(q, k, v, o, do, lse, is_causal, "graphed" if graphed else "eager")
+    return flash.flash_backward(q, k, v, o, do, lse, is_causal, "graphed" if graphed else "eager")
 
 
 @_flash_bwd_op.register_fake
@@ -69,34 +85,25 @@ def _(q, k, v, o, do, lse, is_causal, graphed=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-# Up to this many batch·heads·n_q·n_k·d (the xl model at ctx 512 is 1.7e9, (4, 16, 1024, 1024, 128) 8.6e9),
-# compiled graphs launch the kernels themselves (traced path). Larger cases are GPU-bound and keep the
-# custom ops, whose tuner may pick TMA configs.
-TRACED_MAX_WORK = 1 << 33
-
-
 def _cuda_graphed() -> bool:
-    """Whether the graph being compiled will be replayed from CUDA graphs (``mode="reduce-overhead"``:
-    inductor's ``triton.cudagraphs``, set while the graph is lowered, which is when a triton_op's body
-    is traced into it)."""
+    """Whether the graph being lowered will be replayed from CUDA graphs (inductor's ``triton.cudagraphs``,
+    which ``mode="reduce-overhead"`` sets while the graph is lowered, when a triton_op's body runs)."""
     from torch._inductor import config
 
     return bool(config.triton.cudagraphs)
 
 
-# A triton_op's body is traced into the compiled graph. Under CUDA graphs it emits the opaque op instead,
-# with graphed plans: a replay pays no launcher's host time, so the kernels may be the ones that cost more
-# host time and less device time (tensor descriptors, Gluon), which the traced launches cannot use. In
-# the compiled xl model (H100) the traced kernels took 4.33 ms per step, cuDNN's 4.23 and the graphed ones
-# 3.97 (docs/perf-notes.md, session 14).
+# Under CUDA graphs the traced bodies emit the op with graphed plans: in the compiled xl model (H100) the
+# traced kernels took 4.33 ms per step, cuDNN's 4.23 and the graphed ones 3.97 (docs/perf-notes.md,
+# session 14).
 @torch.library.triton_op("cs336_systems::flash_attention_fwd_traced", mutates_args=())
 def _flash_fwd_traced(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if _cuda_graphed():
-        kernels.tune_ahead(q, k, v, is_causal, "graphed")
+        flash.tune_ahead(q, k, v, is_causal, "graphed")
         return _flash_fwd_op(q, k, v, is_causal, True)
-    return kernels.flash_forward_traced(q, k, v, is_causal)
+    return flash.flash_forward_traced(q, k, v, is_causal)
 
 
 @torch.library.triton_op("cs336_systems::flash_attention_bwd_traced", mutates_args=())
@@ -110,16 +117,9 @@ def _flash_bwd_traced(
     is_causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if _cuda_graphed():
-        kernels.tune_ahead(q, k, v, is_causal, "graphed")
+        flash.tune_ahead(q, k, v, is_causal, "graphed")
         return _flash_bwd_op(q, k, v, o, do, lse, is_causal, True)
-    return kernels.flash_backward_traced(q, k, v, o, do, lse, is_causal)
-
-
-def _traced(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether a compiled graph should launch this case's kernels itself (small, on the GPU: under
-    Triton's CPU interpreter ``wrap_triton`` returns the plain kernel, which cannot be traced)."""
-    batch, heads, n_q, d = q.shape
-    return q.is_cuda and batch * heads * n_q * k.shape[2] * d <= TRACED_MAX_WORK
+    return flash.flash_backward_traced(q, k, v, o, do, lse, is_causal)
 
 
 def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: object) -> None:
@@ -137,28 +137,17 @@ def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
         )
 
 
-def _fwd_via_op(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool):
-    """The forward through a custom op, on 4-D views: while compiling (small cases traced into the graph,
-    large ones opaque), or under a Python dispatch mode (selective activation checkpointing,
-    FlopCounterMode), which then sees one attention op that it can keep or count."""
-    _check_triton_inputs(Q, K, V, is_causal)
-    q, k, v = as_4d(Q), as_4d(K), as_4d(V)
-    if torch.compiler.is_compiling():
-        op = _flash_fwd_traced if _traced(q, k) else _flash_fwd_op
-    else:
-        op = _flash_fwd_op
-    o4, lse4 = op(q, k, v, is_causal)
-    return o4.reshape(Q.shape), lse4.reshape(Q.shape[:-1])
-
-
 def _forward(ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool) -> torch.Tensor:
     check_is_causal(is_causal)
+    ctx.plan = None
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        O, L = _fwd_via_op(Q, K, V, is_causal)
-        ctx.plan = None
-    else:
-        # Eager: the plan of this call signature launches the kernels (inputs checked once per signature).
-        ctx.plan = kernels.attention_plan(Q, K, V, is_causal, check=_check_triton_inputs)
+        _check_triton_inputs(Q, K, V, is_causal)
+        q, k, v = as_4d(Q), as_4d(K), as_4d(V)
+        op = _flash_fwd_traced if route(q, k) == "traced" else _flash_fwd_op
+        o4, lse4 = op(q, k, v, is_causal)
+        O, L = o4.reshape(Q.shape), lse4.reshape(Q.shape[:-1])
+    else:  # the "plan" route (inputs checked once per call signature)
+        ctx.plan = flash.attention_plan(Q, K, V, is_causal, check=_check_triton_inputs)
         O, L = ctx.plan.forward(Q, K, V)
     ctx.save_for_backward(L, Q, K, V, O)
     ctx.is_causal = is_causal
@@ -181,9 +170,9 @@ class FlashAttentionTriton(torch.autograd.Function):
             return (*ctx.plan.backward(Q, K, V, O, dO, L), None)
         q, k, v, o, do = (as_4d(t) for t in (Q, K, V, O, dO))
         if torch.compiler.is_compiling():
-            op = _flash_bwd_traced if _traced(q, k) else _flash_bwd_op
-        else:  # the forward ran under a dispatch mode
-            op = kernels.flash_backward
+            op = _flash_bwd_traced if route(q, k) == "traced" else _flash_bwd_op
+        else:  # the forward ran under a dispatch mode: its plan, launched directly
+            op = flash.flash_backward
         dq, dk, dv = op(q, k, v, o, do, L.reshape(q.shape[:-1]), ctx.is_causal)
         return dq.reshape(Q.shape), dk.reshape(K.shape), dv.reshape(V.shape), None
 

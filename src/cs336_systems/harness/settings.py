@@ -4,9 +4,11 @@ Benches and harness code call :func:`settings` instead of ``os.environ``; a bad 
 variable's name. Defaults that differ between a GPU machine and a CPU-only one (the DDP bench's model,
 steps and traces) are resolved here too, so a bench sees final values.
 
-Not here: ``CS336_FLASH_AUTOTUNE`` / ``CS336_FLASH_TUNE_CACHE`` / ``CS336_FLASH_CANDIDATES`` /
-``CS336_FLASH_TUNE_METRIC`` / ``CS336_FLASH_TMA``, read by ``kernels/flash_attention.py`` when it is
-imported (a kernel module may not import the harness).
+Not here: ``CS336_FLASH_AUTOTUNE`` (0: no tuning, each kernel's first candidate),
+``CS336_FLASH_TUNE_CACHE`` (a JSON file of tuning results kept across processes) and
+``CS336_FLASH_COMPILE_THREADS``, read once by ``kernels/flash/settings.py`` into a ``FlashSettings`` (a
+kernel module may not import the harness); code changes them for a while with
+``kernels.flash.configured(...)``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,145 @@
+"""Time the FlashAttention of an earlier revision and of this tree side by side, in one process.
+
+A refactor proves it kept every win this way: both versions tune their own configs, then each case's
+forward+backward is timed in interleaved rounds (the order alternates per round; the ratio is the median
+of the per-round ratios, so machine drift cancels), eagerly (``do_bench``: host time counts where a call
+is host-bound) and replayed from a CUDA graph (device time only). Cases: the attention shapes group's
+grid and breadth shapes (bf16, 4-D) and the leaderboard case through a compiled ``apply``.
+
+    python scripts/compare_revisions.py export b5e7783 .ab/old      # here: the old package as cs336_old
+    PYTHONPATH=src:.ab/old python scripts/compare_revisions.py run --out ab.json   # on the GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+OLD = "cs336_old"
+
+
+def export(rev: str, dest: Path) -> None:
+    """``src/cs336_systems`` at ``rev`` as the package ``cs336_old`` under ``dest`` (imports and custom-op
+    namespaces renamed, so both versions load and register their ops in one process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "src.tar"
+        subprocess.run(["git", "archive", "-o", archive, rev, "src/cs336_systems"], check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        dest.mkdir(parents=True, exist_ok=True)
+        for path in (Path(tmp) / "src" / "cs336_systems").rglob("*.py"):
+            out = dest / OLD / path.relative_to(Path(tmp) / "src" / "cs336_systems")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(re.sub(r"\bcs336_systems\b", OLD, path.read_text()))
+    print(f"{rev} exported to {dest / OLD}")
+
+
+def _ms_rounds(steps: dict, timer, rounds: int) -> dict[str, list[float]]:
+    """``timer(step)`` of every step per round, the order alternating per round."""
+    out: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            out[name].append(timer(steps[name]))
+    return out
+
+
+def _summary(ms: dict[str, list[float]]) -> dict[str, float]:
+    ratios = [n / o for n, o in zip(ms["new"], ms["old"], strict=True)]
+    return {"old_ms": statistics.median(ms["old"]), "new_ms": statistics.median(ms["new"]),
+            "ratio": statistics.median(ratios)}  # fmt: skip
+
+
+def _time_shape(applies: dict, shape: tuple, gen, rounds: int) -> dict:
+    """One bf16 4-D case: each version's first call (plans, tuning, compiles), their outputs' and
+    gradients' relative difference, and the interleaved eager and CUDA-graph timings of fwd+bwd."""
+    import torch
+    import triton.testing as tt
+
+    b, h, nq, nk, d, causal = shape
+    q, k, v, do = (
+        torch.randn(b, h, n, d, generator=gen).to("cuda", torch.bfloat16) for n in (nq, nk, nk, nq)
+    )
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    steps, first_s, outs = {}, {}, {}
+    for name, apply in applies.items():
+        steps[name] = lambda apply=apply: apply(q, k, v, causal).backward(do)
+        start = time.perf_counter()
+        o = apply(q, k, v, causal)
+        o.backward(do)
+        torch.cuda.synchronize()
+        first_s[name] = time.perf_counter() - start
+        outs[name] = [o.detach().float(), *(x.grad.float() for x in leaves)]
+        for x in leaves:
+            x.grad = None
+    diff = max(((a - r).norm() / r.norm()).item() for a, r in zip(outs["new"], outs["old"], strict=True))
+    eager = _ms_rounds(steps, lambda s: tt.do_bench(s, warmup=5, rep=30, grad_to_none=leaves), rounds)
+    graph = _ms_rounds(steps, lambda s: tt.do_bench_cudagraph(s, rep=20, grad_to_none=leaves), 2)
+    return {"shape": shape, "rel_diff": diff, "first_call_s": first_s, "eager": _summary(eager),
+            "graph": _summary(graph)}  # fmt: skip
+
+
+def run(out: Path, rounds: int) -> None:
+    import importlib
+
+    import torch
+    import triton.testing as tt
+
+    from cs336_systems.harness.attention import ATTENTION_SHAPES, BREADTH_SHAPES
+
+    applies = {
+        "old": importlib.import_module(f"{OLD}.attention.flash_triton").FlashAttentionTriton.apply,
+        "new": importlib.import_module("cs336_systems.attention.flash_triton").FlashAttentionTriton.apply,
+    }
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for shape in (*ATTENTION_SHAPES, *BREADTH_SHAPES):
+        rows.append(_time_shape(applies, shape, gen, rounds))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    # The leaderboard case, exactly as the handout calls it: 3-D views, a compiled apply.
+    q, k, v = torch.randn(3, 16, 16384, 64, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+    lb = {}
+    for name, apply in applies.items():
+        compiled = torch.compile(apply)
+        lb[name] = lambda flash=compiled: flash(q, k, v, True).sum().backward()
+        lb[name]()  # compiles, tunes
+    timer = lambda s: tt.do_bench(s, warmup=200, rep=1000, grad_to_none=[q, k, v])
+    rows.append({"shape": "leaderboard", "eager": _summary(_ms_rounds(lb, timer, rounds))})
+    print(json.dumps(rows[-1]), flush=True)
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    print(
+        "\n| case | eager old ms | new ms | new/old | graph old ms | new ms | new/old | first call old / new s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        e, g = row["eager"], row.get("graph")
+        cells = [f"{e['old_ms']:.3f}", f"{e['new_ms']:.3f}", f"{e['ratio']:.3f}"]
+        cells += [f"{g['old_ms']:.3f}", f"{g['new_ms']:.3f}", f"{g['ratio']:.3f}"] if g else ["", "", ""]
+        first = row.get("first_call_s")
+        cells.append(f"{first['old']:.1f} / {first['new']:.1f}" if first else "")
+        print(f"| {row['shape']} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="write an earlier revision's package as cs336_old")
+    e.add_argument("rev")
+    e.add_argument("dest", type=Path)
+    r = sub.add_parser("run", help="time both versions on the GPU (cs336_old on PYTHONPATH)")
+    r.add_argument("--out", type=Path, default=Path("compare_revisions.json"))
+    r.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    export(args.rev, args.dest) if args.cmd == "export" else run(args.out, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""FlashAttention-2 in Triton (and Gluon on Hopper): kernels, launches, plans and tuning.
+
+Layout (FlashAttention's ``hopper/`` split of kernel, launch and interface; the autograd function and the
+routing live in ``attention/flash_triton.py``):
+
+- ``triton_tiles``, ``triton_fwd``, ``triton_bwd``: the Triton kernels (forward; split backward: dQ pass
+  writing D, then dK/dV pass);
+- ``gluon_common``, ``gluon_fwd``, ``gluon_bwd``: their Gluon twins for Hopper, with hand-issued
+  asynchronous matmuls;
+- ``configs``: tile configs as data (candidates per case class) and tuning keys;
+- ``tuner``: :class:`Tuner`, which chooses a config per key by the metric of the route that launches it;
+- ``launch``: one launch's arguments per kernel family, and :class:`KernelPlan` (a launch compiled for a
+  call signature);
+- ``plan``: :class:`AttentionPlan` per call signature, ``flash_forward`` / ``flash_backward``;
+- ``traced``: the ``triton_op`` bodies that torch.compile traces into its graphs;
+- ``settings``: :class:`FlashSettings`, the ``CS336_FLASH_*`` knobs, and :func:`configured`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources, PTXASError
+
+from .configs import KERNELS, TileConfig, candidate_configs, gpu_candidates, pointer_configs, tune_key
+from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
+from .gluon_fwd import flash_fwd_gluon_kernel
+from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, gluon_supported
+from .plan import (
+    LAUNCHERS,
+    PLANS,
+    AttentionPlan,
+    Launcher,
+    as_4d,
+    attention_plan,
+    chosen_configs,
+    flash_backward,
+    flash_forward,
+    metric_of,
+    new_output,
+    pick,
+    tune_space,
+)
+from .settings import INTERPRET, FlashSettings, configured, flash_settings
+from .traced import flash_backward_traced, flash_forward_traced, tune_ahead
+from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from .triton_fwd import flash_fwd_kernel
+from .tuner import TUNER, Tuner
+
+MAX_HEAD_DIM = 128
+# What a candidate that cannot be built for this GPU raises (tuning skips it, keeping the reason).
+BUILD_ERRORS = (OutOfResources, CompilationError, PTXASError)
+
+
+def clear_plans() -> None:
+    """Forget every call signature's plan (the next call of each is planned, and tuned, again)."""
+    PLANS.clear()
+
+
+def clear_tuning_cache() -> None:
+    clear_plans()
+    TUNER.clear()
+
+
+@contextmanager
+def forced(kernel: str, config: TileConfig) -> Iterator[None]:
+    """Pin ``kernel`` ("fwd", "dq", "dkdv") to ``config`` for a while; plans made before keep the configs
+    they were made with, so they are dropped on entry and exit."""
+    clear_plans()
+    try:
+        with TUNER.forcing(kernel, config):
+            yield
+    finally:
+        clear_plans()
+
+
+def tuning_report() -> dict[str, Any]:
+    return TUNER.report()
+
+
+def candidate_timings(case: tuple, launcher: Launcher = "eager") -> dict[str, dict[str, float]]:
+    """The tuner's ms per candidate of each kernel for ``case`` = (batch * heads, n_q, n_k, d, causal,
+    dtype); empty where it did not tune in this process (a disk-cache hit, a forced config, tuning off)."""
+    d, dtype = case[3], case[5]
+    return {
+        kernel: dict(TUNER.timings.get(tune_key(tune_space(kernel, launcher, d, dtype)[0], *case), {}))
+        for kernel in KERNELS
+    }
+
+
+__all__ = [
+    "BUILD_ERRORS",
+    "INTERPRET",
+    "KERNELS",
+    "LAUNCHERS",
+    "MAX_HEAD_DIM",
+    "PLANS",
+    "TUNER",
+    "AttentionPlan",
+    "FlashSettings",
+    "KernelPlan",
+    "Launch",
+    "Launcher",
+    "TileConfig",
+    "Tuner",
+    "as_4d",
+    "attention_plan",
+    "candidate_configs",
+    "candidate_timings",
+    "chosen_configs",
+    "clear_plans",
+    "clear_tuning_cache",
+    "configured",
+    "dkdv_launch",
+    "dq_launch",
+    "flash_backward",
+    "flash_backward_traced",
+    "flash_bwd_dkdv_gluon_kernel",
+    "flash_bwd_dkdv_kernel",
+    "flash_bwd_dq_gluon_kernel",
+    "flash_bwd_dq_kernel",
+    "flash_forward",
+    "flash_forward_traced",
+    "flash_fwd_gluon_kernel",
+    "flash_fwd_kernel",
+    "flash_settings",
+    "forced",
+    "fwd_launch",
+    "gluon_supported",
+    "gpu_candidates",
+    "metric_of",
+    "new_output",
+    "pick",
+    "pointer_configs",
+    "tune_ahead",
+    "tune_key",
+    "tune_space",
+    "tuning_report",
+]

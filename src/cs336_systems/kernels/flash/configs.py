@@ -1,0 +1,155 @@
+"""Tile configs as data: the candidates each kernel is tuned over, per case class, and the tuning keys.
+
+The lists come from the H100 sweeps (docs/notes/attention-kernels.md, docs/perf-notes.md); each entry
+that is not the first is there because a measured case chose it. What never won left the lists: the
+one-pass backward (dQ added atomically from the dK/dV pass; never chosen on the attention shapes group,
+1.6-2x slower beyond short sequences) and the 90-config "wide" sweep (its winners are the entries here).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from .settings import INTERPRET
+
+KERNELS = ("fwd", "dq", "dkdv")
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    q_tile: int
+    k_tile: int
+    num_warps: int = 4
+    num_stages: int = 2
+    tma: bool = False  # tensor descriptors (Hopper's copy engine) instead of block pointers
+    # The Gluon (Hopper) kernel where it can run, else the Triton one with the same tiles (and TMA). For
+    # the forward and dQ, num_stages is the depth of its K/V ring.
+    gluon: bool = False
+
+    def __str__(self) -> str:
+        tma, gluon = "-tma" if self.tma else "", "-gluon" if self.gluon else ""
+        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{gluon}"
+
+
+def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
+    """The short lists tuning uses on a GPU, best first (the default when tuning is off), per (kernel,
+    4-byte dtype?, d > 64?). Constraints: forward and dQ need q_tile % k_tile == 0, dK/dV k_tile % q_tile
+    == 0 (diagonal tiles line up with the loop steps). A "-tma" config runs with block pointers where
+    strides rule descriptors out."""
+    C = TileConfig
+    wide = dtype == torch.float32  # 4-byte elements: twice the shared memory and registers per tile
+    big_d = d > 64
+    T = True  # tensor descriptors
+
+    def G(q: int, k: int, w: int, s: int = 2) -> TileConfig:  # Gluon (Triton's q-k-w-s-tma elsewhere)
+        return C(q, k, w, s, T, gluon=True)
+
+    return {
+        ("fwd", False, False): [
+            C(64, 64, 4, 4, T),
+            C(128, 64, 8, 3, T),
+            C(128, 64, 4, 4, T),
+            C(64, 64, 4, 3),
+            # Gluon, S_j issued with P_{j-1} V_{j-1}: chosen for non-causal (2, 16, 8192), (1, 1, 16384)
+            # and (32, 16, 128) (session 15's grid); at d = 128 it lost everywhere (session 10).
+            G(64, 64, 4, 3),
+        ],
+        ("fwd", False, True): [
+            C(64, 64, 4, 3, T),
+            C(128, 64, 8, 3, T),
+            C(64, 64, 4, 4, T),
+            C(128, 32, 4, 3, T),
+            C(128, 128, 8, 3, T),  # (2, 32, 4096) and 32k causal (session 15's grid)
+        ],
+        ("fwd", True, False): [C(128, 32, 8, 3, T), C(128, 64, 8, 2, T), C(64, 32, 4, 3, T)],
+        ("fwd", True, True): [C(128, 32, 8, 2, T), C(128, 32, 8, 2), C(64, 32, 4, 2)],
+        ("dkdv", False, False): [
+            C(64, 64, 4, 4, T),
+            C(64, 64, 4, 3, T),
+            C(32, 64, 4, 3, T),
+            C(32, 128, 4, 3, T),
+            # Gluon, S^T/dP^T issued together and the exponentials under dP^T: dK/dV 2.04 vs 2.34 ms at
+            # (1, 16, 16384); chosen on every long grid shape (session 15).
+            G(64, 64, 4),
+            G(32, 64, 4),
+        ],
+        ("dkdv", False, True): [
+            C(32, 64, 4, 3, T),
+            C(64, 128, 8, 2, T),
+            C(32, 64, 4, 4, T),
+            C(32, 128, 4, 3, T),  # the Triton tutorial's dK/dV tiles
+            C(64, 128, 8, 3, T),  # 32k causal: backward -2.8 ms vs q32-k64-w4-s3 (issue 17)
+            C(64, 64, 4, 2, T),  # (4, 16, 1024) causal (session 15's grid)
+            G(64, 64, 4),  # 32k causal: dK/dV 26.96 vs 30.36 ms (session 10)
+            G(64, 128, 8),
+        ],
+        ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
+        ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],
+        ("dq", False, False): [
+            C(128, 64, 4, 4, T),
+            C(64, 64, 4, 3, T),
+            C(128, 64, 8, 3, T),
+            C(64, 32, 4, 3, T),
+            # Gluon, S_j and dP_j issued with dS_{j-1} K_{j-1}: 0.83x the best Triton dQ at (1, 2, 16384),
+            # chosen at (4, 25, 512) and (256, 1, 512) too; at d = 128 it lost everywhere (session 10).
+            G(64, 64, 4, 3),
+        ],
+        ("dq", False, True): [
+            C(64, 32, 4, 3, T),
+            C(128, 64, 8, 2, T),
+            C(64, 64, 4, 3, T),
+            C(64, 32, 4, 4, T),
+            C(128, 32, 4, 3, T),  # the Triton tutorial's dQ tiles
+            C(128, 64, 8, 3, T),  # 32k causal: backward -2.1 ms vs q128-k32-w4-s3 (issue 17)
+        ],
+        ("dq", True, False): [C(128, 32, 8, 2, T), C(64, 32, 4, 2, T), C(128, 32, 8, 3, T)],
+        ("dq", True, True): [C(64, 16, 4, 2), C(64, 16, 4, 2, T), C(32, 32, 4, 2)],
+    }[kernel, wide, big_d]
+
+
+@functools.cache
+def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+    """The candidates of ``kernel`` for head dim ``d``: the short list plus the block-pointer twin of its
+    first entry (for short sequences, building descriptors on the host costs more than TMA saves). Under
+    the interpreter, small tiles, so that the tiny CPU test shapes span several tiles and loop phases."""
+    if INTERPRET:
+        return (TileConfig(16, 32),) if kernel == "dkdv" else (TileConfig(32, 16),)
+    listed = gpu_candidates(kernel, triton.next_power_of_2(d), dtype)
+    twin = replace(listed[0], tma=False)
+    return tuple(listed) if twin in listed else (*listed, twin)
+
+
+@functools.cache
+def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+    """The candidates with block pointers only: what the traced route launches from a compiled graph's
+    code, which has no data pointer on the host to build a descriptor from."""
+    listed = candidate_configs(kernel, d, dtype)
+    return tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in listed))
+
+
+def bucket(n: int) -> int:
+    """The next power of two."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def tune_key(name: str, bh: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype) -> tuple:
+    """Sequence lengths are bucketed to powers of two (ragged lengths share their bucket's choice) and so
+    is batch x heads up to 64: with few heads the grid is short, and smaller tiles fill more SMs."""
+    return (name, min(bucket(bh), 64), bucket(n_q), bucket(n_k), d, causal, dtype)
+
+
+def key_str(key: tuple) -> str:
+    name, bh, n_q, n_k, d, causal, dtype = key
+    causal_s = "causal" if causal else "full"
+    return f"{name}|bh{bh}|q{n_q}|k{n_k}|d{d}|{causal_s}|{str(dtype).removeprefix('torch.')}"
+
+
+def parse_key(text: str) -> tuple:
+    """:func:`key_str`'s inverse (the disk cache's keys)."""
+    dtypes = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float16, torch.bfloat16)}
+    name, bh, n_q, n_k, d, causal, dtype = text.split("|")
+    return (name, int(bh[2:]), int(n_q[1:]), int(n_k[1:]), int(d[1:]), causal == "causal", dtypes[dtype])

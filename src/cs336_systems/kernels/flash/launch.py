@@ -1,0 +1,350 @@
+"""Launches: one kernel call's arguments (:class:`Launch`), built for a config by :func:`fwd_launch`,
+:func:`dq_launch` and :func:`dkdv_launch` (the Gluon kernel where it can run, else the Triton one with the
+same tiles, with tensor descriptors where strides allow), and :class:`KernelPlan`, a launch compiled once
+for a call signature and replayed at the cost of the launcher's C call.
+
+Every kernel takes (batch, heads, seq, d) tensors of any strides and a grid (tiles, batch * heads), so no
+input is copied.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .configs import TileConfig, bucket
+from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
+from .gluon_fwd import flash_fwd_gluon_kernel
+from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from .triton_fwd import flash_fwd_kernel
+
+GLUON_HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: leading tensors (or tensor descriptors), then integers and the scale, then the
+    constexprs by name, in the kernel's parameter order."""
+
+    fn: Any
+    grid: tuple[int, int]
+    args: tuple
+    constexprs: dict[str, Any]
+    config: TileConfig
+
+    def jit(self) -> Any:
+        """Launch through Triton's JIT (compiling on first use); the compiled kernel (None when
+        interpreted)."""
+        return self.launch_with(self.fn)
+
+    def warmup(self) -> None:
+        """Compile without launching (under AsyncCompileMode: submit the compile and return)."""
+        c = self.config
+        self.fn.warmup(
+            *self.args, grid=self.grid, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
+        )
+
+    def traced(self) -> None:
+        """The launch as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` under torch.compile,
+        inductor puts the kernel into its own generated code (and CUDA graphs can capture it)."""
+        from torch.library import wrap_triton
+
+        self.launch_with(wrap_triton(self.fn))
+
+    def launch_with(self, fn: Any) -> Any:
+        c = self.config
+        return fn[self.grid](*self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Tensor descriptors need 16-byte aligned bases and row strides and a unit last stride."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or t.stride(3) != 1:
+            return False
+        if any((t.stride(i) * size) % 16 for i in range(3)):
+            return False
+    return True
+
+
+def _rows(t: torch.Tensor, rows: int, use_tma: bool):
+    """What a Triton kernel gets for a (batch, heads, N, d) tensor: a descriptor of [1, 1, rows, BLOCK_D]
+    boxes, or the tensor itself."""
+    if not use_tma:
+        return t
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bucket(t.shape[3])])
+
+
+def _tiles(c: TileConfig, d: int, is_causal: bool, tma: bool) -> dict[str, Any]:
+    """The trailing constexprs of the Triton kernels."""
+    return dict(
+        D=d, Q_TILE_SIZE=c.q_tile, K_TILE_SIZE=c.k_tile, is_causal=is_causal, BLOCK_D=bucket(d), USE_TMA=tma
+    )
+
+
+def _gluon_constexprs(c: TileConfig, d: int, is_causal: bool, ring: bool) -> dict[str, Any]:
+    extra = {"STAGES": c.num_stages} if ring else {}  # the forward's and dQ's K/V ring depth
+    return dict(D=d, BM=c.q_tile, BN=c.k_tile, is_causal=is_causal, WARPS=c.num_warps, **extra)
+
+
+def fwd_launch(c: TileConfig, is_causal: bool, q, k, v, o, lse) -> Launch:
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    if c.gluon and gluon_supported("fwd", c, q, k, v, stats=(lse,), o=o):
+        args = (
+            *_gluon_rows((q, c.q_tile), (k, c.k_tile), (v, c.k_tile)),
+            o,
+            lse,
+            *_o_strides(o),
+            *_tail(q, k),
+        )
+        return Launch(
+            flash_fwd_gluon_kernel,
+            (n_q // c.q_tile, batch * heads),
+            args,
+            _gluon_constexprs(c, d, is_causal, True),
+            c,
+        )
+    tma = c.tma and tma_ok(q, k, v, o)
+    args = (
+        _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma), _rows(o, c.q_tile, tma), lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        heads, n_q, n_k, 1.0 / math.sqrt(d),
+    )  # fmt: skip
+    return Launch(
+        flash_fwd_kernel, (-(-n_q // c.q_tile), batch * heads), args, _tiles(c, d, is_causal, tma), c
+    )
+
+
+def dq_launch(c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dq) -> Launch:
+    """The dQ pass, which also writes D = rowsum(dO ∘ O) into ``delta``."""
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    qt, kt = c.q_tile, c.k_tile
+    if c.gluon and gluon_supported("dq", c, q, k, v, do, dq, stats=(lse, delta), o=o):
+        q_d, k_d, v_d, do_d = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
+        args = (q_d, k_d, v_d, o, do_d, lse, delta, dq, *_o_strides(o), *_tail(q, k))
+        return Launch(
+            flash_bwd_dq_gluon_kernel,
+            (n_q // qt, batch * heads),
+            args,
+            _gluon_constexprs(c, d, is_causal, True),
+            c,
+        )
+    tma = c.tma and tma_ok(q, k, v, do, dq)
+    args = (
+        _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma), lse, delta,
+        _rows(dq, qt, tma),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
+        heads, n_q, n_k, 1.0 / math.sqrt(d),
+    )  # fmt: skip
+    return Launch(flash_bwd_dq_kernel, (-(-n_q // qt), batch * heads), args, _tiles(c, d, is_causal, tma), c)
+
+
+def dkdv_launch(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv) -> Launch:
+    """The dK/dV pass, reading the D that the dQ pass wrote."""
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    qt, kt = c.q_tile, c.k_tile
+    if c.gluon and gluon_supported("dkdv", c, q, k, v, do, dk, dv, stats=(lse, delta)):
+        vector = lambda t: _gluon_descriptor(t.view(-1), [qt])  # L and D, by the copy engine too
+        descs = (*_gluon_rows((q, qt), (k, kt), (v, kt), (do, qt)), vector(lse), vector(delta))
+        args = (*descs, dk, dv, *_tail(q, k))
+        return Launch(
+            flash_bwd_dkdv_gluon_kernel,
+            (n_k // kt, batch * heads),
+            args,
+            _gluon_constexprs(c, d, is_causal, False),
+            c,
+        )
+    tma = c.tma and tma_ok(q, k, v, do, dk, dv)
+    args = (
+        _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma), lse, delta,
+        _rows(dk, kt, tma), _rows(dv, kt, tma),
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        heads, n_q, n_k, 1.0 / math.sqrt(d),
+    )  # fmt: skip
+    return Launch(
+        flash_bwd_dkdv_kernel, (-(-n_k // kt), batch * heads), args, _tiles(c, d, is_causal, tma), c
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Where the Gluon kernels run, and their descriptors
+# ----------------------------------------------------------------------------------------------------------
+
+
+def gluon_supported(
+    kernel: str, c: TileConfig, q, k, *others: torch.Tensor, stats: tuple = (), o: torch.Tensor | None = None
+) -> bool:
+    """Whether a Gluon kernel can run this call of ``kernel`` with ``c``'s tiles: a Hopper GPU (wgmma),
+    2-byte floats, d of 64 or 128, contiguous tensors of Q's dtype (``others``; ``stats``: L and D,
+    contiguous float32; ``o``, read or written by pointer, needs only a contiguous d axis) whose sequence
+    lengths are multiples of the tiles (2-D descriptors over all rows then never cross a head), and for
+    dK/dV, diagonal tiles that line up with the query steps."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if any(t.dtype != q.dtype or not t.is_contiguous() for t in (q, k, *others)):
+        return False
+    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in stats):
+        return False
+    if o is not None and (o.dtype != q.dtype or o.stride(-1) != 1):
+        return False
+    if q.shape[-1] not in GLUON_HEAD_DIMS or q.shape[2] % c.q_tile or k.shape[2] % c.k_tile:
+        return False
+    return kernel != "dkdv" or c.k_tile % c.q_tile == 0
+
+
+def _gluon_descriptor(flat: torch.Tensor, box: list[int]) -> GluonTensorDescriptor:
+    """A descriptor of ``box``-shaped tiles over ``flat``, with the default swizzle for them."""
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[flat.dtype]
+    layout = gl.NVMMASharedLayout.get_default_for(box, dtype)
+    return GluonTensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, layout)
+
+
+def _gluon_rows(*tensors: tuple[torch.Tensor, int]) -> tuple[GluonTensorDescriptor, ...]:
+    """[tile, d] boxes over the rows of each contiguous (batch, heads, seq, d) tensor."""
+    return tuple(_gluon_descriptor(t.view(-1, t.shape[-1]), [tile, t.shape[-1]]) for t, tile in tensors)
+
+
+def _tail(q: torch.Tensor, k: torch.Tensor) -> tuple:
+    """The Gluon kernels' trailing arguments: N_QUERIES, N_KEYS and the softmax scale."""
+    return q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[3])
+
+
+def _o_strides(o: torch.Tensor) -> tuple:
+    """O's batch, head and row strides, then the number of heads."""
+    return o.stride(0), o.stride(1), o.stride(2), o.shape[1]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A launch compiled for one call signature
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _descriptor(base: torch.Tensor, box: tuple) -> TensorDescriptor:
+    """A tensor descriptor of a layout its plan checked once (``TensorDescriptor``'s own checks cost more
+    host time than the launch)."""
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.padding = base, "zero"
+    desc.shape, desc.strides, desc.block_shape = box
+    return desc
+
+
+class KernelPlan:
+    """One kernel compiled for one call signature (shapes, strides, dtypes, alignment, config): a launch
+    hands only the call's device addresses (and descriptors) to the compiled kernel's launcher. Triton's JIT
+    dispatch would bind and specialize ~40 arguments and build a cache key per launch, which costs more
+    host time than the launch itself; the model launches attention kernels 3 x layers times per step."""
+
+    __slots__ = ("boxes", "compiled", "encoded", "grid", "launch", "launch_jit", "prefix", "tail", "tma_meta")
+
+    def __init__(self, call: Launch):
+        """Launches ``call`` once through the JIT (compiling it) and keeps what later launches reuse."""
+        descriptors = (TensorDescriptor, GluonTensorDescriptor)
+        n = next(i for i, a in enumerate(call.args) if not isinstance(a, (torch.Tensor, *descriptors)))
+        boxes = tuple(
+            (a.shape, a.strides, a.block_shape) if isinstance(a, descriptors) else None for a in call.args[:n]
+        )
+        self.boxes = boxes if any(boxes) else None
+        self.tail = (*call.args[n:], *call.constexprs.values())
+        self.grid = call.grid
+        self.compiled = k = call.jit()  # None under the interpreter, which always goes through the JIT
+        c = call.config
+        self.launch_jit = (
+            None
+            if k is not None
+            else functools.partial(call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages)
+        )
+        self.launch, self.prefix, self.tma_meta, self.encoded = None, (), None, ()
+        run = getattr(k, "run", None)
+        if (
+            run is not None
+            and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0
+        ):
+            # The launcher's C entry point: its Python wrapper builds scratch-allocation closures on every
+            # call, for kernels that have no scratch.
+            self.launch = run.launch
+            self.prefix = (
+                run.launch_cooperative_grid,
+                run.launch_pdl,
+                None,
+                None,
+                k.packed_metadata,
+                None,
+                None,
+                None,
+            )
+            self._bypass_descriptor_encoding(k)
+
+    def _bypass_descriptor_encoding(self, k: Any) -> None:
+        """For a kernel with descriptors, Triton's launcher encodes each one into a CUDA tensor map on the
+        host (``cuTensorMapEncodeTiled``) on every launch: a few microseconds each, up to four per launch.
+        A map depends only on the address once the plan fixed the layout, and a training loop's caching
+        allocator hands the same addresses back step after step, so maps are kept per address and the
+        launcher's C entry point underneath that wrapper gets them ready-made."""
+        if self.boxes is None:
+            return
+        metas = getattr(k.metadata, "tensordesc_meta", None)
+        closure = getattr(self.launch, "__closure__", None) or ()
+        cells = dict(
+            zip(getattr(getattr(self.launch, "__code__", None), "co_freevars", ()), closure, strict=False)
+        )
+        raw = cells.get("launcher")
+        if not metas or raw is None or any(m is None for m in metas):
+            return  # descriptors lowered without TMA, or another Triton: keep its wrapper
+        self.launch = raw.cell_contents
+        self.tma_meta = tuple(metas)
+        self.encoded = tuple({} for _ in metas)
+
+    def _encode(self, slot: int, t: torch.Tensor, box: tuple) -> list:
+        """The launcher arguments of descriptor ``slot`` for ``t``: its tensor map, shape and strides."""
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        cache = self.encoded[slot]
+        if len(cache) >= 64:  # addresses a long run no longer uses
+            cache.clear()
+        args = cache[t.data_ptr()] = make_tensordesc_arg(_descriptor(t, box), self.tma_meta[slot])
+        return args
+
+    def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
+        if self.compiled is None:
+            if self.boxes is not None:
+                tensors = tuple(
+                    t if b is None else _descriptor(t, b) for t, b in zip(tensors, self.boxes, strict=True)
+                )
+            self.launch_jit(*tensors, *self.tail)
+            return
+        # Device addresses as integers: given a tensor, the launcher calls its data_ptr() and then
+        # cuPointerGetAttribute to check the address, per tensor and launch (the plan checked the device).
+        if self.boxes is None:
+            args = [t.data_ptr() for t in tensors]
+        elif self.tma_meta is None:
+            args = [
+                t.data_ptr() if b is None else _descriptor(t, b)
+                for t, b in zip(tensors, self.boxes, strict=True)
+            ]
+        else:
+            args, slot = [], 0
+            for t, b in zip(tensors, self.boxes, strict=True):
+                if b is None:
+                    args.append(t.data_ptr())
+                else:
+                    args += self.encoded[slot].get(t.data_ptr()) or self._encode(slot, t, b)
+                    slot += 1
+        gx, gy = self.grid
+        k = self.compiled
+        if self.launch is not None:
+            self.launch(gx, gy, 1, stream, k.function, *self.prefix, *args, *self.tail)
+        else:
+            k.run(gx, gy, 1, stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)

@@ -1,0 +1,266 @@
+"""Attention plans: everything about an attention call that its shapes, strides, dtypes, alignment,
+device and causality fix, made once per call signature. The model calls attention 2 x layers times per
+step, and at short sequences a call is host-bound, so a known signature's call only allocates its outputs
+and hands the tensors to compiled kernels' launchers: no checks, tuning lookups or argument building.
+
+Who launches a plan's kernels decides what its tuner measures and which configs it may use
+(:data:`Launcher`); each launcher tunes under keys of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Literal
+
+import torch
+
+from .configs import KERNELS, TileConfig, candidate_configs, pointer_configs, tune_key
+from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch
+from .settings import INTERPRET
+from .tuner import TUNER, Metric
+
+# - "eager": our launcher on every call (host time counts: tuned by launch time; any config);
+# - "traced": the code of a compiled graph (device time; block pointers only: a descriptor is built
+#   from a data pointer, which a traced graph does not have);
+# - "graphed": our launcher once, while a CUDA graph records it, then replays (device time; any config).
+Launcher = Literal["eager", "traced", "graphed"]
+LAUNCHERS: tuple[Launcher, ...] = ("eager", "traced", "graphed")
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., seq, d) -> (batch, heads, seq, d): a view for 2-, 3- and 4-D tensors (strides kept as they
+    are); more leading dims are folded into the batch axis."""
+    if t.ndim == 4:
+        return t
+    if t.ndim == 3:
+        return t.unsqueeze(1)
+    if t.ndim == 2:
+        return t[None, None]
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def new_output(q: torch.Tensor) -> torch.Tensor:
+    """O for a (batch, heads, n, d) Q, stored as (batch, n, heads, d): the model's
+    ``out.transpose(1, 2).reshape(batch, n, heads * d)`` is then a view, not a copy. Other ranks: Q's
+    shape, contiguous (one head: the same memory order)."""
+    if q.ndim != 4:
+        return q.new_empty(q.shape)
+    batch, heads, n, d = q.shape
+    return q.new_empty((batch, n, heads, d)).transpose(1, 2)
+
+
+def layout_key(*tensors: torch.Tensor) -> tuple:
+    """Strides and 16-byte alignment: what a compiled kernel is specialized on besides shapes and dtypes."""
+    return tuple((t.stride(), t.data_ptr() & 15) for t in tensors)
+
+
+def tune_space(
+    kernel: str, launcher: Launcher, d: int, dtype: torch.dtype
+) -> tuple[str, tuple[TileConfig, ...]]:
+    """The tuning-key name and the candidates of ``kernel`` for ``launcher``."""
+    if launcher == "traced":
+        return f"{kernel}-traced", pointer_configs(kernel, d, dtype)
+    return (f"{kernel}-graphed" if launcher == "graphed" else kernel), candidate_configs(kernel, d, dtype)
+
+
+def metric_of(launcher: Launcher) -> Metric:
+    """What a launcher's configs are timed by: host time counts only where our launcher runs per call."""
+    return "launch" if launcher == "eager" else "graph"
+
+
+def pick(
+    kernel: str,
+    launcher: Launcher,
+    case: tuple,
+    launch: Callable[[TileConfig], None],
+    calls: Callable[[TileConfig], list[Launch]] | None = None,
+) -> TileConfig:
+    """``kernel``'s config for ``case`` = (batch * heads, n_q, n_k, d, causal, dtype) under ``launcher``."""
+    bh, n_q, n_k, d, causal, dtype = case
+    name, candidates = tune_space(kernel, launcher, d, dtype)
+    key = tune_key(name, bh, n_q, n_k, d, causal, dtype)
+    cfg = TUNER.choose(kernel, key, candidates, launch, calls, metric_of(launcher))
+    if launcher == "traced" and (cfg.tma or cfg.gluon):  # a forced config: its tiles, by block pointers
+        cfg = replace(cfg, tma=False, gluon=False)
+    return cfg
+
+
+def chosen_configs(case: tuple, launcher: Launcher = "eager") -> dict[str, str]:
+    """The config each kernel uses for ``case`` (tuned, forced or default), for bench rows."""
+    bh, n_q, n_k, d, causal, dtype = case
+    out = {}
+    for kernel in KERNELS:
+        name, candidates = tune_space(kernel, launcher, d, dtype)
+        key = tune_key(name, bh, n_q, n_k, d, causal, dtype)
+        out[kernel] = str(TUNER.forced.get(kernel) or TUNER.cache.get(key) or candidates[0])
+    return out
+
+
+class SplitBackward:
+    """The dQ pass (which also writes D), then the dK/dV pass: two launches and no atomics, so the
+    gradients are the same bit for bit on every run."""
+
+    __slots__ = ("dkdv", "dq")
+
+    def __init__(self, dq: KernelPlan, dkdv: KernelPlan):
+        self.dq, self.dkdv = dq, dkdv
+
+    def __call__(self, stream: int, q, k, v, o, do, lse, dq, dk, dv) -> None:
+        delta = torch.empty_like(lse)
+        self.dq(stream, q, k, v, o, do, lse, delta, dq)
+        self.dkdv(stream, q, k, v, do, lse, delta, dk, dv)
+
+
+class AttentionPlan:
+    """The tuned configs and compiled kernels of one call signature: the forward's, and the backward's per
+    (O, dO, L) layout. Tensors have any rank >= 2, (..., seq, d), as (batch, heads, seq, d) inside;
+    outputs come back in the inputs' rank."""
+
+    def __init__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, launcher: Launcher = "eager"
+    ):
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+        q4, k4 = as_4d(q), as_4d(k)
+        batch, heads, n_q, d = q4.shape
+        self.case = (batch * heads, n_q, k4.shape[2], d, is_causal, q.dtype)
+        self.is_causal, self.launcher, self.four_d = is_causal, launcher, q.ndim == 4
+        self.device = q.get_device()
+        if q.is_cuda and self.device != torch.cuda.current_device():
+            # Triton compiles and launches on the current device: device pointers of another would fault.
+            raise ValueError(
+                f"inputs are on {q.device} but the current CUDA device is cuda:{torch.cuda.current_device()}: "
+                f"call torch.cuda.set_device({self.device}) (or run inside `with torch.cuda.device({self.device})`)"
+            )
+        self.fwd: KernelPlan | None = None
+        self.bwd: dict[tuple, SplitBackward] = {}
+        # (shape, strides) of O and of dQ, dK, dV (empty_like's dense layouts), allocated per call with one
+        # empty_strided each. Worked out on meta tensors: no memory.
+        qm, km, vm = (
+            torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") for x in (q, k, v)
+        )
+        self.layouts = tuple(
+            (x.shape, x.stride()) for x in (new_output(qm), *map(torch.empty_like, (qm, km, vm)))
+        )
+        self.lse_shape, self.dtype, self.torch_device = q.shape[:-1], q.dtype, q.device
+
+    def _stream(self) -> int:
+        return 0 if INTERPRET else torch._C._cuda_getCurrentRawStream(self.device)
+
+    def _tuned(
+        self, kernel: str, tensors: tuple, calls: Callable[[TileConfig], list[Launch]], build=None
+    ) -> Any:
+        """The plan of ``kernel`` for these tensors: tuned (each candidate timed through a plan of its own,
+        ``build(config)``, whose construction launches once, so the tuner sees the host cost that calls
+        will pay), compiled and launched once. ``calls(config)``: a candidate's launches (compiled side by
+        side before tuning); ``build`` defaults to the plan of the one launch."""
+        build = build or (lambda c: KernelPlan(calls(c)[0]))
+        if not INTERPRET and torch.cuda.is_current_stream_capturing():
+            # Tuning times and synchronizes, and compiling loads modules: neither can be captured.
+            raise RuntimeError(
+                f"FlashAttention: the first {kernel!r} call of this signature (shapes {self.case[:4]}, causal="
+                f"{self.is_causal}, {self.case[5]}) is being captured in a CUDA graph; it tunes and compiles, "
+                "which a graph cannot record. Run one call with the same shapes and layouts before capture "
+                "(as torch.compile's CUDA graphs do in their warm-up run)."
+            )
+        built: dict[TileConfig, Any] = {}
+
+        def launch(c: TileConfig) -> None:
+            if c in built:
+                built[c](self._stream(), *tensors)
+            else:
+                built[c] = build(c)
+
+        cfg = pick(kernel, self.launcher, self.case, launch, calls)
+        launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
+        return built[cfg]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous, Q.shape[:-1])."""
+        o = self._empty(0)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device)
+        tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
+        if self.fwd is None:
+            self.fwd = self._tuned("fwd", tensors, lambda c: [fwd_launch(c, self.is_causal, *tensors)])
+        else:
+            self.fwd(self._stream(), *tensors)
+        return o, lse
+
+    def backward(self, q, k, v, o, do, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """dQ, dK, dV (input dtype, the inputs' layouts)."""
+        grads = dq, dk, dv = self._empty(1), self._empty(2), self._empty(3)
+        key = layout_key(o, do, lse)
+        if not self.four_d:
+            q, k, v, o, do, dq, dk, dv = map(as_4d, (q, k, v, o, do, dq, dk, dv))
+        tensors = (q, k, v, o, do, lse, dq, dk, dv)
+        run = self.bwd.get(key)
+        if run is None:
+            if not lse.is_contiguous():
+                raise ValueError(
+                    f"L must be contiguous, got strides {lse.stride()} for shape {tuple(lse.shape)}"
+                )
+            self.bwd[key] = self._tuned_backward(tensors)
+        else:
+            run(self._stream(), *tensors)
+        return grads
+
+    def _tuned_backward(self, tensors: tuple) -> SplitBackward:
+        """The dQ pass is tuned first (it writes D, which every dK/dV launch reads), then the dK/dV pass."""
+        q, k, v, o, do, lse, dq, dk, dv = tensors
+        causal = self.is_causal
+        delta = torch.empty_like(lse)
+        dq_tensors = (q, k, v, o, do, lse, delta, dq)
+        dq_plan = self._tuned("dq", dq_tensors, lambda c: [dq_launch(c, causal, *dq_tensors)])
+        dkdv_tensors = (q, k, v, do, lse, delta, dk, dv)
+        dkdv_plan = self._tuned("dkdv", dkdv_tensors, lambda c: [dkdv_launch(c, causal, *dkdv_tensors)])
+        return SplitBackward(dq_plan, dkdv_plan)
+
+    def _empty(self, which: int) -> torch.Tensor:
+        shape, stride = self.layouts[which]
+        return torch.empty_strided(shape, stride, dtype=self.dtype, device=self.torch_device)
+
+
+# Plans by call signature: a few per model; cleared with the tuning cache and when a config is forced.
+PLANS: dict[tuple, AttentionPlan] = {}
+
+
+def attention_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    *,
+    launcher: Launcher = "eager",
+    check: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None] | None = None,
+) -> AttentionPlan:
+    """The plan for this call's signature; ``check`` validates the inputs when a new plan is made (a known
+    signature was valid when first seen, and its key holds everything the checks look at)."""
+    try:
+        key = (
+            q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(),
+            is_causal, launcher, *layout_key(q, k, v),
+        )  # fmt: skip
+    except (AttributeError, TypeError, RuntimeError):
+        if check is not None:
+            check(q, k, v, is_causal)  # names what is wrong with the inputs
+        raise
+    plan = PLANS.get(key)
+    if plan is None:
+        if check is not None:
+            check(q, k, v, is_causal)
+        plan = PLANS[key] = AttentionPlan(q, k, v, is_causal, launcher)
+    return plan
+
+
+def flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, launcher: Launcher = "eager"
+):
+    """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous (batch, heads, n_q)) for 4-D
+    (batch, heads, seq, d) inputs of any strides."""
+    return attention_plan(q, k, v, is_causal, launcher=launcher).forward(q, k, v)
+
+
+def flash_backward(q, k, v, o, do, lse, is_causal: bool, launcher: Launcher = "eager"):
+    """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q)."""
+    return attention_plan(q, k, v, is_causal, launcher=launcher).backward(q, k, v, o, do, lse)

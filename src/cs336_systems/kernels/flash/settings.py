@@ -1,0 +1,77 @@
+"""The FlashAttention kernels' knobs as one object, read from ``CS336_FLASH_*`` once at import.
+
+Code that needs another setting for a while (a test that turns tuning off, a bench that pins a tuning
+cache) passes it through :func:`configured`, which swaps the current :class:`FlashSettings` and restores it
+on exit; nothing patches module globals. (A kernel module may not import the harness, so these knobs are
+read here rather than in ``harness/settings.py``, which lists them.)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from ..checks import INTERPRET
+
+__all__ = ["INTERPRET", "FlashSettings", "configured", "flash_settings"]
+
+
+@dataclass(frozen=True)
+class FlashSettings:
+    # False: each kernel runs the first (heuristic) candidate of its case, untimed.
+    autotune: bool = True
+    # A JSON file that keeps tuning results across processes (read at first use, rewritten on change).
+    tune_cache: str | None = None
+    # Threads that compile a key's candidates side by side before they are timed (1: one after the other).
+    # Measured: 2.07x faster cold tuning of the grid with 8 (docs/perf-notes.md, session 8).
+    compile_threads: int = min(8, os.cpu_count() or 1)
+    # Up to this many batch·heads·n_q·n_k·d, compiled graphs launch the kernels from their own code (the
+    # traced route); larger cases are GPU-bound and take the custom op, whose kernels may use tensor
+    # descriptors and Gluon. The xl model at ctx 512 is 1.7e9, (4, 16, 1024, 1024, 128) 8.6e9.
+    traced_max_work: int = 1 << 33
+
+    def __post_init__(self) -> None:
+        if self.compile_threads < 1:
+            raise ValueError(f"compile_threads must be >= 1, got {self.compile_threads}")
+        if self.traced_max_work < 0:
+            raise ValueError(f"traced_max_work must be >= 0, got {self.traced_max_work}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> FlashSettings:
+        """``CS336_FLASH_AUTOTUNE`` ("0" off), ``CS336_FLASH_TUNE_CACHE`` (a path) and
+        ``CS336_FLASH_COMPILE_THREADS`` (an integer >= 1); a bad value names its variable."""
+        autotune = env.get("CS336_FLASH_AUTOTUNE", "1").strip()
+        if autotune not in ("0", "1"):
+            raise ValueError(f"CS336_FLASH_AUTOTUNE must be 0 or 1, got {autotune!r}")
+        threads = env.get("CS336_FLASH_COMPILE_THREADS", "").strip()
+        try:
+            compile_threads = int(threads) if threads else cls.compile_threads
+        except ValueError:
+            raise ValueError(f"CS336_FLASH_COMPILE_THREADS must be an integer, got {threads!r}") from None
+        return cls(
+            autotune=autotune == "1",
+            tune_cache=env.get("CS336_FLASH_TUNE_CACHE", "").strip() or None,
+            compile_threads=compile_threads,
+        )
+
+
+_current = FlashSettings.from_env()
+
+
+def flash_settings() -> FlashSettings:
+    """The settings in force."""
+    return _current
+
+
+@contextmanager
+def configured(**changes: object) -> Iterator[FlashSettings]:
+    """``with configured(autotune=False): ...``: the current settings with ``changes``, restored on exit."""
+    global _current
+    previous = _current
+    _current = replace(previous, **changes)
+    try:
+        yield _current
+    finally:
+        _current = previous

@@ -1,0 +1,259 @@
+"""The tuner: each kernel's config per tuning key, chosen once per process among the key's candidates and
+cached (in memory, and in a JSON file when ``FlashSettings.tune_cache`` names one).
+
+Why not ``@triton.autotune``: a key's candidates span two kernel families (Triton and Gluon, whose
+launches take different arguments) and a whole backward; what a call pays differs by route (an eager
+call pays our launcher's host time, which autotune's do_bench leaves out, while a compiled or CUDA-graphed
+launch pays device time only); and the candidates compile side by side before any is timed (2.07x faster
+cold tuning of the grid, session 8). Candidates are timed in interleaved rounds with the order rotated per
+round and each one's median round counts: timed one after the other, near-ties went whichever way the
+clocks drifted (session 7).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any, Literal, Protocol
+
+import torch
+import triton
+
+from .configs import TileConfig, key_str, parse_key
+from .settings import INTERPRET, flash_settings
+
+# "launch": ms per launch of back-to-back launches, event time plus the host's enqueue time (what an
+# eager, host-bound call pays); "graph": device time of launches replayed from a CUDA graph (what a
+# compiled graph's or a CUDA graph's launch pays).
+Metric = Literal["launch", "graph"]
+Timer = Callable[[Callable[[], None]], float]
+
+
+class Compilable(Protocol):
+    def warmup(self) -> None: ...
+
+
+def launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float:
+    """Per launch of ~``budget_ms`` of back-to-back launches: their CUDA-event time per launch plus the
+    host's enqueue time per launch. A short case's call is host-bound as a whole, so a launch's host cost
+    counts even where one kernel alone looks device-bound; for long cases it is noise next to
+    milliseconds of kernel. (do_bench would flush L2 between launches and let the host catch up.)"""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    reps = max(1, min(20, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+    start.record()
+    host_start = time.perf_counter()
+    for _ in range(reps):
+        launch()
+    host_ms = (time.perf_counter() - host_start) * 1e3
+    end.record()
+    end.synchronize()
+    return (start.elapsed_time(end) + host_ms) / reps
+
+
+def graph_time_ms(launch: Callable[[], None], budget_ms: float = 2.0) -> float:
+    """Per launch of ~``budget_ms`` of back-to-back launches captured in a CUDA graph and replayed: device
+    time only, L2 warm (the model's attention inputs were just written by the QKV projection). Not
+    triton's do_bench_cudagraph: torch.cuda.graph runs a full garbage collection per capture, 0.1-0.3 s
+    in a compiling process, and tuning captures once per candidate and round."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        reps = max(1, min(200, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(capture_error_mode="thread_local")
+        for _ in range(reps):
+            launch()
+        graph.capture_end()
+        graph.replay()  # the first replay uploads the graph
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+    torch.cuda.current_stream().wait_stream(stream)
+    return start.elapsed_time(end) / reps
+
+
+def warm_clocks(launch: Callable[[], None], ms: float = 20.0) -> None:
+    """Keep the GPU busy for ~``ms``, one launch at a time, so that timing starts on boosted clocks:
+    compiles leave it idle for seconds."""
+    torch.cuda.synchronize()
+    deadline = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < deadline:
+        launch()
+        torch.cuda.synchronize()
+
+
+class CandidateFailed(Exception):
+    """A candidate config failed to build or launch (the reason is in :meth:`Tuner.report`)."""
+
+
+class Tuner:
+    """Chosen configs by tuning key, with the timings behind each choice and why candidates failed.
+    ``timers`` (by metric) and ``warm_up`` are the GPU clock, and ``can_time`` says whether there is one
+    (not under Triton's CPU interpreter); tests pass their own."""
+
+    ROUNDS = 3
+
+    def __init__(
+        self,
+        timers: Mapping[str, Timer] | None = None,
+        warm_up: Callable[[Callable[[], None]], None] = warm_clocks,
+        can_time: bool = not INTERPRET,
+    ):
+        self.timers = dict(timers or {"launch": launch_time_ms, "graph": graph_time_ms})
+        self.warm_up, self.can_time = warm_up, can_time
+        self.cache: dict[tuple, TileConfig] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}
+        self.forced: dict[str, TileConfig] = {}
+        self.errors: dict[str, str] = {}
+        self.tune_seconds = 0.0  # wall time spent tuning (compiles included) in this process
+        self._loaded_from: str | None = None
+
+    def choose(
+        self,
+        kernel: str,
+        key: tuple,
+        candidates: Sequence[TileConfig],
+        launch: Callable[[TileConfig], None],
+        calls: Callable[[TileConfig], Sequence[Compilable]] | None = None,
+        metric: Metric = "launch",
+    ) -> TileConfig:
+        """The config for ``key``: forced, cached, the first candidate (tuning off, the interpreter, one
+        candidate), or the fastest by ``metric``. Every candidate is built (``launch(c)`` compiles and
+        launches it) before any is timed; ``calls(c)``, a candidate's launches, lets them compile side by
+        side first."""
+        if kernel in self.forced:
+            return self.forced[kernel]
+        settings = flash_settings()
+        self._load(settings.tune_cache)
+        if key in self.cache:
+            return self.cache[key]
+        if not settings.autotune or not self.can_time or len(candidates) == 1:
+            return candidates[0]
+        start = time.perf_counter()
+        if calls is not None and len(candidates) > 1:
+            compile_side_by_side(candidates, calls, settings.compile_threads)
+        steps = {c: self._guarded(key, c, launch) for c in candidates}
+        built = {c: step for c, step in steps.items() if _builds(step)}
+        timings = {str(c): math.inf for c in candidates}
+        if built:
+            timings.update(self._time(built, self.timers[metric]))
+        cfg = min(candidates, key=lambda c: timings[str(c)])
+        if math.isinf(timings[str(cfg)]):
+            raise RuntimeError(f"no candidate config builds for {key_str(key)}: {self.errors}")
+        self.timings[key], self.cache[key] = timings, cfg
+        self.tune_seconds += time.perf_counter() - start
+        self._save(settings.tune_cache)
+        return cfg
+
+    def _time(self, built: dict[TileConfig, Callable[[], None]], timer: Timer) -> dict[str, float]:
+        """Median ms of each candidate over interleaved rounds, the order rotated per round."""
+        self.warm_up(next(iter(built.values())))
+        rounds: dict[TileConfig, list[float]] = {c: [] for c in built}
+        order = list(built)
+        for r in range(self.ROUNDS):
+            for c in order[r % len(order) :] + order[: r % len(order)]:
+                try:
+                    rounds[c].append(timer(built[c]))
+                except CandidateFailed:
+                    rounds[c].append(math.inf)
+        return {str(c): statistics.median(t) for c, t in rounds.items()}
+
+    def _guarded(self, key: tuple, c: TileConfig, launch: Callable[[TileConfig], None]) -> Callable[[], None]:
+        """``launch(c)`` that records why it failed and raises CandidateFailed."""
+
+        def run() -> None:
+            try:
+                launch(c)
+            except Exception as exc:
+                reason = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ""
+                self.errors[f"{key_str(key)}|{c}"] = f"{type(exc).__name__}: {reason}"
+                raise CandidateFailed from exc
+
+        return run
+
+    @contextmanager
+    def forcing(self, kernel: str, config: TileConfig) -> Iterator[None]:
+        """Pin ``kernel`` to ``config`` for a while (tests check every candidate)."""
+        previous = self.forced.get(kernel)
+        self.forced[kernel] = config
+        try:
+            yield
+        finally:
+            if previous is None:
+                self.forced.pop(kernel, None)
+            else:
+                self.forced[kernel] = previous
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.timings.clear()
+        self.tune_seconds = 0.0
+
+    def report(self) -> dict[str, Any]:
+        """Chosen config and candidate timings (ms) per key, build errors, seconds spent tuning."""
+        keys = {
+            key_str(k): {"chosen": str(v), "timings_ms": self.timings.get(k, {})}
+            for k, v in self.cache.items()
+        }
+        return {"keys": keys, "build_errors": dict(self.errors), "tune_seconds": self.tune_seconds}
+
+    def _load(self, path: str | None) -> None:
+        if path == self._loaded_from:
+            return
+        self._loaded_from = path
+        if path and os.path.exists(path):
+            with open(path) as f:
+                for text, cfg in json.load(f).items():
+                    self.cache.setdefault(parse_key(text), TileConfig(**cfg))
+
+    def _save(self, path: str | None) -> None:
+        if path:
+            with open(path, "w") as f:
+                json.dump({key_str(k): asdict(v) for k, v in self.cache.items()}, f, indent=1, sort_keys=True)
+
+
+def compile_side_by_side(
+    candidates: Sequence[TileConfig], calls: Callable[[TileConfig], Sequence[Compilable]], threads: int
+) -> None:
+    """Compile the candidates' kernels in a thread pool (Triton's AsyncCompileMode), so that building them
+    one by one finds them compiled: a cold key's tuning is mostly compiles, and ptxas and most MLIR passes
+    run outside the GIL. A candidate that fails here is compiled again when built, which records why."""
+    if threads < 2:
+        return
+    with ThreadPoolExecutor(threads) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
+        for c in candidates:
+            try:
+                for call in calls(c):
+                    call.warmup()
+            except Exception:  # the candidate's own build reports it
+                continue
+
+
+def _builds(step: Callable[[], None]) -> bool:
+    """Compile and launch a candidate once; one that fails is skipped."""
+    try:
+        step()
+    except CandidateFailed:
+        return False
+    return True
+
+
+# The process's tuner: every plan chooses through it.
+TUNER = Tuner()
