@@ -81,7 +81,12 @@ def _time_shape(applies: dict, shape: tuple, gen, rounds: int) -> dict:
             x.grad = None
     diff = max(((a - r).norm() / r.norm()).item() for a, r in zip(outs["new"], outs["old"], strict=True))
     eager = _ms_rounds(steps, lambda s: tt.do_bench(s, warmup=5, rep=30, grad_to_none=leaves), rounds)
-    graph = _ms_rounds(steps, lambda s: tt.do_bench_cudagraph(s, rep=20, grad_to_none=leaves), 2)
+    # Fresh leaves for the graphs: the eager steps' AccumulateGrad nodes belong to the legacy stream.
+    fresh = [x.detach().clone().requires_grad_() for x in leaves]
+    graphed = {
+        name: lambda apply=apply: apply(*fresh, causal).backward(do) for name, apply in applies.items()
+    }
+    graph = _ms_rounds(graphed, lambda s: tt.do_bench_cudagraph(s, rep=20, grad_to_none=fresh), 2)
     return {"shape": shape, "rel_diff": diff, "first_call_s": first_s, "eager": _summary(eager),
             "graph": _summary(graph)}  # fmt: skip
 
