@@ -405,28 +405,6 @@ def test_tuning_key_classes() -> None:
     assert set(cfg) == {"fwd", "dq", "dkdv"}
 
 
-def test_mutation_analysis_is_kept_per_kernel_specialization() -> None:
-    # torch analyses which arguments a user-defined kernel writes at every call site of every graph pass
-    # (Triton's front end each time): for our kernels the answer is kept per (kernel, dtypes, non-tensor
-    # arguments); other kernels, and arguments that cannot key a cache (SymInts), go to torch each time.
-    from cs336_systems.kernels.flash.traced import memoized_analysis
-
-    calls = []
-    analysis = memoized_analysis(
-        lambda kernel, kwargs, tma: calls.append(kernel) or ["O_ptr"], frozenset({"ours"})
-    )
-    args = lambda dtype, n: {"O_ptr": torch.empty(2, dtype=dtype), "N": n, "D": 64}
-    assert analysis("ours", args(torch.bfloat16, 512), {}) == ["O_ptr"]
-    analysis("ours", args(torch.bfloat16, 512), {})  # another call site, the same specialization
-    assert calls == ["ours"]
-    analysis("ours", args(torch.float32, 512), {})
-    analysis("ours", args(torch.bfloat16, 1024), {})
-    analysis("theirs", args(torch.bfloat16, 512), {})
-    analysis("theirs", args(torch.bfloat16, 512), {})
-    analysis("ours", {**args(torch.bfloat16, 512), "N": object()}, {})
-    assert calls == ["ours", "ours", "ours", "theirs", "theirs", "ours"]
-
-
 # -- the torch.compile'd PyTorch backward (D10) and torch.compile(apply) ---------------------------------
 
 

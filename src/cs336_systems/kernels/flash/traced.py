@@ -56,7 +56,6 @@ def _traced_config(kernel: str, q: torch.Tensor, k: torch.Tensor, is_causal: boo
 
 def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
     """``flash_forward`` for a ``triton_op`` body: tuned block-pointer configs, launched by ``wrap_triton``."""
-    memoize_mutation_analysis()
     tune_ahead(q, k, v, is_causal, "traced")
     o = new_output(q)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
@@ -66,70 +65,9 @@ def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
 
 def flash_backward_traced(q, k, v, o, do, lse, is_causal: bool):
     """``flash_backward`` for a ``triton_op`` body."""
-    memoize_mutation_analysis()
     tune_ahead(q, k, v, is_causal, "traced")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     dq_launch(_traced_config("dq", q, k, is_causal), is_causal, q, k, v, o, do, lse, delta, dq).traced()
     dkdv_launch(_traced_config("dkdv", q, k, is_causal), is_causal, q, k, v, do, lse, delta, dk, dv).traced()
     return dq, dk, dv
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Cold compiles: torch's mutation analysis of our kernels, once per specialization instead of per call site
-# ----------------------------------------------------------------------------------------------------------
-
-# torch (2.11-2.13) finds which arguments a user-defined Triton kernel writes by running Triton's front end
-# (source to TTIR) at every call site of every graph pass, uncached: 480 times in a cold compile of the xl
-# model, the bulk of the 60 s by which flash_triton's cold start trailed sdpa's (docs/perf-notes.md,
-# session 16). The answer depends on the kernel and the non-tensor arguments (ints, constexprs, TMA
-# metadata) and on the tensors' dtypes only, so it is kept per such key, for our kernels alone.
-_ANALYSES = ("identify_mutated_tensors", "identify_accessed_tensors")
-
-
-def _arg_key(value: object) -> object:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.dtype)
-    if isinstance(value, bool | int | float | str | type(None)):
-        return (type(value).__name__, value)
-    raise TypeError  # SymInts and anything else: not cached
-
-
-def memoized_analysis(original, kernels: frozenset):
-    """``original(kernel, kwargs, tma_descriptor_metadata)`` answered from a cache for ``kernels``."""
-    cache: dict = {}
-
-    def analysis(kernel, kwargs, tma_descriptor_metadata, *args, **extra):
-        try:
-            key = (
-                kernel,
-                tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())),
-                repr(tma_descriptor_metadata),
-            )
-            hash(key)
-        except TypeError:
-            key = None
-        if key is None or kernel not in kernels or args or extra:
-            return original(kernel, kwargs, tma_descriptor_metadata, *args, **extra)
-        if key not in cache:
-            cache[key] = original(kernel, kwargs, tma_descriptor_metadata)
-        result = cache[key]
-        return list(result) if isinstance(result, list) else result
-
-    analysis.memoized = True
-    return analysis
-
-
-def memoize_mutation_analysis() -> None:
-    """Install :func:`memoized_analysis` for our kernels in torch's Triton wrapper (once; a torch without
-    the function is left as it is)."""
-    from torch._higher_order_ops import triton_kernel_wrap
-
-    from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
-    from .triton_fwd import flash_fwd_kernel
-
-    ours = frozenset((flash_fwd_kernel, flash_bwd_dq_kernel, flash_bwd_dkdv_kernel))
-    for name in _ANALYSES:
-        original = getattr(triton_kernel_wrap, name, None)
-        if original is not None and not getattr(original, "memoized", False):
-            setattr(triton_kernel_wrap, name, memoized_analysis(original, ours))
