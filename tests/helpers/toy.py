@@ -24,8 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cs336_systems.distributed.comm import rank_device, require_process_group, shard_batch, world
-from cs336_systems.distributed.ddp import VARIANTS, DataParallel, make_ddp
+from cs336_systems.distributed.ddp import DataParallel
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
+from cs336_systems.distributed.ddp_factory import VARIANTS, make_ddp
 
 DTYPE = torch.float64
 IN, HIDDEN, OUT, VOCAB = 10, 16, 5, 20

@@ -1,4 +1,4 @@
-"""What every data-parallel wrapper of this package shares, and the one factory that builds them by name.
+"""What every data-parallel wrapper of this package shares.
 
 ``DataParallel`` broadcasts rank 0's parameters and buffers at construction, delegates ``forward``,
 and (for the overlapping variants) owns the post-accumulate-grad hooks with the guard against a
@@ -6,8 +6,8 @@ second gradient before ``finish_gradient_synchronization()``. A step, for every 
 
     ddp.on_train_batch_start(); loss_fn(ddp(x), y).backward(); ddp.finish_gradient_synchronization(); opt.step()
 
-``make_ddp(variant, module, bucket_size_mb)`` is used by the training-step harness and the
-equivalence tests alike. ``bucket_size_mb`` is in MiB (``units.mb_to_bytes``).
+The subclasses import this module and never the other way round: the factory that builds them by
+name, and so imports them all, is ``ddp_factory.make_ddp``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from cs336_systems.distributed.comm import (
     broadcast_module,
     parameter_names,
     require_process_group,
-    trainable_parameters,
     world,
 )
-
-VARIANTS = ("naive", "flat", "individual", "bucketed")
 
 
 class DataParallel(nn.Module):
@@ -73,21 +70,4 @@ class DataParallel(nn.Module):
         self._hooks.clear()
 
 
-def make_ddp(variant: str, module: nn.Module, bucket_size_mb: float | None = None) -> DataParallel:
-    """The wrapper named ``variant``: naive (D14), flat (D15), individual (D16), bucketed (D17)."""
-    from cs336_systems.distributed.ddp_bucketed import DDPBucketed
-    from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
-    from cs336_systems.distributed.naive_ddp import NaiveDDP
-
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown DDP variant {variant!r}; choose one of {VARIANTS}")
-    if (variant == "bucketed") != (bucket_size_mb is not None):
-        raise ValueError(f"bucket_size_mb is required for 'bucketed' and only for it, got {bucket_size_mb}")
-    if variant in ("naive", "flat"):
-        return NaiveDDP(module, flat=variant == "flat")
-    if variant == "individual":
-        return DDPIndividualParameters(module)
-    return DDPBucketed(module, bucket_size_mb=bucket_size_mb)
-
-
-__all__ = ["VARIANTS", "DataParallel", "make_ddp", "trainable_parameters"]
+__all__ = ["DataParallel"]

@@ -46,8 +46,9 @@ from cs336_systems.distributed.comm import (
     share_cpu_threads,
     world,
 )
-from cs336_systems.distributed.ddp import DataParallel, make_ddp
+from cs336_systems.distributed.ddp import DataParallel
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
+from cs336_systems.distributed.ddp_factory import make_ddp
 from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
