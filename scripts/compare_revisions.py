@@ -1,10 +1,8 @@
-"""Time the FlashAttention of an earlier revision and of this tree side by side, in one process.
-
-A refactor proves it kept every win this way: both versions tune their own configs, then each case's
-forward+backward is timed in interleaved rounds (the order alternates per round; the ratio is the median
-of the per-round ratios, so machine drift cancels), eagerly (``do_bench``: host time counts where a call
-is host-bound) and replayed from a CUDA graph (device time only). Cases: the attention shapes group's
-grid and breadth shapes (bf16, 4-D) and the leaderboard case through a compiled ``apply``.
+"""Time the FlashAttention of an earlier revision and of this tree side by side, in one process: how a
+refactor proves it kept every win. Both versions tune their own configs; each case's forward+backward is
+timed in interleaved rounds (order alternating; the ratio is the median of per-round ratios, so drift
+cancels), eagerly (``do_bench``) and replayed from a CUDA graph. Cases: the attention shapes group (bf16,
+4-D) and the leaderboard case through a compiled ``apply``.
 
     python scripts/compare_revisions.py export b5e7783 .ab/old      # here: the old package as cs336_old
     PYTHONPATH=src:.ab/old python scripts/compare_revisions.py run --out ab.json   # on the GPU
@@ -38,7 +36,6 @@ def export(rev: str, dest: Path) -> None:
             out = dest / OLD / path.relative_to(Path(tmp) / "src" / "cs336_systems")
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(re.sub(r"\bcs336_systems\b", OLD, path.read_text()))
-    print(f"{rev} exported to {dest / OLD}")
 
 
 def _ms_rounds(steps: dict, timer, rounds: int) -> dict[str, list[float]]:
@@ -94,6 +91,7 @@ def _time_shape(applies: dict, shape: tuple, gen, rounds: int) -> dict:
 def run(out: Path, rounds: int) -> None:
     import importlib
 
+    import pandas as pd
     import torch
     import triton.testing as tt
 
@@ -107,7 +105,6 @@ def run(out: Path, rounds: int) -> None:
     rows = []
     for shape in (*ATTENTION_SHAPES, *BREADTH_SHAPES):
         rows.append(_time_shape(applies, shape, gen, rounds))
-        print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
     # The leaderboard case, exactly as the handout calls it: 3-D views, a compiled apply.
     q, k, v = torch.randn(3, 16, 16384, 64, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
@@ -118,32 +115,20 @@ def run(out: Path, rounds: int) -> None:
         lb[name]()  # compiles, tunes
     timer = lambda s: tt.do_bench(s, warmup=200, rep=1000, grad_to_none=[q, k, v])
     rows.append({"shape": "leaderboard", "eager": _summary(_ms_rounds(lb, timer, rounds))})
-    print(json.dumps(rows[-1]), flush=True)
     out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print(
-        "\n| case | eager old ms | new ms | new/old | graph old ms | new ms | new/old | first call old / new s |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for row in rows:
-        e, g = row["eager"], row.get("graph")
-        cells = [f"{e['old_ms']:.3f}", f"{e['new_ms']:.3f}", f"{e['ratio']:.3f}"]
-        cells += [f"{g['old_ms']:.3f}", f"{g['new_ms']:.3f}", f"{g['ratio']:.3f}"] if g else ["", "", ""]
-        first = row.get("first_call_s")
-        cells.append(f"{first['old']:.1f} / {first['new']:.1f}" if first else "")
-        print(f"| {row['shape']} | " + " | ".join(cells) + " |")
+    table = pd.json_normalize([{**row, "shape": str(row["shape"])} for row in rows]).set_index("shape")
+    print(table.drop(columns="rel_diff").to_markdown(floatfmt=".3f"))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("export", help="write an earlier revision's package as cs336_old")
-    e.add_argument("rev")
-    e.add_argument("dest", type=Path)
-    r = sub.add_parser("run", help="time both versions on the GPU (cs336_old on PYTHONPATH)")
-    r.add_argument("--out", type=Path, default=Path("compare_revisions.json"))
-    r.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
-    export(args.rev, args.dest) if args.cmd == "export" else run(args.out, args.rounds)
+    p.add_argument("cmd", choices=("export", "run"))
+    p.add_argument("rev", nargs="?", help="export: the earlier revision")
+    p.add_argument("dest", nargs="?", type=Path, default=Path(".ab/old"), help="export: where cs336_old goes")
+    p.add_argument("--out", type=Path, default=Path("compare_revisions.json"), help="run: the JSON written")
+    p.add_argument("--rounds", type=int, default=5, help="run: interleaved rounds per case")
+    a = p.parse_args()
+    export(a.rev, a.dest) if a.cmd == "export" else run(a.out, a.rounds)
 
 
 if __name__ == "__main__":

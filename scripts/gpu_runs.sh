@@ -1,16 +1,7 @@
 #!/usr/bin/env bash
-# The GPU runs behind docs/perf-notes.md and docs/results/, one stage per argument:
-#   bash scripts/gpu_runs.sh tests model-xl-mem profile     (single GPU)
-#   bash scripts/gpu_runs.sh model-core                     (single GPU)
-#   bash scripts/gpu_runs.sh attention flash                (single GPU)
-#   bash scripts/gpu_runs.sh tests-attention flash-shapes model-attention   (1 GPU, issue 14)
-#   bash scripts/gpu_runs.sh model-attention-cudagraphs flash-leaderboard                  (1 GPU, issue 14)
-#   bash scripts/gpu_runs.sh flash-compare cold-start                                     (1 GPU, issue 36)
-#   bash scripts/gpu_runs.sh allreduce ddp sharding         (4 GPUs; the DDP/sharding stages use 2)
-#   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
-#   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
-#   bash scripts/gpu_runs.sh leaderboard-2026-compiled fsdp-blocks tests-fsdp             (2 GPUs, issues 15/17)
-# Output (JSON, logs, traces) goes to $OUT (default runs/gpu). Each stage fits a 10-minute command.
+# The GPU runs behind docs/perf-notes.md and docs/results/, one stage per argument, each sized for a
+# 10-minute command: `OUT=runs/gpu bash scripts/gpu_runs.sh STAGE...` (the stages are the cases below;
+# allreduce/ddp/sharding/leaderboard-2026*/fsdp*/tests-fsdp/tests-nccl need 2-4 GPUs, the rest one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

@@ -37,15 +37,10 @@ ENV_PREFIX = "CS336_"
 
 # Temporary, while the lead and the other helpers split these files (issue 36); removed by the lead at merge.
 KNOWN_LONG = {
-    "kernels/flash_attention.py",
-    "kernels/flash_gluon.py",
     "training/step_8b.py",
     "report/answers.py",
     "distributed/fsdp.py",
 }
-# Temporary: reads six CS336_FLASH_* at import until FlashSettings (kernels/flash/settings.py) does;
-# removed by the lead at merge.
-KNOWN_ENV_READERS = {"kernels/flash_attention.py"}
 
 
 @cache
@@ -287,7 +282,7 @@ def _env_readers(root: Path) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize(
     "tree, known",
-    [("src/cs336_systems", KNOWN_ENV_READERS), ("bench", set()), ("scripts", set()), ("tests", set())],
+    [("src/cs336_systems", set()), ("bench", set()), ("scripts", set()), ("tests", set())],
 )
 def test_cs336_variables_are_read_only_in_settings_modules(tree: str, known: set[str]) -> None:
     readers = _env_readers(REPO / tree)
@@ -295,7 +290,7 @@ def test_cs336_variables_are_read_only_in_settings_modules(tree: str, known: set
         f"CS336_* read outside settings.py: { {p: readers[p] for p in set(readers) - known} }"
     )
     assert known <= set(readers), (
-        f"no longer reads CS336_*, drop from KNOWN_ENV_READERS: {sorted(known - set(readers))}"
+        f"no longer reads CS336_*, drop it from the known readers: {sorted(known - set(readers))}"
     )
 
 
@@ -328,7 +323,6 @@ def _script_problems(scripts: Path) -> list[str]:
     return problems
 
 
-@pytest.mark.skip(reason="lead removes the probes at merge")
 def test_scripts_are_user_tools() -> None:
     problems = _script_problems(REPO / "scripts")
     assert not problems, "\n".join(problems)
