@@ -1,0 +1,111 @@
+"""Any implementation through its grading hooks: load an adapters file by path and call its hooks.
+
+The course's graders reach an implementation only through ``tests/adapters.py``; the contract tests
+(``tests/contract/``) and the benches' ``adapters`` rows do the same, with any file a student points
+them at (``--adapters PATH`` or ``CS336_ADAPTERS``). A hook the file does not define, or one that
+raises ``NotImplementedError`` itself (the course's blank template), is *not implemented*: callers
+skip it by name instead of failing. A ``NotImplementedError`` raised deeper, inside the student's
+code, is a real error and propagates.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ENV_VAR = "CS336_ADAPTERS"
+OPTION = "--adapters"
+IMPL = "adapters"  # the implementation value of the benches' adapters rows
+
+# An adapters row exists only when an adapters file is given: `adapters_param` marks it with this
+# marker and the root conftest drops the marked cases otherwise.
+MARKER = "adapters_row"
+
+
+class HookNotImplemented(Exception):
+    """The adapters file lacks ``hook`` or the hook raises ``NotImplementedError`` itself."""
+
+    def __init__(self, hook: str, why: str):
+        super().__init__(f"hook {hook} {why}")
+        self.hook = hook
+
+    @property
+    def skip_reason(self) -> str:
+        return f"{self.hook}: not implemented ({self.args[0]})"
+
+
+def requested_path(option_value: str | None) -> Path | None:
+    """The adapters file asked for: the option, else the environment variable, else None."""
+    value = option_value or os.environ.get(ENV_VAR) or None
+    if value is None:
+        return None
+    path = Path(value).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{OPTION} / {ENV_VAR}: no adapters file at {path}")
+    return path
+
+
+@functools.cache
+def load_adapters(path: str | Path) -> types.ModuleType:
+    """The module at ``path``, imported by file path (any name, any folder) once per process.
+    Its folder goes on ``sys.path`` so that it may import its neighbours, as the course's file does."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no adapters file at {path}")
+    name = f"cs336_adapters_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _raised_by_hook(exc: BaseException, fn: Callable) -> bool:
+    """Whether ``exc`` was raised in ``fn``'s own body (its last traceback frame is ``fn``'s code)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is getattr(fn, "__code__", None)
+
+
+def call_hook(module: types.ModuleType, hook: str, *args: Any, **kwargs: Any) -> Any:
+    """``module.<hook>(*args, **kwargs)``; raises :class:`HookNotImplemented` when the hook is missing
+    or is a blank that raises ``NotImplementedError`` itself."""
+    fn = getattr(module, hook, None)
+    if fn is None:
+        raise HookNotImplemented(hook, f"is not defined in {module.__file__}")
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as exc:
+        if _raised_by_hook(exc, fn):
+            raise HookNotImplemented(hook, "raises NotImplementedError") from None
+        raise
+
+
+def flash_function(path: str | Path, kind: str = "triton") -> type | None:
+    """The adapters' FlashAttention ``autograd.Function`` (``kind`` triton or pytorch), or None when
+    that hook is not implemented."""
+    hook = f"get_flashattention_autograd_function_{kind}"
+    try:
+        return call_hook(load_adapters(path), hook)
+    except HookNotImplemented:
+        return None
+
+
+def adapters_param(*values: Any, id: str = IMPL) -> Any:
+    """A bench case for the adapters' implementation, dropped by the root conftest unless an adapters
+    file is given (``values`` default to the one value ``"adapters"``)."""
+    return pytest.param(*(values or (IMPL,)), marks=getattr(pytest.mark, MARKER), id=id)
