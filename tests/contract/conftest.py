@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.distributed.launch import spawn
+from cs336_systems.harness.adapters import blank_hook
 
 from .contract import DEFAULT_ADAPTERS, Hooks, SpawnCache
 
@@ -35,6 +36,20 @@ def hooks(adapters_under_test: Path) -> Hooks:
 def spawned() -> SpawnCache:
     """Per-rank results of a rank function on N gloo ranks, spawned once per session and arguments."""
     return SpawnCache(spawn, SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(autouse=True)
+def _skip_blank_hooks(request: pytest.FixtureRequest) -> None:
+    """A test whose hooks include a missing or blank one (the course's template) skips, naming it,
+    before any rank is spawned."""
+    marker = request.node.get_closest_marker("hook")
+    if marker is None:
+        return
+    hooks: Hooks = request.getfixturevalue("hooks")
+    for name in marker.args:
+        blank = blank_hook(hooks.module, name)
+        if blank is not None:
+            pytest.skip(blank.skip_reason)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

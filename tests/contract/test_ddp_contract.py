@@ -86,10 +86,8 @@ def _grad_misses(ddp_model: nn.Module, reference: nn.Module, step: int, world_si
         if err <= TOL:
             continue
         summed = (grad - world_size * ref.grad).abs().max().item() <= TOL
-        why = f"gradients summed, not averaged (= {world_size} x the full-batch gradient)" if summed else ""
-        misses.append(
-            f"step {step}: max |grad {name} - full-batch grad| = {fmt(err)} > {TOL:g} {why}".rstrip()
-        )
+        why = f": gradients summed, not averaged (= {world_size} x the full-batch gradient)" if summed else ""
+        misses.append(f"step {step}: max |grad {name} - full-batch grad| = {fmt(err)} > {TOL:g}{why}")
     return misses
 
 
@@ -105,7 +103,7 @@ def _train(hooks: Hooks, case: tuple) -> dict:
     init = max_diff(module, reference)
     if init > 0:
         misses.append(
-            f"parameters not broadcast from rank 0 at construction: max |rank {rank} - rank 0| = {fmt(init)}"
+            f"parameters / buffers not broadcast from rank 0 at construction: max |rank {rank} - rank 0| = {fmt(init)}"
         )
     opt, opt_ref = _optimizer(opt_name, ddp.parameters()), _optimizer(opt_name, reference.parameters())
     global_batch = PER_RANK_BATCH * world_size

@@ -204,7 +204,7 @@ def fsdp_rank(path: str, cases: list[tuple]) -> dict:
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 @pytest.mark.hook(*HOOKS)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("world_size", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
 def test_fsdp_matches_single_process(
     request, spawned, adapters_under_test, world_size: int, case: tuple

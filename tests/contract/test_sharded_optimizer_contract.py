@@ -131,7 +131,7 @@ def _ownership_misses(results: list[dict]) -> list[str]:
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 @pytest.mark.hook(HOOK)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("world_size", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_sharded_optimizer(request, spawned, adapters_under_test, world_size: int, case: tuple) -> None:
     """Weights = the unsharded optimizer's at every step (param groups, add_param_group after

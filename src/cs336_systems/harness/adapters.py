@@ -10,11 +10,14 @@ code, is a real error and propagates.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
+import inspect
 import os
 import sys
+import textwrap
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +96,29 @@ def call_hook(module: types.ModuleType, hook: str, *args: Any, **kwargs: Any) ->
         if _raised_by_hook(exc, fn):
             raise HookNotImplemented(hook, "raises NotImplementedError") from None
         raise
+
+
+def _is_not_implemented(node: ast.expr | None) -> bool:
+    target = node.func if isinstance(node, ast.Call) else node
+    return isinstance(target, ast.Name) and target.id == "NotImplementedError"
+
+
+def blank_hook(module: types.ModuleType, hook: str) -> HookNotImplemented | None:
+    """Why ``hook`` is not implemented, read from the source without calling it (a hook may need a
+    process group to be called): missing, or a body that only raises ``NotImplementedError`` (after an
+    optional docstring). None when it has a body of its own."""
+    fn = getattr(module, hook, None)
+    if fn is None:
+        return HookNotImplemented(hook, f"is not defined in {module.__file__}")
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
+    except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
+        return None  # no readable source: find out by calling it
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) == 1 and isinstance(body[0], ast.Raise) and _is_not_implemented(body[0].exc):
+        return HookNotImplemented(hook, "raises NotImplementedError")
+    return None
 
 
 def flash_function(path: str | Path, kind: str = "triton") -> type | None:
