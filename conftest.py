@@ -64,8 +64,17 @@ def adapters_path(config: pytest.Config) -> Path | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if adapters_path(config) is None:  # no adapters file: its bench rows do not exist
-        items[:] = [i for i in items if i.get_closest_marker(adapters_hooks.MARKER) is None]
+    path = adapters_path(config)
+    if path is None:  # no adapters file: its bench rows do not exist
+        rows = [i for i in items if i.get_closest_marker(adapters_hooks.MARKER) is not None]
+        if rows:
+            config.hook.pytest_deselected(items=rows)
+            items[:] = [i for i in items if i.get_closest_marker(adapters_hooks.MARKER) is None]
+    for item in items:
+        row = item.get_closest_marker(adapters_hooks.MARKER)
+        reason = row and adapters_hooks.unimplemented(path, row.args)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
     available = cuda_count()
     for item in items:
         marker = item.get_closest_marker("gpu")

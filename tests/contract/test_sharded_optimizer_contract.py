@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from cs336_systems.harness.adapters import held_optimizers
 from tests.helpers.toy import loss_fn, make_batch, make_model, max_diff
 
 from .contract import Hooks, assert_no_misses, case_results, fmt, run_rank_cases, selected_cases
@@ -45,25 +46,10 @@ def _groups(model: nn.Module, kind: str) -> list:
     ]
 
 
-def _optimizers_in(opt: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
-    """``opt`` and the optimizers it holds in its attributes (directly, or in a list / dict)."""
-    found = [opt]
-    for value in vars(opt).values():
-        values = (
-            value.values()
-            if isinstance(value, dict)
-            else value
-            if isinstance(value, list | tuple)
-            else [value]
-        )
-        found += [v for v in values if isinstance(v, torch.optim.Optimizer) and v is not opt]
-    return found
-
-
 def _with_state(opt: torch.optim.Optimizer, model: nn.Module) -> list[str]:
     names = {id(p): n for n, p in model.named_parameters()}
     held = set()
-    for inner in _optimizers_in(opt):
+    for inner in held_optimizers(opt):
         for param, state in inner.state.items():
             if any(isinstance(v, torch.Tensor) for v in state.values()):
                 held.add(names.get(id(param), "<not a model parameter>"))

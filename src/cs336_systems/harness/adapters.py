@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 ENV_VAR = "CS336_ADAPTERS"
 OPTION = "--adapters"
@@ -32,6 +33,7 @@ IMPL = "adapters"  # the implementation value of the benches' adapters rows
 # An adapters row exists only when an adapters file is given: `adapters_param` marks it with this
 # marker and the root conftest drops the marked cases otherwise.
 MARKER = "adapters_row"
+TRITON_HOOK = "get_flashattention_autograd_function_triton"
 
 
 class HookNotImplemented(Exception):
@@ -131,7 +133,103 @@ def flash_function(path: str | Path, kind: str = "triton") -> type | None:
         return None
 
 
-def adapters_param(*values: Any, id: str = IMPL) -> Any:
-    """A bench case for the adapters' implementation, dropped by the root conftest unless an adapters
-    file is given (``values`` default to the one value ``"adapters"``)."""
-    return pytest.param(*(values or (IMPL,)), marks=getattr(pytest.mark, MARKER), id=id)
+def flash_apply(path: str | Path | None, compiled: bool = False) -> Callable:
+    """The adapters' Triton FlashAttention as ``fn(q, k, v, is_causal)`` for a bench row
+    (``torch.compile``'d as the leaderboard does when ``compiled``); skips the case, naming the hook,
+    when it is not implemented."""
+    if path is None:
+        raise ValueError(f"an 'adapters' case needs an adapters file ({OPTION} or {ENV_VAR})")
+    try:
+        fn = call_hook(load_adapters(path), TRITON_HOOK)
+    except HookNotImplemented as exc:
+        pytest.skip(exc.skip_reason)
+    if not compiled:
+        return fn.apply
+    torch._dynamo.reset()
+    return torch.compile(fn.apply)
+
+
+def row_marks(value: Any, *hooks: str) -> list:
+    """The marks of a bench case: for the adapters' value, the row marker naming the hooks the row
+    needs (``"a|b"``: either), so that the root conftest drops it without ``--adapters`` and skips it,
+    naming the hook, when a hook is not implemented; none for any other value."""
+    return [getattr(pytest.mark, MARKER)(*hooks)] if value == IMPL else []
+
+
+def adapters_param(*values: Any, hooks: tuple[str, ...], id: str = IMPL, gpu: bool = False) -> Any:
+    """A bench case of the adapters' implementation (``values`` default to ``"adapters"``); ``gpu``
+    marks it GPU-only."""
+    marks = row_marks(IMPL, *hooks) + ([pytest.mark.gpu] if gpu else [])
+    return pytest.param(*(values or (IMPL,)), marks=marks, id=id)
+
+
+def unimplemented(path: str | Path, hooks: tuple[str, ...]) -> str | None:
+    """Why a row needing ``hooks`` cannot run (its first hook with no implemented alternative), or None."""
+    module = load_adapters(path)
+    for alternatives in hooks:
+        blanks = [blank_hook(module, h) for h in alternatives.split("|")]
+        if all(b is not None for b in blanks):
+            return blanks[0].skip_reason
+    return None
+
+
+# -- the training benches: DDP and the sharded optimizer through the hooks ---------------------------
+
+
+def held_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """``optimizer`` and the optimizers it holds as attributes (directly or in a list / dict): where a
+    sharded optimizer keeps its state, whatever it calls the wrapped instance."""
+    found = [optimizer]
+    for value in vars(optimizer).values():
+        if isinstance(value, dict):
+            values = list(value.values())
+        else:
+            values = list(value) if isinstance(value, list | tuple) else [value]
+        found += [v for v in values if isinstance(v, torch.optim.Optimizer) and v is not optimizer]
+    return found
+
+
+def _first_implemented(module: types.ModuleType, *hooks: str) -> str:
+    for hook in hooks:
+        if blank_hook(module, hook) is None:
+            return hook
+    raise HookNotImplemented(" / ".join(hooks), "not implemented")
+
+
+class AdaptersDDP(torch.nn.Module):
+    """The adapters' DDP behind the interface the training harness drives (``forward``,
+    ``on_train_batch_start()``, ``finish_gradient_synchronization()``): bucketed
+    (``get_ddp_bucketed``) when ``bucket_mb`` is given, else per-parameter (1.0.5's
+    ``get_ddp_individual_parameters``, or 2026's ``get_ddp``). Set ``optimizer`` before the first
+    step: the hooks receive it."""
+
+    def __init__(self, path: str | Path, module: torch.nn.Module, bucket_mb: float | None = None):
+        super().__init__()
+        self.hooks = load_adapters(path)
+        if bucket_mb is not None:
+            self.inner = call_hook(self.hooks, "get_ddp_bucketed", module, bucket_mb)
+            self._after, self._start = "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start"
+        else:
+            get = _first_implemented(self.hooks, "get_ddp_individual_parameters", "get_ddp")
+            self.inner = call_hook(self.hooks, get, module)
+            self._start = None
+            self._after = (
+                "ddp_individual_parameters_on_after_backward" if get != "get_ddp" else "ddp_on_after_backward"
+            )
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(*args, **kwargs)
+
+    def on_train_batch_start(self) -> None:
+        if self._start is not None:
+            call_hook(self.hooks, self._start, self.inner, self.optimizer)
+
+    def finish_gradient_synchronization(self) -> None:
+        call_hook(self.hooks, self._after, self.inner, self.optimizer)
+
+
+def sharded_optimizer(
+    path: str | Path, params: Any, optimizer_cls: type, **kwargs: Any
+) -> torch.optim.Optimizer:
+    return call_hook(load_adapters(path), "get_sharded_optimizer", params, optimizer_cls, **kwargs)
