@@ -53,6 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "hook(*names): a contract test of these grading hooks")
+    # Here, not in tests/contract/conftest.py: an xdist controller never loads that one, and the
+    # per-hook summary is printed by the controller.
+    if not config.pluginmanager.has_plugin(adapters_hooks.SUMMARY_PLUGIN):
+        config.pluginmanager.register(adapters_hooks.HookSummary(), adapters_hooks.SUMMARY_PLUGIN)
     config.addinivalue_line(
         "markers", f"{adapters_hooks.MARKER}: a bench case of the adapters file, run only with --adapters"
     )

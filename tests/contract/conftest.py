@@ -2,24 +2,22 @@
 
 The adapters file under test: ``--adapters PATH`` or ``CS336_ADAPTERS`` (declared in the root
 conftest), else the suite's own ``tests/adapters.py``. Every test names the hooks it exercises with
-``@pytest.mark.hook(...)``; the summary counts each test under each of its hooks.
+``@pytest.mark.hook(...)``; the summary (``harness.adapters.HookSummary``, registered by the root
+conftest so that it also prints in a whole-suite run under xdist) counts each test under each hook.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 from cs336_systems.distributed.launch import spawn
-from cs336_systems.harness.adapters import blank_hook
+from cs336_systems.harness.adapters import HOOKS_PROPERTY, blank_hook
 
 from .contract import DEFAULT_ADAPTERS, Hooks, SpawnCache
 
 SPAWN_TIMEOUT_S = 120.0
-_OUTCOMES = ("passed", "failed", "skipped")
-_SUMMARY = "cs336-contract-summary"
 
 
 @pytest.fixture(scope="session")
@@ -57,35 +55,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         marker = item.get_closest_marker("hook")
         if marker is not None:
-            item.user_properties.append(("contract_hooks", tuple(marker.args)))
-
-
-class HookSummary:
-    """Counts outcomes per hook from the test reports, and prints one line per hook at the end."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, Counter] = defaultdict(Counter)
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        hooks = dict(report.user_properties).get("contract_hooks")
-        # one count per test: its call phase, or the setup / teardown phase that failed or skipped
-        if hooks is None or (report.when != "call" and report.outcome == "passed"):
-            return
-        for hook in hooks:
-            self.counts[hook][report.outcome] += 1
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.counts:
-            return
-        terminalreporter.write_sep("=", "contract summary per hook")
-        width = max(map(len, self.counts))
-        for hook in sorted(self.counts):
-            c = self.counts[hook]
-            verdict = "FAIL" if c["failed"] else ("ok" if c["passed"] else "not implemented / skipped")
-            cells = "  ".join(f"{c[o]:3d} {o}" for o in _OUTCOMES)
-            terminalreporter.write_line(f"{hook:<{width}}  {cells}  {verdict}")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if not config.pluginmanager.has_plugin(_SUMMARY):
-        config.pluginmanager.register(HookSummary(), _SUMMARY)
+            item.user_properties.append((HOOKS_PROPERTY, tuple(marker.args)))

@@ -19,6 +19,7 @@ import os
 import sys
 import textwrap
 import types
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,36 @@ def sharded_optimizer(
     path: str | Path, params: Any, optimizer_cls: type, **kwargs: Any
 ) -> torch.optim.Optimizer:
     return call_hook(load_adapters(path), "get_sharded_optimizer", params, optimizer_cls, **kwargs)
+
+
+# -- the contract run's summary -----------------------------------------------------------------------
+
+SUMMARY_PLUGIN = "cs336-contract-summary"
+HOOKS_PROPERTY = "contract_hooks"  # user property naming a contract test's hooks (it travels with reports)
+_OUTCOMES = ("passed", "failed", "skipped")
+
+
+class HookSummary:
+    """Counts outcomes per hook from the test reports, and prints one line per hook at the end."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Counter] = defaultdict(Counter)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        hooks = dict(report.user_properties).get(HOOKS_PROPERTY)
+        # one count per test: its call phase, or the setup / teardown phase that failed or skipped
+        if hooks is None or (report.when != "call" and report.outcome == "passed"):
+            return
+        for hook in hooks:
+            self.counts[hook][report.outcome] += 1
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.counts:
+            return
+        terminalreporter.write_sep("=", "contract summary per hook")
+        width = max(map(len, self.counts))
+        for hook in sorted(self.counts):
+            c = self.counts[hook]
+            verdict = "FAIL" if c["failed"] else ("ok" if c["passed"] else "not implemented / skipped")
+            cells = "  ".join(f"{c[o]:3d} {o}" for o in _OUTCOMES)
+            terminalreporter.write_line(f"{hook:<{width}}  {cells}  {verdict}")
