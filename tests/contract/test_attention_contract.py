@@ -83,10 +83,13 @@ def check_case(fn: type, shape: tuple, is_causal: bool, dtype: torch.dtype, devi
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", CPU_SHAPES, ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}")
 @pytest.mark.parametrize("kind", [_kind_param(k) for k in KINDS])
-def test_matches_float64(hooks: Hooks, kind: str, shape: tuple, is_causal: bool, dtype: torch.dtype) -> None:
-    """O, the saved L, dQ, dK and dV against float64 math, on lengths no tile size divides."""
+def test_matches_float64(
+    hooks: Hooks, device: torch.device, kind: str, shape: tuple, is_causal: bool, dtype: torch.dtype
+) -> None:
+    """O, the saved L, dQ, dK and dV against float64 math, on lengths no tile size divides (on the
+    GPU when there is one, else on the CPU: Triton under its interpreter)."""
     fn = skip_blank(getattr(hooks, f"get_flashattention_autograd_function_{kind}"))
-    check_case(fn, shape, is_causal, dtype, torch.device("cpu"))
+    check_case(fn, shape, is_causal, dtype, device)
 
 
 @pytest.mark.gpu
@@ -112,10 +115,9 @@ BAD_INPUTS = {
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("bad", BAD_INPUTS)
 @pytest.mark.parametrize("kind", [_kind_param(k) for k in KINDS])
-def test_bad_input_raises(hooks: Hooks, kind: str, bad: str) -> None:
+def test_bad_input_raises(hooks: Hooks, device: torch.device, kind: str, bad: str) -> None:
     """Mismatched shapes raise an exception (of any type), and do so promptly, instead of returning."""
     fn = skip_blank(getattr(hooks, f"get_flashattention_autograd_function_{kind}"))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     q, k, v = (torch.randn(s, device=device) for s in BAD_INPUTS[bad])
     shapes = f"Q {tuple(q.shape)}, K {tuple(k.shape)}, V {tuple(v.shape)}"
     try:
