@@ -25,6 +25,14 @@ def adapters_under_test(adapters_file: Path | None) -> Path:
     return adapters_file or DEFAULT_ADAPTERS
 
 
+@pytest.fixture
+def suite_self_check(adapters_under_test: Path) -> None:
+    """For tests of the contract suite itself (planted bugs, bench rows): skipped while grading
+    another adapters file, where they would only cost the student time."""
+    if adapters_under_test.resolve() != DEFAULT_ADAPTERS.resolve():
+        pytest.skip("a self-check of the contract suite; runs without --adapters")
+
+
 @pytest.fixture(scope="session")
 def hooks(adapters_under_test: Path) -> Hooks:
     return Hooks(adapters_under_test)

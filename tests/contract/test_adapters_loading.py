@@ -73,6 +73,7 @@ def _pytest(*args: str) -> str:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.usefixtures("suite_self_check")
 def test_bench_rows_exist_only_with_adapters() -> None:
     """Without --adapters a bench has no adapters row; with a blank template the row skips, naming
     the hook, before any rank is spawned."""

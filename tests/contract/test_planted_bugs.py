@@ -45,6 +45,7 @@ PLANTED = {
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("planted", PLANTED, ids=lambda f: f.removesuffix(".py").removeprefix("planted_"))
+@pytest.mark.usefixtures("suite_self_check")
 def test_contract_catches_planted_bug(planted: str) -> None:
     selection, expected, unexpected, hook = PLANTED[planted]
     cmd = [sys.executable, "-m", "pytest", "tests/contract", "--adapters", str(DATA / planted)]
