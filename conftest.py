@@ -5,11 +5,19 @@ Markers (declared in pyproject.toml):
 - ``gpu`` / ``gpu(n)``: skipped with a reason unless at least n CUDA devices are present.
 - ``distributed``: forms a process group of spawned processes.
 - ``slow``: long-running.
+- ``hook(name, ...)``: a contract test of these grading hooks (``tests/contract/``).
+- ``adapters_row``: a bench case of the adapters' implementation, dropped unless ``--adapters`` is given.
+
+Option (here because pytest reads ``pytest_addoption`` only from the rootdir conftest and plugins):
+``--adapters PATH`` (or ``CS336_ADAPTERS``) points the contract tests at any adapters file (default:
+``tests/adapters.py``) and adds an ``adapters`` row to the attention, leaderboard, DDP and sharding
+benches.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +33,7 @@ if not torch.cuda.is_available():
         torch.set_num_threads(1)
 
 from cs336_systems.distributed.launch import find_free_port, spawn
+from cs336_systems.harness import adapters as adapters_hooks
 from cs336_systems.model import PRESETS, ModelConfig
 
 
@@ -32,7 +41,44 @@ def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("cs336 adapters").addoption(
+        adapters_hooks.OPTION,
+        default=None,
+        metavar="PATH",
+        help=f"an adapters file to grade and benchmark (env {adapters_hooks.ENV_VAR}); the contract "
+        "tests default to tests/adapters.py, the benches add an 'adapters' row only when it is given",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "hook(*names): a contract test of these grading hooks")
+    # Here, not in tests/contract/conftest.py: an xdist controller never loads that one, and the
+    # per-hook summary is printed by the controller.
+    if not config.pluginmanager.has_plugin(adapters_hooks.SUMMARY_PLUGIN):
+        config.pluginmanager.register(adapters_hooks.HookSummary(), adapters_hooks.SUMMARY_PLUGIN)
+    config.addinivalue_line(
+        "markers", f"{adapters_hooks.MARKER}: a bench case of the adapters file, run only with --adapters"
+    )
+
+
+def adapters_path(config: pytest.Config) -> Path | None:
+    """The adapters file given by --adapters or CS336_ADAPTERS, else None."""
+    return adapters_hooks.requested_path(config.getoption(adapters_hooks.OPTION))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    path = adapters_path(config)
+    if path is None:  # no adapters file: its bench rows do not exist
+        rows = [i for i in items if i.get_closest_marker(adapters_hooks.MARKER) is not None]
+        if rows:
+            config.hook.pytest_deselected(items=rows)
+            items[:] = [i for i in items if i.get_closest_marker(adapters_hooks.MARKER) is None]
+    for item in items:
+        row = item.get_closest_marker(adapters_hooks.MARKER)
+        reason = row and adapters_hooks.unimplemented(path, row.args)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
     available = cuda_count()
     for item in items:
         marker = item.get_closest_marker("gpu")
@@ -42,6 +88,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if available < needed:
             have = f"{available} present" if available else "none present (CPU-only machine)"
             item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA GPU(s); {have}"))
+
+
+@pytest.fixture(scope="session")
+def adapters_file(pytestconfig: pytest.Config) -> Path | None:
+    """The adapters file of this run (--adapters / CS336_ADAPTERS), or None: the benches' rows."""
+    return adapters_path(pytestconfig)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 Grid (handout 1.2.1): batch 8, no head axis, d in {16, 32, 64, 128} x seq in {256, 1024, 4096, 8192,
 16384}, fp32, causal (the LM's attention), ``impl`` in {"pytorch", "pytorch_compiled"} in ONE group so
-the table compares them. ``pytorch_compiled`` is ``torch.compile(dynamic=False)``, compiled once per
+the table compares them; with ``--adapters PATH`` also ``adapters``, that file's Triton FlashAttention
+(GPU cases only). ``pytorch_compiled`` is ``torch.compile(dynamic=False)``, compiled once per
 shape (compilation falls in the warm-up).
 
 Protocol: 5 warm-up rounds, then 100 rounds of one forward pass and one backward pass, each followed by
@@ -27,10 +28,12 @@ from __future__ import annotations
 
 import statistics
 import timeit
+from pathlib import Path
 
 import pytest
 import torch
 
+from cs336_systems.harness.adapters import IMPL, TRITON_HOOK, adapters_param, flash_apply
 from cs336_systems.harness.attention import make_grad, make_qkv, resolve_impl
 from cs336_systems.harness.environment import environment_info
 from cs336_systems.harness.record import log_case, record_oom, run_benchmark
@@ -57,18 +60,24 @@ def _cases() -> list:
                 cpu_ok = seq in CPU_SEQS and d in CPU_DS
                 marks = () if cpu_ok else (pytest.mark.gpu,)
                 cases.append(pytest.param(impl, d, seq, D6_DTYPE, marks=marks, id=f"d{d}-seq{seq}-{impl}"))
+            # --adapters PATH: that file's Triton FlashAttention (GPU only, as flash_triton in bench_flash)
+            cases.append(
+                adapters_param(
+                    IMPL, d, seq, D6_DTYPE, hooks=(TRITON_HOOK,), id=f"d{d}-seq{seq}-{IMPL}", gpu=True
+                )
+            )
     return cases
 
 
 @pytest.mark.parametrize(("impl", "d", "seq", "dtype"), _cases())
 def test_attention_eager_vs_compiled(
-    benchmark, device: torch.device, impl: str, d: int, seq: int, dtype: str
+    benchmark, device: torch.device, adapters_file: Path | None, impl: str, d: int, seq: int, dtype: str
 ) -> None:
     tag(benchmark, "attention")
     passes = settings().d6_passes if device.type == "cuda" else 5
     warmup = 5 if device.type == "cuda" else 1
     info = dict(
-        deliverable="D6" if impl == "pytorch" else "D7a",  # per row, finer than the group's "D6/D7a"
+        deliverable="D7a" if impl == "pytorch_compiled" else "D6",  # per row, finer than the group's "D6/D7a"
         impl=impl,
         d=d,
         seq=seq,
@@ -85,7 +94,7 @@ def test_attention_eager_vs_compiled(
     mem: dict[str, float | None] = {}
     phase = ["inputs"]
     try:
-        fn = resolve_impl(impl, shape_key=(D6_BATCH, seq, d, dtype))
+        fn = flash_apply(adapters_file) if impl == IMPL else resolve_impl(impl, (D6_BATCH, seq, d, dtype))
         q, k, v = make_qkv(D6_BATCH, seq, d, dtype, device)
         dout = make_grad(q)
 

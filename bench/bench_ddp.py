@@ -6,7 +6,8 @@ rank), fp32 parameters, torch.optim.AdamW, nccl; on a CPU-only machine the tiny 
 (context 32, a few steps) so the bench runs in seconds. Variants: ``local`` (the same per-rank step
 with no communication: the floor), ``naive`` (D14, one all-reduce per gradient after backward),
 ``flat`` (D15, one flattened all-reduce), ``individual`` (D16, async per-gradient all-reduce from
-hooks), ``bucketed`` (D17, bucket_mb 1/10/100/1000) and ``torch_ddp`` (bucket_cap_mb 1/10/100/1000).
+hooks), ``bucketed`` (D17, bucket_mb 1/10/100/1000) and ``torch_ddp`` (bucket_cap_mb 1/10/100/1000); with
+``--adapters PATH`` also ``adapters``: that file's DDP hooks (per parameter, then bucketed at each size).
 
 Numbers (``cs336_systems.harness.train_step``): the step time is the host clock around one full
 step ending in a device synchronize, max over ranks per step; pytest-benchmark's rounds and
@@ -29,8 +30,11 @@ CS336_DDP_PROFILE_STEPS, CS336_DDP_WORLD_SIZES (default 2), CS336_DDP_DTYPES (fp
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from cs336_systems.harness.adapters import IMPL, row_marks
 from cs336_systems.harness.distributed import (
     GroupedRuns,
     run_train_case,
@@ -41,6 +45,12 @@ from cs336_systems.harness.settings import settings
 from cs336_systems.harness.train_step import TrainCase
 
 SPAWN_TIMEOUT_S = 1500.0
+ADAPTERS_INDIVIDUAL = ("get_ddp_individual_parameters|get_ddp",)
+ADAPTERS_BUCKETED = (
+    "get_ddp_bucketed",
+    "ddp_bucketed_on_after_backward",
+    "ddp_bucketed_on_train_batch_start",
+)
 BUCKETS_MB = (1, 10, 100, 1000)
 VARIANTS: list[tuple[str, int | None]] = [
     ("local", None),
@@ -49,6 +59,9 @@ VARIANTS: list[tuple[str, int | None]] = [
     ("individual", None),
     *(("bucketed", b) for b in BUCKETS_MB),
     *(("torch_ddp", b) for b in BUCKETS_MB),
+    # --adapters PATH: the adapters' DDP (per parameter, then bucketed), absent otherwise
+    ("adapters", None),
+    *(("adapters", b) for b in BUCKETS_MB),
 ]
 CTX = settings().ddp_ctx
 CASES = [
@@ -60,6 +73,7 @@ CASES = [
         variant,
         bucket,
         id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}" + (f"-{bucket}MB" if bucket else ""),
+        marks=row_marks(variant, *(ADAPTERS_BUCKETED if bucket else ADAPTERS_INDIVIDUAL)),
     )
     for size in settings().ddp_size
     for dtype in settings().ddp_dtypes
@@ -68,18 +82,32 @@ CASES = [
 ]
 
 
+def case_of(variant: str, bucket_mb: int | None, adapters_file: Path | None) -> TrainCase:
+    return TrainCase(variant, bucket_mb, adapters=str(adapters_file) if variant == IMPL else None)
+
+
 @pytest.fixture(scope="module")
-def ddp_runs(request: pytest.FixtureRequest) -> GroupedRuns:
-    return train_runs(request, lambda p: TrainCase(p["variant"], p["bucket_mb"]), SPAWN_TIMEOUT_S)
+def ddp_runs(request: pytest.FixtureRequest, adapters_file: Path | None) -> GroupedRuns:
+    return train_runs(
+        request, lambda p: case_of(p["variant"], p["bucket_mb"], adapters_file), SPAWN_TIMEOUT_S
+    )
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 300)
 @pytest.mark.parametrize("size,ctx,dtype,world_size,variant,bucket_mb", CASES)
 def test_ddp_step(
-    benchmark, ddp_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str, bucket_mb: int | None
+    benchmark,
+    ddp_runs,
+    adapters_file: Path | None,
+    size: str,
+    ctx: int,
+    dtype: str,
+    world_size: int,
+    variant: str,
+    bucket_mb: int | None,
 ) -> None:
-    case = TrainCase(variant, bucket_mb)
+    case = case_of(variant, bucket_mb, adapters_file)
     result, info = run_train_case(benchmark, ddp_runs, "ddp", case, size, ctx, dtype, world_size)
     group = (size, ctx, dtype, world_size)
     info.update(variant=variant, bucket_mb=bucket_mb, optimizer="adamw")

@@ -67,12 +67,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from cs336_systems.harness.adapters import IMPL, TRITON_HOOK, adapters_param, flash_apply
 from cs336_systems.harness.attention import (
     ATTENTION_SHAPES,
     BREADTH_SHAPES,
@@ -139,8 +141,8 @@ def _leaderboard_fn(impl: str) -> Any:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", LB_IMPLS)
-def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
+@pytest.mark.parametrize("impl", [*LB_IMPLS, adapters_param(hooks=(TRITON_HOOK,))])
+def test_leaderboard(benchmark, device: torch.device, adapters_file: Path | None, impl: str) -> None:
     tag(benchmark, "leaderboard")
     info: dict[str, Any] = dict(
         deliverable="D12",
@@ -164,7 +166,7 @@ def test_leaderboard(benchmark, device: torch.device, impl: str) -> None:
     torch.manual_seed(0)
     qkv = torch.randn(3, LB_HEADS, LB_SEQ, LB_D, device=device, dtype=torch.bfloat16, requires_grad=True)
     q, k, v = qkv
-    attn = _leaderboard_fn(impl)
+    attn = flash_apply(adapters_file, compiled=True) if impl == IMPL else _leaderboard_fn(impl)
 
     def flash_forward_backward() -> None:
         o = attn(q, k, v, True)

@@ -4,7 +4,8 @@ for AdamW unsharded, our ``ShardedOptimizer`` over AdamW, and torch's ``ZeroRedu
 Setup as the DDP bench (``bench_ddp.py``): xl, context 512, global batch 4 (2 per rank), fp32, 2 GPUs
 on nccl (tiny on gloo on a CPU-only machine); gradients averaged by our ``DDPBucketed`` (100 MB
 buckets) in every case, so only the optimizer differs. Variants: ``unsharded`` (torch.optim.AdamW),
-``sharded`` (ShardedOptimizer(params, torch.optim.AdamW)), ``torch_zero``.
+``sharded`` (ShardedOptimizer(params, torch.optim.AdamW)), ``torch_zero``; with ``--adapters PATH`` also
+``adapters`` (that file's ``get_sharded_optimizer(params, torch.optim.AdamW)``).
 
 extra_info (max over ranks): ``peak_after_init_mib`` (torch.cuda.max_memory_allocated after building
 model, DDP wrapper and optimizer), ``peak_before_step_mib`` / ``peak_after_step_mib`` (peak within one
@@ -21,8 +22,11 @@ mean / unsharded mean (goal <= 1.10). Memory figures are None on CPU.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from cs336_systems.harness.adapters import IMPL, row_marks
 from cs336_systems.harness.distributed import (
     GroupedRuns,
     run_train_case,
@@ -34,10 +38,18 @@ from cs336_systems.harness.train_step import TrainCase
 
 SPAWN_TIMEOUT_S = 900.0
 BUCKET_MB = 100
-OPTIMIZER_OF = {"unsharded": "adamw", "sharded": "sharded", "torch_zero": "zero"}
+OPTIMIZER_OF = {"unsharded": "adamw", "sharded": "sharded", "torch_zero": "zero", IMPL: "adapters"}
 CTX = settings().ddp_ctx
 CASES = [
-    pytest.param(size, CTX, dtype, int(ws), variant, id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}")
+    pytest.param(
+        size,
+        CTX,
+        dtype,
+        int(ws),
+        variant,
+        id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}",
+        marks=row_marks(variant, "get_sharded_optimizer"),
+    )
     for size in settings().ddp_size
     for dtype in settings().ddp_dtypes
     for ws in settings().ddp_world_sizes
@@ -45,23 +57,33 @@ CASES = [
 ]
 
 
-def case_of(variant: str) -> TrainCase:
-    return TrainCase("bucketed", BUCKET_MB, OPTIMIZER_OF[variant])
+def case_of(variant: str, adapters_file: Path | None = None) -> TrainCase:
+    adapters = str(adapters_file) if variant == IMPL else None
+    return TrainCase("bucketed", BUCKET_MB, OPTIMIZER_OF[variant], adapters=adapters)
 
 
 @pytest.fixture(scope="module")
-def sharding_runs(request: pytest.FixtureRequest) -> GroupedRuns:
+def sharding_runs(request: pytest.FixtureRequest, adapters_file: Path | None) -> GroupedRuns:
     # The optimizer step is what differs; no profiled step needed here.
-    return train_runs(request, lambda p: case_of(p["variant"]), SPAWN_TIMEOUT_S, profile_steps=0)
+    return train_runs(
+        request, lambda p: case_of(p["variant"], adapters_file), SPAWN_TIMEOUT_S, profile_steps=0
+    )
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 300)
 @pytest.mark.parametrize("size,ctx,dtype,world_size,variant", CASES)
 def test_sharding_step(
-    benchmark, sharding_runs, size: str, ctx: int, dtype: str, world_size: int, variant: str
+    benchmark,
+    sharding_runs,
+    adapters_file: Path | None,
+    size: str,
+    ctx: int,
+    dtype: str,
+    world_size: int,
+    variant: str,
 ) -> None:
-    case = case_of(variant)
+    case = case_of(variant, adapters_file)
     result, info = run_train_case(benchmark, sharding_runs, "sharding", case, size, ctx, dtype, world_size)
     group = (size, ctx, dtype, world_size)
     info.update(variant=variant, optimizer=OPTIMIZER_OF[variant], ddp="bucketed", bucket_mb=BUCKET_MB)

@@ -27,11 +27,14 @@ from cs336_systems.report.schema import tag
 
 def selected_params(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """Parametrize values of the test cases of the requesting module that survived selection
-    (``-k``, ``--only``, deselection), so a group's spawn runs only what will be recorded."""
+    (``-k``, ``--only``, deselection) and are not skipped, so a group's spawn runs only what will
+    be recorded."""
     return [
         dict(item.callspec.params)
         for item in request.session.items
-        if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
+        if getattr(item, "module", None) is request.module
+        and hasattr(item, "callspec")
+        and item.get_closest_marker("skip") is None
     ]
 
 

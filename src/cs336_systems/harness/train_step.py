@@ -21,9 +21,10 @@ Per timed step (all on the device timeline, read after the step's final synchron
   communication).
 
 Variants: local (no communication), naive, flat, individual, bucketed, torch_ddp, fsdp / fsdp_blocks
-(ours per Linear / per Transformer block), torch_fsdp2 / torch_fsdp2_blocks (fully_shard alike); optimizers:
-adamw (torch.optim.AdamW), sharded (our ShardedOptimizer over AdamW), zero (torch's
-ZeroRedundancyOptimizer over AdamW).
+(ours per Linear / per Transformer block), torch_fsdp2 / torch_fsdp2_blocks (fully_shard alike), adapters
+(the DDP hooks of the adapters file ``TrainCase.adapters``: bucketed with a bucket size, else per
+parameter); optimizers: adamw (torch.optim.AdamW), sharded (our ShardedOptimizer over AdamW), zero (torch's
+ZeroRedundancyOptimizer over AdamW), adapters (the adapters' ``get_sharded_optimizer`` over AdamW).
 """
 
 from __future__ import annotations
@@ -51,16 +52,17 @@ from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_factory import make_ddp
 from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
+from cs336_systems.harness.adapters import AdaptersDDP, held_optimizers, sharded_optimizer
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
 from cs336_systems.units import MIB
 
 SHARDED = ("fsdp", "torch_fsdp2", "fsdp_blocks", "torch_fsdp2_blocks")  # bf16: cast weights, not autocast
-VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", *SHARDED)
+VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", *SHARDED, "adapters")
 NO_SYNC_STEP = ("local", "torch_ddp", "torch_fsdp2", "torch_fsdp2_blocks")  # nothing to finish after backward
 BUCKETED = ("bucketed", "torch_ddp")
-OPTIMIZERS = ("adamw", "sharded", "zero")
+OPTIMIZERS = ("adamw", "sharded", "zero", "adapters")
 
 
 @dataclass(frozen=True)
@@ -87,13 +89,16 @@ class TrainCase:
     variant: str = "bucketed"
     bucket_mb: float | None = None
     optimizer: str = "adamw"
+    adapters: str | None = None  # the adapters file of the "adapters" variant / optimizer
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown DDP variant {self.variant!r}; choose one of {VARIANTS}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
-        if (self.variant in BUCKETED) != (self.bucket_mb is not None):
+        if "adapters" in (self.variant, self.optimizer) and self.adapters is None:
+            raise ValueError("the 'adapters' variant / optimizer needs TrainCase.adapters, an adapters file")
+        if self.variant != "adapters" and (self.variant in BUCKETED) != (self.bucket_mb is not None):
             raise ValueError(
                 f"variant {self.variant!r}: bucket_mb is required for {BUCKETED} and only for them"
             )
@@ -116,6 +121,8 @@ def wrap_model(
 ) -> nn.Module:
     if case.variant == "local":
         return model
+    if case.variant == "adapters":
+        return AdaptersDDP(case.adapters, model, case.bucket_mb)
     if case.variant in ("fsdp", "fsdp_blocks"):
         from cs336_systems.distributed.fsdp import FSDP
 
@@ -145,25 +152,31 @@ def wrap_model(
     )
 
 
-def make_optimizer(params: Any, name: str, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(params: Any, name: str, lr: float, adapters: str | None = None) -> torch.optim.Optimizer:
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
     if name == "sharded":
         return ShardedOptimizer(params, torch.optim.AdamW, lr=lr)
+    if name == "adapters":
+        return sharded_optimizer(adapters, params, torch.optim.AdamW, lr=lr)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of optimizer state this rank holds (the wrapped optimizer's, for the sharded ones)."""
-    inner = getattr(optimizer, "local_optimizer", None) or getattr(optimizer, "optim", None) or optimizer
-    return sum(
-        local_bytes(t)
-        for state in inner.state.values()
+    """Bytes of optimizer state this rank holds (the wrapped optimizer's, for the sharded ones; for
+    another implementation, that of every optimizer it holds, each tensor counted once)."""
+    inner = getattr(optimizer, "local_optimizer", None) or getattr(optimizer, "optim", None)
+    holders = [inner] if inner is not None else held_optimizers(optimizer)
+    tensors = {
+        id(t): t
+        for holder in holders
+        for state in holder.state.values()
         for t in state.values()
         if isinstance(t, torch.Tensor)
-    )
+    }
+    return sum(local_bytes(t) for t in tensors.values())
 
 
 def finish_sync(model: nn.Module) -> None:
@@ -231,7 +244,9 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     sharded = case.variant in SHARDED
     compute_dtype = torch.bfloat16 if setup.dtype == "bf16" and sharded else None
     ddp = wrap_model(model, case, device, compute_dtype)
-    optimizer = make_optimizer(ddp.parameters(), case.optimizer, setup.lr)
+    optimizer = make_optimizer(ddp.parameters(), case.optimizer, setup.lr, case.adapters)
+    if isinstance(ddp, AdaptersDDP):
+        ddp.optimizer = optimizer  # the adapters' hooks receive it
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
         if setup.dtype == "bf16" and not sharded
@@ -253,7 +268,7 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     def step(record_memory: bool = False) -> None:
         marks.mark("start")
         optimizer.zero_grad(set_to_none=True)
-        if isinstance(ddp, DataParallel):
+        if isinstance(ddp, DataParallel | AdaptersDDP):
             ddp.on_train_batch_start()
         with autocast:
             loss = cross_entropy(ddp(x), y)
