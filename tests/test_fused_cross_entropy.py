@@ -1,6 +1,7 @@
 """fused_linear_cross_entropy against F.cross_entropy(h @ W.T) in float64: loss and both gradients, for
-fp32, bf16, fp16 and autocast (fp32 h and W), mean and sum, chunks that do not divide the tokens, a vocab that the kernel's block does not
-divide, logits of ±1e4, ignored rows (a whole chunk of them, and all of them), and bad input."""
+fp32, bf16, fp16 and autocast (fp32 h and W), mean and sum, chunks that do not divide the tokens, a vocab
+that the kernel's block does not divide, logits of ±1e4, ignored rows (a whole chunk of them, and all of
+them), and bad input."""
 
 from __future__ import annotations
 
