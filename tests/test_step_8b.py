@@ -172,16 +172,16 @@ def full_layer_weights_alive_at_most(fsdps: list[str]) -> list[tuple[int, int]]:
     """Rank function: for each FSDP, shard the small model (meta -> this rank) and return (the most
     Linear/Embedding layers that held their full weight at once, the number of such layers)."""
     from cs336_systems.distributed.fsdp import is_sharded_layer
-    from cs336_systems.training import step_8b
+    from cs336_systems.training import sharding, step_model
 
     def local_shape(weight: torch.Tensor) -> tuple[int, ...]:
         return tuple(weight.to_local().shape if hasattr(weight, "to_local") else weight.shape)
 
     out = []
-    materialize = step_8b.materialize_
+    materialize = sharding.materialize_
     for fsdp in fsdps:
         options = small_options(fsdp=fsdp)
-        model = step_8b.build_meta_model(options)
+        model = step_model.build_meta_model(options)
         layers = [m for m in model.modules() if is_sharded_layer(m)]
         full_shape = {id(m): tuple(m.weight.shape) for m in layers}
         most = 0
@@ -192,11 +192,11 @@ def full_layer_weights_alive_at_most(fsdps: list[str]) -> list[tuple[int, int]]:
             full = [m for m in layers if not m.weight.is_meta and local_shape(m.weight) == full_shape[id(m)]]
             most = max(most, len(full))
 
-        step_8b.materialize_ = spy
+        sharding.materialize_ = spy
         try:
-            step_8b.shard_model(model, options, torch.device("cpu"))
+            sharding.shard_model(model, options, torch.device("cpu"))
         finally:
-            step_8b.materialize_ = materialize
+            sharding.materialize_ = materialize
         out.append((most, len(layers)))
     return out
 
