@@ -9,6 +9,11 @@ the unsharded model with the same pieces on the whole batch.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +21,7 @@ import torch.nn.functional as F
 
 from cs336_systems.harness.step_8b import combine_step_results
 from cs336_systems.model import TransformerLM, get_preset
+from cs336_systems.training.options import without_triton
 from cs336_systems.training.step_8b import (
     ABLATIONS,
     RECIPES,
@@ -269,3 +275,50 @@ def test_keep_auto_resolves_from_the_budget() -> None:
     assert step_checkpoint_policy(dataclasses.replace(compiled, keep_budget_gib=60), 2) == "keep:0"
     assert step_checkpoint_policy(dataclasses.replace(compiled, keep_budget_gib=1e6), 2) == "keep:34"
     assert step_checkpoint_policy(dataclasses.replace(compiled, checkpoint="keep:3"), 2) == "keep:3"
+
+
+# -- the CLI on a CPU (issue 38, friction 1): a new user's first command --------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback: only without CUDA")
+
+
+def run_train_8b(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The CLI as a new user runs it: a fresh process, no TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "cs336_systems.cli.train_8b", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@NO_CUDA
+def test_cli_tiny_preset_runs_on_cpu_with_torch_pieces() -> None:
+    proc = run_train_8b("--fsdp", "none", "--preset", "tiny", "--warmup", "0", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"step s \(median[^:]*: \d+\.\d+", proc.stdout), proc.stdout
+    assert "attn=sdpa loss=chunked opt=torch_fused" in proc.stdout  # what ran, on the summary's first line
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("no CUDA")]
+    assert len(notes) == 1 and "--attention sdpa" in notes[0] and "TRITON_INTERPRET=1" in notes[0]
+    steps = re.findall(r"step (\d)/3 \((first|warm-up|timed)\) \d+\.\d+ s, loss", proc.stderr)
+    assert steps == [("1", "first"), ("2", "timed"), ("3", "timed")], proc.stderr
+
+
+@NO_CUDA
+@pytest.mark.parametrize("flag", [("--attention", "flash_triton"), ("--loss", "fused")])
+def test_cli_triton_piece_on_cpu_fails_in_one_line(flag: tuple[str, str]) -> None:
+    proc = run_train_8b("--fsdp", "none", "--preset", "tiny", *flag, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert (
+        " ".join(flag) in proc.stderr
+        and "--attention sdpa --loss chunked --optimizer torch_fused" in proc.stderr
+    )
+
+
+def test_without_triton_swaps_only_the_triton_pieces() -> None:
+    options, swaps = without_triton(recipe("ours", attention="sdpa"))
+    assert swaps == {"loss": "chunked", "optimizer": "torch_fused"}
+    assert (options.attention, options.loss, options.optimizer, options.fsdp) == (
+        "sdpa", "chunked", "torch_fused", "ours"
+    )  # fmt: skip
+    assert without_triton(recipe("torch"))[1] == {}

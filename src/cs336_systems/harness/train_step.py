@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import timeit
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
+from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
 from cs336_systems.units import MIB
@@ -177,27 +178,6 @@ def local_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-class StepMarks:
-    """Named points in a step: CUDA events (no host sync) on GPU, host clock on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.points: dict[str, Any] = {}
-
-    def mark(self, name: str) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.points[name] = event
-        else:
-            self.points[name] = timeit.default_timer()
-
-    def ms(self, a: str, b: str) -> float:
-        if self.cuda:
-            return self.points[a].elapsed_time(self.points[b])
-        return (self.points[b] - self.points[a]) * 1e3
-
-
 def memory_mib(device: torch.device) -> tuple[float | None, float | None]:
     """(allocated now, peak allocated since the last reset) in MiB; None on CPU."""
     if device.type != "cuda":
@@ -279,10 +259,10 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     barrier(device)
     step_ms, fwd_bwd, comm, optim = [], [], [], []
     for _ in range(setup.steps):
-        t0 = timeit.default_timer()
+        t0 = time.perf_counter()
         step()
         synchronize(device)
-        step_ms.append((timeit.default_timer() - t0) * 1e3)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
         fwd_bwd.append(marks.ms("start", "backward"))
         comm.append(marks.ms("backward", "synced"))
         optim.append(marks.ms("synced", "end"))

@@ -4,7 +4,7 @@ and the SPEC's model FLOPs of one step."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -46,6 +46,7 @@ class StepOptions:
     profile: bool = False  # one extra profiled step: the top CUDA kernels by time
     cache_dir: str | None = None  # compile/autotune caches go here (an empty one: the cold-cache figure)
     return_params: bool = False  # return the full trained parameters (tests; small models only)
+    progress: bool = False  # rank 0 prints a line to stderr per step (the CLI's default)
 
     def __post_init__(self) -> None:
         for name, value, choices in (
@@ -97,6 +98,26 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "torch_adamw": dict(optimizer="torch_fused"),
     "full_logits": dict(loss="full"),
 }
+
+
+# The pieces of ours that run Triton kernels (CUDA, or the CPU under TRITON_INTERPRET=1 only, slowly),
+# with torch's piece for each: what a step runs on a CPU unless asked otherwise.
+TRITON_PIECES: dict[str, tuple[str, str]] = {
+    "attention": ("flash_triton", "sdpa"),
+    "loss": ("fused", "chunked"),
+    "optimizer": ("fused_ours", "torch_fused"),
+}
+
+
+def triton_pieces(options: StepOptions) -> dict[str, str]:
+    """The fields of ``options`` set to a piece that runs Triton kernels, with their values."""
+    return {f: getattr(options, f) for f, (ours, _) in TRITON_PIECES.items() if getattr(options, f) == ours}
+
+
+def without_triton(options: StepOptions) -> tuple[StepOptions, dict[str, str]]:
+    """``options`` with each Triton piece swapped for torch's; also returns the swaps (field -> new)."""
+    swaps = {f: TRITON_PIECES[f][1] for f in triton_pieces(options)}
+    return replace(options, **swaps), swaps
 
 
 def recipe(name: str, **changes: Any) -> StepOptions:

@@ -47,9 +47,9 @@ build, sharding, materialization, compilation and autotuning included; run it wi
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -60,6 +60,7 @@ import torch.nn as nn
 
 from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, share_cpu_threads, world
 from cs336_systems.profiling.flops import measure_matmul_tflops
+from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.timing import synchronize
 from cs336_systems.training.options import (  # noqa: F401  (re-exported: callers import them from here)
     ABLATIONS,
@@ -103,29 +104,12 @@ def local_batch(options: StepOptions, vocab: int, device: torch.device) -> tuple
     return local[:, :-1].contiguous(), local[:, 1:].contiguous()
 
 
-class Marks:
-    """Named points of one step: CUDA events on a GPU (no host sync), the host clock on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.points: list[Any] = []
-
-    def __call__(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.points.append(event)
-        else:
-            self.points.append(time.perf_counter())
-
-    def gaps_ms(self) -> list[float]:
-        """Milliseconds between consecutive points (call after the device is synchronized)."""
-        if self.cuda:
-            return [a.elapsed_time(b) for a, b in itertools.pairwise(self.points)]
-        return [(b - a) * 1e3 for a, b in itertools.pairwise(self.points)]
-
-
-PHASES = ("forward_ms", "backward_ms", "optimizer_ms")
+# A phase's time runs from its mark to the next one (``train_step`` marks the four points).
+PHASES = {
+    "forward_ms": ("start", "forward"),
+    "backward_ms": ("forward", "backward"),
+    "optimizer_ms": ("backward", "end"),
+}
 
 
 def train_step(
@@ -133,20 +117,20 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     tokens: torch.Tensor,
     targets: torch.Tensor,
-    mark: Callable[[], None] = lambda: None,
+    mark: Callable[[str], None] = lambda name: None,
 ) -> torch.Tensor:
-    """Forward with loss, backward, gradient sync, AdamW; ``mark`` is called between the phases."""
-    mark()
+    """Forward with loss, backward, gradient sync, AdamW; ``mark`` names the points between phases."""
+    mark("start")
     loss = model(tokens, targets)
-    mark()
+    mark("forward")
     loss.backward()
     finish = getattr(model, "finish_gradient_synchronization", None)
     if finish is not None:  # ours waits for its last reduce-scatters here; FSDP2 did inside backward
         finish()
-    mark()
+    mark("backward")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    mark()
+    mark("end")
     return loss.detach()
 
 
@@ -166,6 +150,33 @@ def _seconds_since_process_start() -> float | None:
         return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+class Progress:
+    """With ``options.progress``, rank 0 prints one line per step to stderr (a CPU step can take
+    minutes): which step, its time, its loss and the time since :func:`run_step` started."""
+
+    def __init__(self, options: StepOptions, t_start: float):
+        self.on = options.progress and world()[0] == 0
+        self.total = 1 + options.warmup + options.steps
+        self.t_start = self.t_last = t_start
+        self.done = 0
+
+    def say(self, text: str) -> None:
+        if self.on:
+            print(
+                f"[train_8b {time.perf_counter() - self.t_start:7.1f} s] {text}", file=sys.stderr, flush=True
+            )
+
+    def begin(self, text: str) -> None:
+        self.say(text)
+        self.t_last = time.perf_counter()
+
+    def step(self, kind: str, loss: float) -> None:
+        now = time.perf_counter()
+        self.done += 1
+        self.say(f"step {self.done}/{self.total} ({kind}) {now - self.t_last:.3f} s, loss {loss:.4f}")
+        self.t_last = now
 
 
 def run_step(options: StepOptions) -> dict[str, Any]:
@@ -214,16 +225,20 @@ def run_step(options: StepOptions) -> dict[str, Any]:
         out["predicted_peak_gib"] = memory.peak(out["kept_blocks"]) / GIB
         out["keep_budget_gib"] = keep_budget_bytes(options) / GIB
     autocast = _autocast(options, device)
+    progress = Progress(options, t_start)
+    progress.begin(f"model built on {device}; the first step compiles and tunes what it needs")
     losses = []
     with autocast:
         losses.append(train_step(model, optimizer, tokens, targets).item())  # .item() synchronizes
     out["first_step_s"] = time.perf_counter() - t_start
+    progress.step("first", losses[-1])
     out["first_step_since_process_start_s"] = (
         None if since_start is None else since_start + out["first_step_s"]
     )
     with autocast:
         for _ in range(options.warmup):
             losses.append(train_step(model, optimizer, tokens, targets).item())
+            progress.step("warm-up", losses[-1])
     synchronize(device)
     if device.type == "cuda":  # the peak of the first steps (autotuning, compilation) on its own
         out["peak_first_steps_mib"] = torch.cuda.max_memory_allocated(device) / MIB
@@ -232,15 +247,16 @@ def run_step(options: StepOptions) -> dict[str, Any]:
         barrier(device)
     step_ms, phases = [], {phase: [] for phase in PHASES}
     for _ in range(options.steps):
-        marks = Marks(device)
+        marks = StepMarks(device)
         t0 = time.perf_counter()
         with autocast:
-            loss = train_step(model, optimizer, tokens, targets, marks)
+            loss = train_step(model, optimizer, tokens, targets, marks.mark)
         synchronize(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(loss.item())
-        for phase, ms in zip(PHASES, marks.gaps_ms(), strict=True):
-            phases[phase].append(ms)
+        progress.step("timed", losses[-1])
+        for phase, (a, b) in PHASES.items():
+            phases[phase].append(marks.ms(a, b))
     out.update(step_ms=step_ms, losses=losses)
     out.update({phase: statistics.fmean(v) if v else None for phase, v in phases.items()})
     if device.type == "cuda":
