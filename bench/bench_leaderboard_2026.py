@@ -43,7 +43,7 @@ import torch
 
 from cs336_systems.harness.record import log_case, record_not_run, record_oom, record_times
 from cs336_systems.harness.settings import settings
-from cs336_systems.harness.step_8b import format_summary, run_case
+from cs336_systems.harness.step_8b import format_summary, spawn_step_8b
 from cs336_systems.report.schema import tag
 from cs336_systems.training.step_8b import ABLATIONS, StepOptions, recipe, step_checkpoint_policy
 
@@ -124,7 +124,7 @@ def test_leaderboard_2026(benchmark, name: str, compiled: bool) -> None:
     profile = s.step8b_profile and compiled
     changes = _ours(compiled) if name == "ours" else {}
     options = recipe(name, **changes, compile=compiled, warmup=0, steps=s.step8b_steps, profile=profile)
-    result = run_case(options, WORLD_SIZE, _timeout(compiled))
+    result = spawn_step_8b(options, WORLD_SIZE, _timeout(compiled))
     more: dict[str, Any] = dict(
         recipe=name, mode=_mode(compiled), target_s=TARGET_S, anchor_s=ANCHOR_S[compiled]
     )
@@ -152,7 +152,7 @@ def _run_ablation(benchmark: Any, swap: str, changes: dict[str, Any]) -> None:
     options = recipe("ours", **changes, compile=compiled, warmup=0, steps=s.step8b_ablation_steps)
     # Warm caches (the machine's default compile caches; CS336_FLASH_TUNE_CACHE keeps the attention
     # tuning across cases): the ablation compares steady-state steps, not start-up.
-    result = run_case(options, WORLD_SIZE, _timeout(compiled), cold_cache=False)
+    result = spawn_step_8b(options, WORLD_SIZE, _timeout(compiled), cold_cache=False)
     more: dict[str, Any] = dict(swap=swap, swapped=changes, mode=_mode(compiled), cold_cache=False)
     ours_s = _measured.get(("ours", compiled))
     if result.get("step_s") and ours_s:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cs336_systems.harness.step_8b import combine_step_results, format_summary, run_case
+from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
 from cs336_systems.model import PRESETS
 from cs336_systems.training.options import TRITON_PIECES, triton_pieces, without_triton
 from cs336_systems.training.step_8b import (
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "RANK" in os.environ:
         result = _torchrun_rank(options)
     elif args.nproc:
-        result = run_case(options, args.nproc, args.timeout, cold_cache=False)
+        result = spawn_step_8b(options, args.nproc, args.timeout, cold_cache=False)
     elif options.fsdp == "none":
         result = combine_step_results([run_step(options)])
     else:

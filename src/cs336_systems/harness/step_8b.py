@@ -47,7 +47,7 @@ def combine_step_results(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return combined
 
 
-def run_case(
+def spawn_step_8b(
     options: StepOptions, world_size: int, timeout_s: float, cold_cache: bool = True
 ) -> dict[str, Any]:
     """Spawn ``world_size`` ranks running ``options`` and combine their numbers. With ``cold_cache``

@@ -54,6 +54,7 @@ from cs336_systems.model import TransformerLM, cross_entropy, get_preset
 from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
+from cs336_systems.training.loop import train_step
 from cs336_systems.units import MIB
 
 SHARDED = ("fsdp", "torch_fsdp2", "fsdp_blocks", "torch_fsdp2_blocks")  # bf16: cast weights, not autocast
@@ -166,12 +167,6 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def finish_sync(model: nn.Module) -> None:
-    # local, torch DDP and FSDP2 have nothing to finish
-    if hasattr(model, "finish_gradient_synchronization"):
-        model.finish_gradient_synchronization()
-
-
 def local_bytes(t: torch.Tensor) -> int:
     """Bytes this rank holds of ``t`` (a DTensor's local shard, not its global size)."""
     t = t.to_local() if hasattr(t, "to_local") else t
@@ -196,7 +191,7 @@ def _batch(setup: TrainSetup, vocab: int, device: torch.device) -> tuple[torch.T
     return local[:, :-1], local[:, 1:]
 
 
-def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[str, Any]:
+def run_ddp_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[str, Any]:
     rank, world_size = world()
     free_device_memory(device)
     if device.type == "cuda":
@@ -229,23 +224,21 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     out["mem_after_init_mib"], out["peak_after_init_mib"] = memory_mib(device)
     marks = StepMarks(device)
 
-    def step(record_memory: bool = False) -> None:
-        marks.mark("start")
-        optimizer.zero_grad(set_to_none=True)
+    def loss() -> torch.Tensor:
         if isinstance(ddp, DataParallel):
             ddp.on_train_batch_start()
-        with autocast:
-            loss = cross_entropy(ddp(x), y)
-        loss.backward()
-        marks.mark("backward")
-        finish_sync(ddp)
-        marks.mark("synced")
-        if record_memory:
-            out["mem_before_step_mib"], out["peak_before_step_mib"] = memory_mib(device)
-        optimizer.step()
-        marks.mark("end")
-        if record_memory:
-            out["mem_after_step_mib"], out["peak_after_step_mib"] = memory_mib(device)
+        with autocast:  # forward and loss only: backward runs outside autocast, as torch recommends
+            return cross_entropy(ddp(x), y)
+
+    def step(record_memory: bool = False) -> None:
+        def mark(name: str) -> None:
+            marks.mark(name)
+            if record_memory and name == "synced":  # right before optimizer.step()
+                out["mem_before_step_mib"], out["peak_before_step_mib"] = memory_mib(device)
+            elif record_memory and name == "end":  # right after it
+                out["mem_after_step_mib"], out["peak_after_step_mib"] = memory_mib(device)
+
+        train_step(ddp, optimizer, loss, mark, zero_grad_first=True)
 
     for _ in range(max(setup.warmup, 1)):  # the first step also creates the optimizer state
         step()
@@ -295,7 +288,7 @@ def run_cases(setup: TrainSetup, cases: list[TrainCase]) -> dict[str, dict[str, 
     results = {}
     for case in cases:
         try:
-            results[case.key] = run_case(setup, case, device) | {"oom": False}
+            results[case.key] = run_ddp_case(setup, case, device) | {"oom": False}
         except Exception as exc:  # torch raises OOM as several exception types
             if not is_oom(exc):
                 raise

@@ -62,6 +62,7 @@ from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, sh
 from cs336_systems.profiling.flops import measure_matmul_tflops
 from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.timing import synchronize
+from cs336_systems.training.loop import train_step
 from cs336_systems.training.options import (  # noqa: F401  (re-exported: callers import them from here)
     ABLATIONS,
     DTYPES,
@@ -104,34 +105,18 @@ def local_batch(options: StepOptions, vocab: int, device: torch.device) -> tuple
     return local[:, :-1].contiguous(), local[:, 1:].contiguous()
 
 
-# A phase's time runs from its mark to the next one (``train_step`` marks the four points).
+# A phase's time runs from one mark of ``train_step`` to another.
 PHASES = {
     "forward_ms": ("start", "forward"),
-    "backward_ms": ("forward", "backward"),
-    "optimizer_ms": ("backward", "end"),
+    "backward_ms": ("forward", "synced"),  # backward and the wait for the last gradient reduction
+    "optimizer_ms": ("synced", "end"),
 }
 
 
-def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    tokens: torch.Tensor,
-    targets: torch.Tensor,
-    mark: Callable[[str], None] = lambda name: None,
-) -> torch.Tensor:
-    """Forward with loss, backward, gradient sync, AdamW; ``mark`` names the points between phases."""
-    mark("start")
-    loss = model(tokens, targets)
-    mark("forward")
-    loss.backward()
-    finish = getattr(model, "finish_gradient_synchronization", None)
-    if finish is not None:  # ours waits for its last reduce-scatters here; FSDP2 did inside backward
-        finish()
-    mark("backward")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    mark("end")
-    return loss.detach()
+def step_once(model: nn.Module, optimizer: Any, tokens: torch.Tensor, targets: torch.Tensor,
+              mark: Callable[[str], None] = lambda name: None) -> torch.Tensor:  # fmt: skip
+    """One step of the 8B model (whose forward returns the loss)."""
+    return train_step(model, optimizer, lambda: model(tokens, targets), mark)
 
 
 def _use_cache_dir(path: str) -> None:
@@ -229,7 +214,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     progress.begin(f"model built on {device}; the first step compiles and tunes what it needs")
     losses = []
     with autocast:
-        losses.append(train_step(model, optimizer, tokens, targets).item())  # .item() synchronizes
+        losses.append(step_once(model, optimizer, tokens, targets).item())  # .item() synchronizes
     out["first_step_s"] = time.perf_counter() - t_start
     progress.step("first", losses[-1])
     out["first_step_since_process_start_s"] = (
@@ -237,7 +222,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     )
     with autocast:
         for _ in range(options.warmup):
-            losses.append(train_step(model, optimizer, tokens, targets).item())
+            losses.append(step_once(model, optimizer, tokens, targets).item())
             progress.step("warm-up", losses[-1])
     synchronize(device)
     if device.type == "cuda":  # the peak of the first steps (autotuning, compilation) on its own
@@ -250,7 +235,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
         marks = StepMarks(device)
         t0 = time.perf_counter()
         with autocast:
-            loss = train_step(model, optimizer, tokens, targets, marks.mark)
+            loss = step_once(model, optimizer, tokens, targets, marks.mark)
         synchronize(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(loss.item())
@@ -339,7 +324,7 @@ def _profile_step(model, optimizer, tokens, targets, device, autocast) -> dict[s
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof, autocast:
-        train_step(model, optimizer, tokens, targets)
+        step_once(model, optimizer, tokens, targets)
         synchronize(device)
     # Device kernels only: user annotations ("nccl:all_reduce", "Optimizer.step#...", our FSDP's
     # "fsdp.forward[i]" ranges) carry their kernels' device time too, and would count it twice.
