@@ -11,6 +11,7 @@
 #   bash scripts/gpu_runs.sh leaderboard-2026 leaderboard-2026-ablation fsdp tests-fsdp   (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-keep                                        (2 GPUs, issue 17)
 #   bash scripts/gpu_runs.sh leaderboard-2026-compiled fsdp-blocks tests-fsdp             (2 GPUs, issues 15/17)
+#   bash scripts/gpu_runs.sh proxy-8b                                                     (1 GPU, issue 37)
 # Output (JSON, logs, traces) goes to $OUT (default runs/gpu). Each stage fits a 10-minute command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -141,6 +142,14 @@ for stage in "$@"; do
         CS336_FLASH_TUNE_CACHE=/tmp/flash_tune.json "${BENCH[@]}" -s bench/bench_leaderboard_2026.py \
         -k "compiled and not ablation" --benchmark-json="$OUT/leaderboard_2026.json" > "$OUT/leaderboard_2026.log" 2>&1
       python3 scripts/leaderboard_2026_table.py "$OUT/leaderboard_2026.jsonl" ;;
+    proxy-8b)  # issue 37: the 8B step's per-GPU proxy, 4 blocks at ctx 32,768 on one GPU, compiled; ours vs
+      # torch and each piece swapped, every row a cold spawn; the group stops starting rows at 480 s (~8.5 min)
+      CUDA_VISIBLE_DEVICES=0 CS336_BENCH_JSONL=$OUT/proxy_8b.jsonl "${BENCH[@]}" -s bench/bench_8b_proxy.py \
+        --benchmark-json="$OUT/proxy_8b.json" > "$OUT/proxy_8b.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed|Error|^step s|^fsdp=|^model TFLOP|^peak GiB|^first finished|^OOM" \
+        "$OUT/proxy_8b.log" | tail -40
+      python3 -m cs336_systems.report "$OUT/proxy_8b.json" --out "$OUT/proxy_8b-report" > /dev/null \
+        && sed -n '/per-GPU proxy/,/^## /p' "$OUT/proxy_8b-report/writeup.md" | head -40 ;;
     tests-fsdp)  # the GPU-marked FSDP tests (nccl, 2 GPUs)
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
     tests-nccl)

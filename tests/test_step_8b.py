@@ -9,6 +9,7 @@ the unsharded model with the same pieces on the whole batch.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -19,7 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.harness.step_8b import combine_step_results
+from cs336_systems.harness.settings import Settings
+from cs336_systems.harness.step_8b import combine_step_results, proxy_options, run_proxy_row
 from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.training.options import without_triton
 from cs336_systems.training.step_8b import (
@@ -322,3 +324,66 @@ def test_without_triton_swaps_only_the_triton_pieces() -> None:
         "sdpa", "chunked", "torch_fused", "ours"
     )  # fmt: skip
     assert without_triton(recipe("torch"))[1] == {}
+
+
+# -- the 8B per-GPU proxy (issue 37) ---------------------------------------------------------------------
+
+
+def test_proxy_options_follow_the_two_gpu_checkpointing() -> None:
+    s = Settings(step8b_proxy_layers=2, step8b_proxy_steps=2, step8b_keep_budget_gib=112)  # seq 32,768
+    torch_, ours = proxy_options("torch", s), proxy_options("ours", s)
+    for options in (torch_, ours):
+        assert (options.fsdp, options.compile, options.batch_per_rank, options.sequence_length) == (
+            "none", True, 1, 32768
+        )  # fmt: skip
+        assert options.model_config().num_layers == 2 and options.model_config().d_model == 4096
+    assert torch_.checkpoint == "every:1" and torch_.attention == "sdpa"
+    # Under 112 GiB the two-GPU 8B step keeps 11 of its 34 blocks: the proxy keeps round(2 * 11 / 34) = 1.
+    assert (
+        step_checkpoint_policy(recipe("ours", compile=True, keep_budget_gib=112, checkpoint="keep:auto"), 2)
+        == "keep:11"
+    )
+    assert ours.checkpoint == "keep:1"
+    assert proxy_options("sdpa", s).attention == "sdpa" and proxy_options("sdpa", s).checkpoint == "keep:1"
+    # A budget the two-GPU step cannot keep a block in: every block checkpointed here too.
+    assert proxy_options("ours", dataclasses.replace(s, step8b_keep_budget_gib=64)).checkpoint == "keep:0"
+    # Plenty of budget for both: all the proxy's blocks kept, never more than it has.
+    assert proxy_options("ours", dataclasses.replace(s, step8b_keep_budget_gib=10_000)).checkpoint == "keep:2"
+    with pytest.raises(ValueError, match="unknown proxy row"):
+        proxy_options("nope", s)
+
+
+def test_proxy_rows_through_spawned_steps_into_the_report(tmp_path) -> None:
+    """The proxy's path on a CPU, scaled down: each row a spawned one-process step (fsdp none inside a
+    process group of one), recorded as the bench records it, then the report's section with its ratio."""
+    from cs336_systems.harness.record import Recorder
+    from cs336_systems.report import write_report
+    from cs336_systems.report.schema import tag
+
+    small = dict(model_changes=SMALL, seq_len=16, compile=False, compute_dtype="fp32", warmup=0, steps=2)
+    measured: dict = {}
+    rows, results = [], {}
+    for row, changes in (
+        ("torch", {}),
+        ("ours", dict(attention="sdpa", loss="chunked", optimizer="torch_fused")),
+    ):
+        options = dataclasses.replace(proxy_options(row, Settings()), preset="tiny", **small, **changes)
+        bench = Recorder()
+        tag(bench, "proxy_8b")
+        results[row] = run_proxy_row(bench, row, options, 120, measured)
+        stats = {"mean": sum(bench.stats) / len(bench.stats), "rounds": len(bench.stats)}
+        rows.append({"group": bench.group, "name": f"test_8b_proxy[{row}]", "params": {"row": row},
+                     "extra_info": bench.extra_info, "stats": stats})  # fmt: skip
+    ratio = results["ours"]["step_s"] / results["torch"]["step_s"]
+    ours_info = rows[1]["extra_info"]
+    assert (
+        ours_info["vs_torch"] == pytest.approx(ratio) and ours_info["checkpoint_resolved"] == "keep:1"
+    )  # 112 GiB: CPU
+    assert set(ours_info) >= {"step_s", "first_step_s", "first_step_vs_torch_s", "details", "kept_blocks"}
+    assert "tokens_per_rank" in ours_info["details"] and "tokens_per_rank" not in ours_info
+    path = tmp_path / "proxy.json"
+    path.write_text(json.dumps({"benchmarks": rows, "machine_info": {}, "commit_info": {}}, default=str))
+    writeup = tmp_path / "report" / "writeup.md"
+    write_report([path], tmp_path / "report")
+    text = writeup.read_text()
+    assert "D26 8B per-GPU proxy" in text and f"ours / torch step time: {ratio:.3f}×" in text

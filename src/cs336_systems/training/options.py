@@ -187,6 +187,22 @@ def step_checkpoint_policy(options: StepOptions, world_size: int | None = None) 
     return f"keep:{ckpt_accounting.blocks_to_keep(memory, keep_budget_bytes(options))}"
 
 
+def proxy_checkpoint_policy(options: StepOptions, full_world_size: int = 2) -> str:
+    """``keep:N`` for a proxy of the step (fewer blocks, one GPU, unsharded) whose checkpointing the
+    full step's ``keep:auto`` decides: the full preset's step on ``full_world_size`` GPUs, under the
+    same per-GPU budget (:func:`keep_budget_bytes`), keeps its last K of B blocks; the proxy keeps the
+    same share of its own blocks (round(L * K / B)), so recompute is the same share of its compute and
+    a gain measured on the proxy carries over; fewer if the proxy's own predicted peak is over budget."""
+    layers = options.model_config().num_layers
+    full_changes = {k: v for k, v in options.model_changes.items() if k != "num_layers"}
+    full = replace(options, model_changes=full_changes, fsdp="ours", checkpoint="keep:auto")
+    full_policy = step_checkpoint_policy(full, full_world_size)
+    full_blocks = full.model_config().num_layers
+    share = round(layers * int(full_policy.split(":")[1]) / full_blocks)
+    own = ckpt_accounting.blocks_to_keep(predicted_step_memory(options, 1), keep_budget_bytes(options))
+    return f"keep:{min(share, own)}"
+
+
 # -- FLOPs: the SPEC's convention for D26 ------------------------------------------------------------
 
 
