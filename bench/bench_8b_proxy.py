@@ -6,7 +6,8 @@ Group ``proxy_8b`` ("8B per-GPU proxy"): the 8B configuration with CS336_8B_PROX
 this order: ``torch`` (SDPA, chunked checkpointed loss, ``AdamW(fused=True)``), ``ours``
 (FlashAttention-2, fused LM-head loss, FusedAdamW, attention's output kept in checkpointed blocks), then
 ``ours`` with one piece swapped for torch's: ``sdpa``, ``chunked_loss``, ``torch_adamw``,
-``full_recompute`` (attention re-run in the backward). ``vs_torch`` is a row's step time over the
+``full_recompute`` (attention re-run in the backward); last ``save_matmuls``, ours with selective
+checkpointing that also keeps every matmul's output (an option, not yet the default). ``vs_torch`` is a row's step time over the
 ``torch`` row's, measured in the same run; ``vs_ours`` the same against ``ours``.
 
 Checkpointing as the two-GPU bench's compiled rows: torch's every block; ours keep:auto's share of the

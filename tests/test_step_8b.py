@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from cs336_systems.harness.settings import Settings
 from cs336_systems.harness.step_8b import combine_step_results, proxy_options, run_proxy_row
 from cs336_systems.model import TransformerLM, get_preset
-from cs336_systems.training.options import without_triton
+from cs336_systems.training.options import matmul_output_bytes, predicted_step_memory, without_triton
 from cs336_systems.training.step_8b import (
     ABLATIONS,
     RECIPES,
@@ -387,3 +387,41 @@ def test_proxy_rows_through_spawned_steps_into_the_report(tmp_path) -> None:
     write_report([path], tmp_path / "report")
     text = writeup.read_text()
     assert "D26 8B per-GPU proxy" in text and f"ours / torch step time: {ratio:.3f}×" in text
+
+
+def _mm_calls_in_backward(options: StepOptions) -> tuple[int, dict[str, torch.Tensor]]:
+    """Matmuls the backward of one step runs (its own and the checkpointed blocks' re-runs), and the
+    gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMatmuls(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default):
+                CountMatmuls.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = StepModel(options.model_config(), options)
+    tokens = torch.randint(SMALL["vocab_size"], (1, SMALL["context_length"]), generator=torch.Generator())
+    loss = model(tokens, tokens)
+    with CountMatmuls():
+        loss.backward()
+    return CountMatmuls.calls, {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_save_matmuls_skips_the_rerun_matmuls_and_changes_nothing() -> None:
+    """With ``save_matmuls`` the re-run of a checkpointed block recomputes no matmul (the backward runs
+    as many as without checkpointing), and the gradients are bit-identical."""
+    base = small_options(fsdp="none", attention="sdpa", loss="full", checkpoint="every:1")
+    plain_calls, plain_grads = _mm_calls_in_backward(base)
+    saved_calls, saved_grads = _mm_calls_in_backward(dataclasses.replace(base, save_matmuls=True))
+    unchecked_calls, _ = _mm_calls_in_backward(dataclasses.replace(base, checkpoint="none"))
+    assert saved_calls == unchecked_calls < plain_calls
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(saved_grads[name], grad, rtol=0, atol=0, msg=name)
+    # and the planner counts their outputs into a checkpointed block's memory
+    with_mm = dataclasses.replace(base, save_matmuls=True)
+    extra = predicted_step_memory(with_mm, 1).checkpointed - predicted_step_memory(base, 1).checkpointed
+    assert extra == matmul_output_bytes(base.model_config(), base.sequence_length) > 0

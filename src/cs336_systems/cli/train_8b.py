@@ -39,7 +39,7 @@ from cs336_systems.training.step_8b import (
 )
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length")
-PIECES = ("fsdp", "attention", "loss", "optimizer", "checkpoint", "save_attention")
+PIECES = ("fsdp", "attention", "loss", "optimizer", "checkpoint", "save_attention", "save_matmuls")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--save-attention",
         action=argparse.BooleanOptionalAction,
         help="checkpointed blocks keep attention's output instead of re-running it",
+    )
+    pieces.add_argument(
+        "--save-matmuls",
+        action=argparse.BooleanOptionalAction,
+        help="checkpointed blocks also keep every matmul's output: the re-run recomputes elementwise work "
+        "only (more memory per block; off by default)",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile each block's forward")
     p.add_argument("--loss-chunk-tokens", type=int, default=d.loss_chunk_tokens, help="for --loss chunked")

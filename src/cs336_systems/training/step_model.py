@@ -74,8 +74,10 @@ class StepModel(TransformerLM):
         )
         self.checkpoint_policy = step_checkpoint_policy(options)
         kwargs: dict[str, Any] = {"use_reentrant": False}
-        if options.save_attention:
-            kwargs["context_fn"] = save_attention_context
+        if options.save_attention or options.save_matmuls:
+            kwargs["context_fn"] = functools.partial(
+                selective_context, attention=options.save_attention, matmuls=options.save_matmuls
+            )
         self.checkpointed = checkpointed_blocks(self.checkpoint_policy, config.num_layers)
         self.checkpoint_hooks = options.fsdp != "torch"
         for block, checkpointed in zip(self.layers, self.checkpointed, strict=True):
@@ -106,13 +108,25 @@ def _attention_ops() -> tuple[Any, ...]:
     )
 
 
+def _matmul_ops() -> tuple[Any, ...]:
+    """The ops a Linear runs as (under autocast, after ``F.linear``'s decomposition)."""
+    aten = torch.ops.aten
+    return (aten.mm.default, aten.addmm.default, aten.bmm.default)
+
+
 def save_attention_context():
     """Selective checkpointing: the re-run forward of a checkpointed block recomputes everything but
     attention, whose output and log-sum-exp are kept from the first forward. Attention is the block's
     most expensive op at long context (O(S²)); keeping its output costs S·D per block (268 MB at 8B)."""
+    return selective_context(attention=True, matmuls=False)
+
+
+def selective_context(attention: bool, matmuls: bool):
+    """Selective checkpointing's contexts: the re-run keeps (does not recompute) attention's outputs
+    and/or every matmul's output, and recomputes the rest."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    keep = set(_attention_ops())
+    keep = set((_attention_ops() if attention else ()) + (_matmul_ops() if matmuls else ()))
 
     def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
         return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
