@@ -129,6 +129,8 @@ def test_bad_input(device, generator) -> None:
         fused_linear_cross_entropy(h.to(torch.bfloat16), w.to(torch.float16), t)
     with torch.autocast(device.type, dtype=torch.bfloat16):  # autocast casts both: no mismatch left
         assert fused_linear_cross_entropy(h.to(torch.bfloat16), w.to(torch.float16), t).isfinite()
+    with pytest.raises(ValueError, match="share a device"):
+        fused_linear_cross_entropy(h, w.detach().to("meta"), t)
     with pytest.raises(TypeError, match="weight must be one of"):
         fused_linear_cross_entropy(h, w.double(), t)
     with pytest.raises(TypeError, match="h must be"):
