@@ -425,3 +425,29 @@ def test_save_matmuls_skips_the_rerun_matmuls_and_changes_nothing() -> None:
     with_mm = dataclasses.replace(base, save_matmuls=True)
     extra = predicted_step_memory(with_mm, 1).checkpointed - predicted_step_memory(base, 1).checkpointed
     assert extra == matmul_output_bytes(base.model_config(), base.sequence_length) > 0
+
+
+def test_progress_lines(capsys) -> None:
+    """A line per step; inside an untimed step, forward and backward are said only once it is slow."""
+    import time
+
+    from cs336_systems.training.step_8b import Progress
+
+    progress = Progress(small_options(progress=True, warmup=1, steps=1), time.perf_counter())
+    progress.begin("built")
+    progress.phase("forward")  # quick: nothing
+    progress.SLOW_STEP_S = 0.0  # this instance only: every step counts as slow
+    progress.phase("start")
+    progress.phase("forward")
+    progress.phase("synced")
+    progress.step("first", 1.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("] ", 1)[1].split(" after")[0] for line in lines[:3]] == [
+        "built",
+        "step 1/3: forward done",
+        "step 1/3: backward done",
+    ]
+    assert re.search(r"step 1/3 \(first\) \d+\.\d{3} s, loss 1.5000$", lines[3])
+    quiet = Progress(small_options(), time.perf_counter())  # progress off: silent
+    quiet.step("first", 1.0)
+    assert capsys.readouterr().err == ""

@@ -141,6 +141,8 @@ class Progress:
     """With ``options.progress``, rank 0 prints one line per step to stderr (a CPU step can take
     minutes): which step, its time, its loss and the time since :func:`run_step` started."""
 
+    SLOW_STEP_S = 10.0
+
     def __init__(self, options: StepOptions, t_start: float):
         self.on = options.progress and world()[0] == 0
         self.total = 1 + options.warmup + options.steps
@@ -156,6 +158,14 @@ class Progress:
     def begin(self, text: str) -> None:
         self.say(text)
         self.t_last = time.perf_counter()
+
+    def phase(self, name: str) -> None:
+        """A mark inside an untimed step: said only once the step has run for SLOW_STEP_S (a CPU step
+        under Triton's interpreter takes minutes; a quick one stays one line)."""
+        elapsed = time.perf_counter() - self.t_last
+        if name in ("forward", "synced") and elapsed > self.SLOW_STEP_S:
+            what = "forward" if name == "forward" else "backward"
+            self.say(f"step {self.done + 1}/{self.total}: {what} done after {elapsed:.1f} s")
 
     def step(self, kind: str, loss: float) -> None:
         now = time.perf_counter()
@@ -214,7 +224,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     progress.begin(f"model built on {device}; the first step compiles and tunes what it needs")
     losses = []
     with autocast:
-        losses.append(step_once(model, optimizer, tokens, targets).item())  # .item() synchronizes
+        losses.append(step_once(model, optimizer, tokens, targets, progress.phase).item())  # synchronizes
     out["first_step_s"] = time.perf_counter() - t_start
     progress.step("first", losses[-1])
     out["first_step_since_process_start_s"] = (
@@ -222,7 +232,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     )
     with autocast:
         for _ in range(options.warmup):
-            losses.append(step_once(model, optimizer, tokens, targets).item())
+            losses.append(step_once(model, optimizer, tokens, targets, progress.phase).item())
             progress.step("warm-up", losses[-1])
     synchronize(device)
     if device.type == "cuda":  # the peak of the first steps (autotuning, compilation) on its own
