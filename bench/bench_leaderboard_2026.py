@@ -35,17 +35,14 @@ imported, process group up) to the end of the first step, cold caches (the cours
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
-import torch
 
-from cs336_systems.harness.record import log_case, record_not_run, record_oom, record_times
 from cs336_systems.harness.settings import settings
-from cs336_systems.harness.step_8b import format_summary, run_case
+from cs336_systems.harness.step_8b import record_step, spawn_step_8b, step_extra_info
 from cs336_systems.report.schema import tag
-from cs336_systems.training.step_8b import ABLATIONS, StepOptions, recipe, step_checkpoint_policy
+from cs336_systems.training.step_8b import ABLATIONS, StepOptions, recipe
 
 WORLD_SIZE = 2
 TARGET_S = 5.5  # issue 17: beat the compiled built-ins anchor (5.98 s) by ~8%
@@ -74,42 +71,8 @@ def _ours(compiled: bool, **changes: Any) -> dict[str, Any]:
     return ckpt | dict(keep_budget_gib=s.step8b_keep_budget_gib) | changes
 
 
-def _extra_info(options: StepOptions, result: dict[str, Any], **more: Any) -> dict[str, Any]:
-    info = {
-        k: v
-        for k, v in result.items()
-        if k not in ("options", "times_ms", "profile") and not isinstance(v, dict | list)
-    }
-    if result.get("profile"):
-        info["kernel_ms_by_category"] = result["profile"]["kernel_ms_by_category"]
-    info.update(
-        losses=result.get("losses"),
-        pieces={k: getattr(options, k) for k in ("fsdp", "attention", "loss", "optimizer", "checkpoint")}
-        | {"save_attention": options.save_attention, "compile": options.compile},
-        preset=options.preset,
-        batch=options.batch_per_rank * WORLD_SIZE,
-        seq=options.sequence_length,
-        world_size=WORLD_SIZE,
-        warmup_steps=1 + options.warmup,  # the first (cold) step, then `warmup` more
-        timed_steps=options.steps,
-        device_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        **more,
-    )
-    # An OOM row has no rank's numbers: the policy keep:auto resolves to, computed here the same way.
-    info.setdefault("checkpoint_resolved", step_checkpoint_policy(options, WORLD_SIZE))
-    return info
-
-
 def _record(benchmark: Any, options: StepOptions, result: dict[str, Any], **more: Any) -> None:
-    info = _extra_info(options, result, **more)
-    if result.get("oom"):
-        record_oom(benchmark, **info)
-    elif result.get("error"):
-        record_not_run(benchmark, "failed", result["error"], **info)
-    else:
-        record_times(benchmark, result["times_ms"], **info)
-    log_case(benchmark)
-    print(f"\n[{time.strftime('%H:%M:%S')}] {format_summary(result | {'label': options.label})}", flush=True)
+    record_step(benchmark, options, result, step_extra_info(options, result, WORLD_SIZE, **more))
     if result.get("error") and not result.get("oom"):
         pytest.fail(f"{options.label}: {result['error']}")
 
@@ -124,7 +87,7 @@ def test_leaderboard_2026(benchmark, name: str, compiled: bool) -> None:
     profile = s.step8b_profile and compiled
     changes = _ours(compiled) if name == "ours" else {}
     options = recipe(name, **changes, compile=compiled, warmup=0, steps=s.step8b_steps, profile=profile)
-    result = run_case(options, WORLD_SIZE, _timeout(compiled))
+    result = spawn_step_8b(options, WORLD_SIZE, _timeout(compiled))
     more: dict[str, Any] = dict(
         recipe=name, mode=_mode(compiled), target_s=TARGET_S, anchor_s=ANCHOR_S[compiled]
     )
@@ -152,7 +115,7 @@ def _run_ablation(benchmark: Any, swap: str, changes: dict[str, Any]) -> None:
     options = recipe("ours", **changes, compile=compiled, warmup=0, steps=s.step8b_ablation_steps)
     # Warm caches (the machine's default compile caches; CS336_FLASH_TUNE_CACHE keeps the attention
     # tuning across cases): the ablation compares steady-state steps, not start-up.
-    result = run_case(options, WORLD_SIZE, _timeout(compiled), cold_cache=False)
+    result = spawn_step_8b(options, WORLD_SIZE, _timeout(compiled), cold_cache=False)
     more: dict[str, Any] = dict(swap=swap, swapped=changes, mode=_mode(compiled), cold_cache=False)
     ours_s = _measured.get(("ours", compiled))
     if result.get("step_s") and ours_s:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.harness.environment import environment_info
-from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import record_oom, run_benchmark
 from cs336_systems.kernels.fused_adamw import FusedAdamW
 from cs336_systems.kernels.fused_cross_entropy import fused_linear_cross_entropy
@@ -73,7 +73,7 @@ def test_checkpointing(benchmark, policy: str) -> None:
     else:
         case = Case("tiny", _d22_ctx(), "train", "fp32", checkpoint=policy, overrides=(("num_layers", 4),))
         warmup, rounds = 1, 2
-    info = run_case(benchmark, case, DEVICE, warmup=warmup, rounds=rounds)
+    info = benchmark_model_case(benchmark, case, DEVICE, warmup=warmup, rounds=rounds)
     if not info.get("oom"):
         benchmark.extra_info["peak_gib"] = (info.get("peak_memory_mib") or 0) / 1024
 

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.settings import settings
 from cs336_systems.model import TABLE1_SIZES
 from cs336_systems.profiling.flops import MODES
@@ -113,7 +113,7 @@ def test_model(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compile
     case = _case(size, ctx, dtype, mode, compile, attention)
     tag(benchmark, "model", size)
     warmup, rounds = _steps()
-    info = run_case(
+    info = benchmark_model_case(
         benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=matmul_tflops(case.torch_dtype)
     )
     assert info["oom"] or info["mean_ms"] > 0
@@ -142,7 +142,7 @@ def test_warmup(benchmark, device, matmul_tflops, size, ctx, dtype, mode, compil
     case = _case(size, ctx, dtype, mode, compile)
     tag(benchmark, "warmup", f"{size} ctx{ctx}")
     rounds = _steps()[1]
-    info = run_case(
+    info = benchmark_model_case(
         benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=matmul_tflops(case.torch_dtype)
     )
     assert info["oom"] or info["mean_ms"] > 0
@@ -162,5 +162,5 @@ def test_memory(benchmark, device, size, ctx, dtype, mode) -> None:
     """D5 (b)(c): peak memory of the 2.7B model, forward (inference) and full training step."""
     case = Case(size, ctx, mode, dtype)
     tag(benchmark, "memory", size)
-    info = run_case(benchmark, case, device, warmup=1, rounds=3)
+    info = benchmark_model_case(benchmark, case, device, warmup=1, rounds=3)
     assert info["oom"] or info["peak_memory_mib"] > 0

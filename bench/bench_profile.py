@@ -22,7 +22,7 @@ import itertools
 import pytest
 import torch
 
-from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.model import TABLE1_SIZES
 from cs336_systems.profiling.flops import forward_flops
 from cs336_systems.profiling.profiler import profile_step
@@ -57,7 +57,9 @@ def test_profile(benchmark, device, matmul_tflops, size, ctx, dtype, mode) -> No
     tag(benchmark, "profile")
     warmup, rounds = (2, 5) if ON_GPU else (1, 2)
     rate = matmul_tflops(case.torch_dtype)
-    info = run_case(benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=rate, after=_d3)
+    info = benchmark_model_case(
+        benchmark, case, device, warmup=warmup, rounds=rounds, peak_tflops=rate, after=_d3
+    )
     if info["oom"]:
         return
     assert info["forward_top_kernel_calls"] >= 1

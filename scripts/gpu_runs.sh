@@ -15,14 +15,13 @@ for stage in "$@"; do
   case $stage in
     tests)  # GPU-marked tests outside the attention kernels (those: `tests-attention`)
       python3 -m pytest tests -p no:cacheprovider -q -m gpu --ignore=tests/test_flash_attention.py 2>&1 | tail -15 ;;
-    tests-attention)
+    tests-attention)  # the FlashAttention and weighted-sum tests
       python3 -m pytest tests/test_flash_attention.py tests/test_weighted_sum.py -p no:cacheprovider -q -n 4 2>&1 | tail -8 ;;
     memory)  # issue 16: the fused kernels' tests on the GPU, then D22 checkpointing, fused loss, fused AdamW
       python3 -m pytest tests/test_fused_cross_entropy.py tests/test_fused_adamw.py tests/test_checkpointing.py \
         -p no:cacheprovider -q -k "not compiled and not every_attention" 2>&1 | tail -8
       "${BENCH[@]}" bench/bench_memory.py --benchmark-json="$OUT/memory.json" > "$OUT/memory.log" 2>&1
-      tail -4 "$OUT/memory.log"
-      python3 -c "import sys; from cs336_systems import report as r; [print(r.render_group_markdown(t)) for t in r.build_tables(r.load(sys.argv[1:])[1])]" "$OUT/memory.json" ;;
+      tail -4 "$OUT/memory.log"; python3 -m cs336_systems.report "$OUT/memory.json" --out "$OUT/report-memory" > /dev/null ;;
     model-core)  # D2/D4/D7b: small and medium at ctx 256, every mode/dtype, eager and compiled; warm-up study
       "${BENCH[@]}" bench/bench_model.py::test_model bench/bench_model.py::test_warmup \
         --only size=small,medium --only ctx=256 --benchmark-json="$OUT/model-core.json" 2>&1 | tail -60
@@ -30,8 +29,7 @@ for stage in "$@"; do
       CS336_FULL_GRID=1 "${BENCH[@]}" bench/bench_model.py::test_model -k "xl-ctx512-bf16 and compiled and not train" \
         --benchmark-json="$OUT/model-xl-ref.json" 2>&1 | tail -12 ;;
     model-xl-mem)  # D2 xl bf16 train at ctx 512 (MFU); D5 2.7B peak memory
-      "${BENCH[@]}" bench/bench_model.py -k "xl-ctx512-bf16-train or test_memory" \
-        --benchmark-json="$OUT/model-xl-mem.json" 2>&1 | tail -40 ;;
+      "${BENCH[@]}" bench/bench_model.py -k "xl-ctx512-bf16-train or test_memory" --benchmark-json="$OUT/model-xl-mem.json" 2>&1 | tail -40 ;;
     profile)  # D3 kernel summary + Chrome trace; D5 memory snapshots (gzipped pickles)
       python3 -m cs336_systems.cli.benchmark --size medium --context 256 --mode train --warmup 2 --steps 3 \
         --profile "$OUT/profile" 2>&1 | tail -60
@@ -85,8 +83,7 @@ for stage in "$@"; do
     allreduce)  # D13: nccl at 2 and 4 GPUs (6 needs an 8-GPU machine), 1 MB .. 1 GB
       "${BENCH[@]}" bench/bench_allreduce.py --only backend=nccl --benchmark-json="$OUT/allreduce.json" 2>&1 | tail -30 ;;
     ddp)  # D14-D17 + torch DDP, xl, 2 GPUs
-      CUDA_VISIBLE_DEVICES=0,1 CS336_TRACE_DIR=$OUT/traces "${BENCH[@]}" bench/bench_ddp.py \
-        --benchmark-json="$OUT/ddp.json" 2>&1 | tail -30 ;;
+      CUDA_VISIBLE_DEVICES=0,1 CS336_TRACE_DIR=$OUT/traces "${BENCH[@]}" bench/bench_ddp.py --benchmark-json="$OUT/ddp.json" 2>&1 | tail -30 ;;
     sharding)  # D20 + torch ZeroRedundancyOptimizer, xl, 2 GPUs
       CUDA_VISIBLE_DEVICES=0,1 "${BENCH[@]}" bench/bench_sharding.py --benchmark-json="$OUT/sharding.json" 2>&1 | tail -20 ;;
     leaderboard-2026)  # D26: the 8B step, ours vs torch's built-ins, eager and block-compiled (~7 min)
@@ -101,8 +98,7 @@ for stage in "$@"; do
         --benchmark-json="$OUT/leaderboard_2026_ablation.json" > "$OUT/leaderboard_2026_ablation.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/leaderboard_2026_ablation.log" | tail -8
       python3 -m cs336_systems.report "$OUT/leaderboard_2026.jsonl" --format md --out "$OUT/report-leaderboard_2026" > /dev/null ;;
-    leaderboard-2026-keep)  # D26 keep:N: ours compiled keep:auto vs built-ins compiled (same run, cold
-      # caches), then ours compiled at keep 0 / 8 / auto (warm caches; keep:0 = every:1) (~6 min)
+    leaderboard-2026-keep)  # D26: ours compiled keep:auto vs built-ins compiled, then ours at keep 0/8/auto (~6 min)
       CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026_keep.jsonl CS336_8B_ABLATION_COMPILE=1 \
         CS336_8B_KEEP=${CS336_8B_KEEP:-0,8,auto} CS336_8B_TIMEOUT_S=${CS336_8B_TIMEOUT_S:-180} \
         CS336_FLASH_TUNE_CACHE=${CS336_FLASH_TUNE_CACHE:-/tmp/flash_tune.json} "${BENCH[@]}" -s \
@@ -122,6 +118,11 @@ for stage in "$@"; do
         CS336_FLASH_TUNE_CACHE=/tmp/flash_tune.json "${BENCH[@]}" -s bench/bench_leaderboard_2026.py \
         -k "compiled and not ablation" --benchmark-json="$OUT/leaderboard_2026.json" > "$OUT/leaderboard_2026.log" 2>&1
       python3 -m cs336_systems.report "$OUT/leaderboard_2026.jsonl" --format md --out "$OUT/report-leaderboard_2026" > /dev/null ;;
+    proxy-8b)  # issue 37: the 8B step's one-GPU proxy (4 blocks, ctx 32,768, compiled): ours, torch, one-piece swaps
+      CUDA_VISIBLE_DEVICES=0 CS336_BENCH_JSONL=$OUT/proxy_8b.jsonl CS336_FLASH_TUNE_CACHE=$(mktemp -d)/flash_tune.json \
+        "${BENCH[@]}" -s bench/bench_8b_proxy.py --benchmark-json="$OUT/proxy_8b.json" > "$OUT/proxy_8b.log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed|Error|^step s|^model TFLOP|^peak GiB|^first finished|^OOM" "$OUT/proxy_8b.log"
+      python3 -m cs336_systems.report "$OUT/proxy_8b.json" --out "$OUT/proxy_8b-report" > /dev/null ;;
     tests-fsdp)  # the GPU-marked FSDP tests (nccl, 2 GPUs)
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
     tests-nccl)

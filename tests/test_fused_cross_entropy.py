@@ -1,6 +1,7 @@
 """fused_linear_cross_entropy against F.cross_entropy(h @ W.T) in float64: loss and both gradients, for
-fp32 and bf16, mean and sum, chunks that do not divide the tokens, a vocab that the kernel's block does not
-divide, logits of ±1e4, ignored rows (a whole chunk of them, and all of them), and bad input."""
+fp32, bf16, fp16 and autocast (fp32 h and W), mean and sum, chunks that do not divide the tokens, a vocab
+that the kernel's block does not divide, logits of ±1e4, ignored rows (a whole chunk of them, and all of
+them), and bad input."""
 
 from __future__ import annotations
 
@@ -18,11 +19,18 @@ def _inputs(tokens, d, vocab, dtype, device, gen, w_scale=1.0, w_dtype=None):
     return h, w, t
 
 
-def _reference(h, w, t, ignore_index=-100, reduction="mean", grad_scale=1.0):
-    """Float64 loss and grads of the same logits the kernel sees (rounded to h's dtype, as cuBLAS writes)."""
+def _rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to dtype in the forward, its gradient passed through unrounded (float64 stays exact)."""
+    return x + (x.to(dtype).double() - x).detach()
+
+
+def _reference(h, w, t, ignore_index=-100, reduction="mean", grad_scale=1.0, compute=None):
+    """F.cross_entropy over the full logits in float64: loss and grads of the logits the kernel sees, made
+    from h and W rounded to the compute dtype (h's unless given) and rounded to it again, as cuBLAS writes."""
+    compute = compute or h.dtype
     h64 = h.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
-    logits = (h64 @ w64.T).to(h.dtype).double() if h.dtype != torch.float32 else h64 @ w64.T
+    logits = _rounded(_rounded(h64, compute) @ _rounded(w64, compute).T, compute)
     loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction)
     (grad_scale * loss).backward()
     return loss.detach(), h64.grad, w64.grad
@@ -32,20 +40,20 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def _check(h, w, t, tol, **kw):
+def _check(h, w, t, tol, compute=None, loss_tol=None, **kw):
     grad_scale = kw.pop("grad_scale", 1.0)
     loss = fused_linear_cross_entropy(h, w, t, **kw)
     (grad_scale * loss).backward()
     ref_loss, ref_dh, ref_dw = _reference(
-        h, w, t, kw.get("ignore_index", -100), kw.get("reduction", "mean"), grad_scale
+        h, w, t, kw.get("ignore_index", -100), kw.get("reduction", "mean"), grad_scale, compute
     )
     assert loss.dtype == torch.float32 and loss.ndim == 0
-    torch.testing.assert_close(loss.double(), ref_loss, rtol=tol, atol=tol)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=loss_tol or tol, atol=loss_tol or tol)
     assert h.grad.dtype == h.dtype and w.grad.dtype == w.dtype
     assert _rel(h.grad, ref_dh) < tol and _rel(w.grad, ref_dw) < tol
 
 
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -117,8 +125,14 @@ def test_bad_input(device, generator) -> None:
         fused_linear_cross_entropy(h, w, t[:3])
     with pytest.raises(TypeError, match="targets"):
         fused_linear_cross_entropy(h, w, t.float())
-    with pytest.raises(TypeError, match="weight"):
+    with pytest.raises(TypeError, match=r"weight must be h's dtype .* or call inside torch.autocast"):
         fused_linear_cross_entropy(h.to(torch.bfloat16), w.to(torch.float16), t)
+    with torch.autocast(device.type, dtype=torch.bfloat16):  # autocast casts both: no mismatch left
+        assert fused_linear_cross_entropy(h.to(torch.bfloat16), w.to(torch.float16), t).isfinite()
+    with pytest.raises(ValueError, match="share a device"):
+        fused_linear_cross_entropy(h, w.detach().to("meta"), t)
+    with pytest.raises(TypeError, match="weight must be one of"):
+        fused_linear_cross_entropy(h, w.double(), t)
     with pytest.raises(TypeError, match="h must be"):
         fused_linear_cross_entropy(h.to(torch.float64), w, t)
     with pytest.raises(ValueError, match="reduction"):
@@ -153,3 +167,34 @@ def test_gpu_sizes_and_memory(dtype_name: str, generator) -> None:
     tol = {torch.float32: 1e-3, torch.bfloat16: 2e-2}[dtype]  # tf32 may be on for fp32 GEMMs
     torch.testing.assert_close(loss.double(), ref_loss, rtol=tol, atol=tol)
     assert _rel(h.grad, ref_dh) < tol and _rel(w.grad, ref_dw) < tol
+
+
+# (h dtype, weight dtype, autocast dtype or None): the dtypes of a training loop, the kernel's compute
+# dtype being autocast's when on, else h's.
+PRECISIONS = {
+    "autocast-bf16": (torch.float32, torch.float32, torch.bfloat16),
+    "autocast-fp16": (torch.float32, torch.float32, torch.float16),
+    "bf16-h-fp32-w": (torch.bfloat16, torch.float32, None),
+    "fp16-h-fp32-w": (torch.float16, torch.float32, None),
+    "fp16": (torch.float16, torch.float16, None),
+    "fp32": (torch.float32, torch.float32, None),
+}
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_precisions_match_cross_entropy(precision, device, generator) -> None:
+    h_dtype, w_dtype, autocast = PRECISIONS[precision]
+    compute = autocast or h_dtype
+    h, w, t = _inputs(14, 16, 45, h_dtype, device, generator, w_dtype=w_dtype)
+    # The loss of the rounded logits is exact up to fp32 sums (~1e-6 here), 100x closer than the same loss
+    # computed in another dtype: so a wrong compute dtype fails. cuBLAS may round a logit the other way.
+    loss_tol = 2e-6 if device.type == "cpu" else TOL[compute]
+    with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        _check(h, w, t, TOL[compute], compute=compute, loss_tol=loss_tol, chunk_tokens=5, grad_scale=2.0)
+    if autocast is not None:  # and torch's own loss under the same autocast agrees
+        h_ref, w_ref = h.detach().requires_grad_(), w.detach().requires_grad_()
+        with torch.autocast(device.type, dtype=autocast):
+            (2.0 * F.cross_entropy(h_ref @ w_ref.T, t)).backward()
+        assert h_ref.grad.dtype == h.grad.dtype and w_ref.grad.dtype == w.grad.dtype
+        tol = 2 * TOL[compute]
+        assert _rel(h.grad, h_ref.grad.double()) < tol and _rel(w.grad, w_ref.grad.double()) < tol

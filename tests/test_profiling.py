@@ -21,7 +21,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from cs336_systems.cli import benchmark as cli
-from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder, run_benchmark
 from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.profiling import timing
@@ -183,7 +183,9 @@ def test_run_case_oom_in_build_is_a_row(monkeypatch):
         _oom()
 
     monkeypatch.setattr(workload_mod.Workload, "__init__", boom)
-    info = run_case(Recorder(), Case("2.7B", 512, "train"), torch.device("cpu"), warmup=1, rounds=2)
+    info = benchmark_model_case(
+        Recorder(), Case("2.7B", 512, "train"), torch.device("cpu"), warmup=1, rounds=2
+    )
     assert info["oom"] is True and info["size"] == "2.7B" and info["mode"] == "train"
     assert "mean_ms" not in info
 
@@ -192,7 +194,7 @@ def test_run_case_fills_extra_info_and_survives_oom_in_after():
     def after(w):
         _oom()
 
-    info = run_case(
+    info = benchmark_model_case(
         Recorder(), _tiny("train"), torch.device("cpu"), warmup=0, rounds=2, peak_tflops=1.0, after=after
     )
     for key in ("mean_ms", "std_ms", "first_ms", "tokens_per_s", "model_flops", "mfu", "params", "warmup"):
@@ -281,7 +283,9 @@ def test_cli_compiled_train_runs(capsys):
 def test_cli_rejects_bad_input(args, message, capsys, monkeypatch):
     # Rejected before anything runs: no rate probe, no case.
     monkeypatch.setattr(cli, "peak_rate", lambda *a, **k: pytest.fail("probed before checking arguments"))
-    monkeypatch.setattr(cli, "run_case", lambda *a, **k: pytest.fail("ran a case before checking arguments"))
+    monkeypatch.setattr(
+        cli, "benchmark_model_case", lambda *a, **k: pytest.fail("ran a case before checking arguments")
+    )
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--size", "tiny", *args.split()])
     assert exit_info.value.code == 2

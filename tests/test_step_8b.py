@@ -9,13 +9,21 @@ the unsharded model with the same pieces on the whole batch.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.harness.step_8b import combine_step_results
+from cs336_systems.harness.settings import Settings
+from cs336_systems.harness.step_8b import combine_step_results, proxy_options, run_proxy_row
 from cs336_systems.model import TransformerLM, get_preset
+from cs336_systems.training.options import matmul_output_bytes, predicted_step_memory, without_triton
 from cs336_systems.training.step_8b import (
     ABLATIONS,
     RECIPES,
@@ -170,16 +178,16 @@ def full_layer_weights_alive_at_most(fsdps: list[str]) -> list[tuple[int, int]]:
     """Rank function: for each FSDP, shard the small model (meta -> this rank) and return (the most
     Linear/Embedding layers that held their full weight at once, the number of such layers)."""
     from cs336_systems.distributed.fsdp import is_sharded_layer
-    from cs336_systems.training import step_8b
+    from cs336_systems.training import sharding, step_model
 
     def local_shape(weight: torch.Tensor) -> tuple[int, ...]:
         return tuple(weight.to_local().shape if hasattr(weight, "to_local") else weight.shape)
 
     out = []
-    materialize = step_8b.materialize_
+    materialize = sharding.materialize_
     for fsdp in fsdps:
         options = small_options(fsdp=fsdp)
-        model = step_8b.build_meta_model(options)
+        model = step_model.build_meta_model(options)
         layers = [m for m in model.modules() if is_sharded_layer(m)]
         full_shape = {id(m): tuple(m.weight.shape) for m in layers}
         most = 0
@@ -190,11 +198,11 @@ def full_layer_weights_alive_at_most(fsdps: list[str]) -> list[tuple[int, int]]:
             full = [m for m in layers if not m.weight.is_meta and local_shape(m.weight) == full_shape[id(m)]]
             most = max(most, len(full))
 
-        step_8b.materialize_ = spy
+        sharding.materialize_ = spy
         try:
-            step_8b.shard_model(model, options, torch.device("cpu"))
+            sharding.shard_model(model, options, torch.device("cpu"))
         finally:
-            step_8b.materialize_ = materialize
+            sharding.materialize_ = materialize
         out.append((most, len(layers)))
     return out
 
@@ -267,3 +275,177 @@ def test_keep_auto_resolves_from_the_budget() -> None:
     assert step_checkpoint_policy(dataclasses.replace(compiled, keep_budget_gib=60), 2) == "keep:0"
     assert step_checkpoint_policy(dataclasses.replace(compiled, keep_budget_gib=1e6), 2) == "keep:34"
     assert step_checkpoint_policy(dataclasses.replace(compiled, checkpoint="keep:3"), 2) == "keep:3"
+
+
+# -- the CLI on a CPU (issue 38, friction 1): a new user's first command --------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback: only without CUDA")
+
+
+def run_train_8b(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The CLI as a new user runs it: a fresh process, no TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "cs336_systems.cli.train_8b", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@NO_CUDA
+def test_cli_tiny_preset_runs_on_cpu_with_torch_pieces() -> None:
+    proc = run_train_8b("--fsdp", "none", "--preset", "tiny", "--warmup", "0", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"step s \(median[^:]*: \d+\.\d+", proc.stdout), proc.stdout
+    assert "attn=sdpa loss=chunked opt=torch_fused" in proc.stdout  # what ran, on the summary's first line
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("no CUDA")]
+    assert len(notes) == 1 and "--attention sdpa" in notes[0] and "TRITON_INTERPRET=1" in notes[0]
+    steps = re.findall(r"step (\d)/3 \((first|warm-up|timed)\) \d+\.\d+ s, loss", proc.stderr)
+    assert steps == [("1", "first"), ("2", "timed"), ("3", "timed")], proc.stderr
+
+
+@NO_CUDA
+@pytest.mark.parametrize("flag", [("--attention", "flash_triton"), ("--loss", "fused")])
+def test_cli_triton_piece_on_cpu_fails_in_one_line(flag: tuple[str, str]) -> None:
+    proc = run_train_8b("--fsdp", "none", "--preset", "tiny", *flag, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert (
+        " ".join(flag) in proc.stderr
+        and "--attention sdpa --loss chunked --optimizer torch_fused" in proc.stderr
+    )
+
+
+def test_without_triton_swaps_only_the_triton_pieces() -> None:
+    options, swaps = without_triton(recipe("ours", attention="sdpa"))
+    assert swaps == {"loss": "chunked", "optimizer": "torch_fused"}
+    assert (options.attention, options.loss, options.optimizer, options.fsdp) == (
+        "sdpa", "chunked", "torch_fused", "ours"
+    )  # fmt: skip
+    assert without_triton(recipe("torch"))[1] == {}
+
+
+# -- the 8B per-GPU proxy (issue 37) ---------------------------------------------------------------------
+
+
+def test_proxy_options_follow_the_two_gpu_checkpointing() -> None:
+    s = Settings(step8b_proxy_layers=2, step8b_proxy_steps=2, step8b_keep_budget_gib=112)  # seq 32,768
+    torch_, ours = proxy_options("torch", s), proxy_options("ours", s)
+    for options in (torch_, ours):
+        assert (options.fsdp, options.compile, options.batch_per_rank, options.sequence_length) == (
+            "none", True, 1, 32768
+        )  # fmt: skip
+        assert options.model_config().num_layers == 2 and options.model_config().d_model == 4096
+    assert torch_.checkpoint == "every:1" and torch_.attention == "sdpa"
+    # Under 112 GiB the two-GPU 8B step keeps 11 of its 34 blocks: the proxy keeps round(2 * 11 / 34) = 1.
+    assert (
+        step_checkpoint_policy(recipe("ours", compile=True, keep_budget_gib=112, checkpoint="keep:auto"), 2)
+        == "keep:11"
+    )
+    assert ours.checkpoint == "keep:1"
+    assert proxy_options("sdpa", s).attention == "sdpa" and proxy_options("sdpa", s).checkpoint == "keep:1"
+    # A budget the two-GPU step cannot keep a block in: every block checkpointed here too.
+    assert proxy_options("ours", dataclasses.replace(s, step8b_keep_budget_gib=64)).checkpoint == "keep:0"
+    # Plenty of budget for both: all the proxy's blocks kept, never more than it has.
+    assert proxy_options("ours", dataclasses.replace(s, step8b_keep_budget_gib=10_000)).checkpoint == "keep:2"
+    with pytest.raises(ValueError, match="unknown proxy row"):
+        proxy_options("nope", s)
+
+
+def test_proxy_rows_through_spawned_steps_into_the_report(tmp_path) -> None:
+    """The proxy's path on a CPU, scaled down: each row a spawned one-process step (fsdp none inside a
+    process group of one), recorded as the bench records it, then the report's section with its ratio."""
+    from cs336_systems.harness.record import Recorder
+    from cs336_systems.report import write_report
+    from cs336_systems.report.schema import tag
+
+    small = dict(model_changes=SMALL, seq_len=16, compile=False, compute_dtype="fp32", warmup=0, steps=2)
+    measured: dict = {}
+    rows, results = [], {}
+    for row, changes in (
+        ("torch", {}),
+        ("ours", dict(attention="sdpa", loss="chunked", optimizer="torch_fused")),
+    ):
+        options = dataclasses.replace(proxy_options(row, Settings()), preset="tiny", **small, **changes)
+        bench = Recorder()
+        tag(bench, "proxy_8b")
+        results[row] = run_proxy_row(bench, row, options, 120, measured)
+        stats = {"mean": sum(bench.stats) / len(bench.stats), "rounds": len(bench.stats)}
+        rows.append({"group": bench.group, "name": f"test_8b_proxy[{row}]", "params": {"row": row},
+                     "extra_info": bench.extra_info, "stats": stats})  # fmt: skip
+    ratio = results["ours"]["step_s"] / results["torch"]["step_s"]
+    ours_info = rows[1]["extra_info"]
+    assert (
+        ours_info["vs_torch"] == pytest.approx(ratio) and ours_info["checkpoint_resolved"] == "keep:1"
+    )  # 112 GiB: CPU
+    assert set(ours_info) >= {"step_s", "first_step_s", "first_step_vs_torch_s", "details", "kept_blocks"}
+    assert "tokens_per_rank" in ours_info["details"] and "tokens_per_rank" not in ours_info
+    path = tmp_path / "proxy.json"
+    path.write_text(json.dumps({"benchmarks": rows, "machine_info": {}, "commit_info": {}}, default=str))
+    writeup = tmp_path / "report" / "writeup.md"
+    write_report([path], tmp_path / "report")
+    text = writeup.read_text()
+    assert "D26 8B per-GPU proxy" in text and f"ours / torch step time: {ratio:.3f}×" in text
+
+
+def _mm_calls_in_backward(options: StepOptions) -> tuple[int, dict[str, torch.Tensor]]:
+    """Matmuls the backward of one step runs (its own and the checkpointed blocks' re-runs), and the
+    gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMatmuls(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default):
+                CountMatmuls.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = StepModel(options.model_config(), options)
+    tokens = torch.randint(SMALL["vocab_size"], (1, SMALL["context_length"]), generator=torch.Generator())
+    loss = model(tokens, tokens)
+    with CountMatmuls():
+        loss.backward()
+    return CountMatmuls.calls, {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_save_matmuls_skips_the_rerun_matmuls_and_changes_nothing() -> None:
+    """With ``save_matmuls`` the re-run of a checkpointed block recomputes no matmul (the backward runs
+    as many as without checkpointing), and the gradients are bit-identical."""
+    base = small_options(fsdp="none", attention="sdpa", loss="full", checkpoint="every:1")
+    plain_calls, plain_grads = _mm_calls_in_backward(base)
+    saved_calls, saved_grads = _mm_calls_in_backward(dataclasses.replace(base, save_matmuls=True))
+    unchecked_calls, _ = _mm_calls_in_backward(dataclasses.replace(base, checkpoint="none"))
+    assert saved_calls == unchecked_calls < plain_calls
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(saved_grads[name], grad, rtol=0, atol=0, msg=name)
+    # and the planner counts their outputs into a checkpointed block's memory
+    with_mm = dataclasses.replace(base, save_matmuls=True)
+    extra = predicted_step_memory(with_mm, 1).checkpointed - predicted_step_memory(base, 1).checkpointed
+    assert extra == matmul_output_bytes(base.model_config(), base.sequence_length) > 0
+
+
+def test_progress_lines(capsys) -> None:
+    """A line per step; inside an untimed step, forward and backward are said only once it is slow."""
+    import time
+
+    from cs336_systems.training.step_8b import Progress
+
+    progress = Progress(small_options(progress=True, warmup=1, steps=1), time.perf_counter())
+    progress.begin("built")
+    progress.phase("forward")  # quick: nothing
+    progress.SLOW_STEP_S = 0.0  # this instance only: every step counts as slow
+    progress.phase("start")
+    progress.phase("forward")
+    progress.phase("synced")
+    progress.step("first", 1.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("] ", 1)[1].split(" after")[0] for line in lines[:3]] == [
+        "built",
+        "step 1/3: forward done",
+        "step 1/3: backward done",
+    ]
+    assert re.search(r"step 1/3 \(first\) \d+\.\d{3} s, loss 1.5000$", lines[3])
+    quiet = Progress(small_options(), time.perf_counter())  # progress off: silent
+    quiet.step("first", 1.0)
+    assert capsys.readouterr().err == ""

@@ -26,7 +26,7 @@ import torch
 from tabulate import tabulate
 
 from cs336_systems.harness.environment import device_name
-from cs336_systems.harness.model_case import run_case
+from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder
 from cs336_systems.model import BATCH_SIZE, PRESETS
 from cs336_systems.profiling.flops import MODES, forward_flops
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = None if args.no_mfu else peak_rate(device, case.dtype, rates)
         after = make_after(args, case, device, many=len(cases) > 1)
         progress.case(index, case)
-        info = run_case(
+        info = benchmark_model_case(
             Recorder(),
             case,
             device,

@@ -12,6 +12,8 @@ that piece buys. Rank 0 prints the step time (median of the timed steps, each th
 model TFLOP/s per GPU, MFU against the measured bf16 matmul rate, peak memory per GPU and the time to
 the first finished step; ``--json`` writes the same figures. ``--cache-dir`` points the compile and
 autotune caches at a directory (an empty one gives the course's cold-cache time to the first step).
+Without CUDA, the recipe's Triton pieces (attention, fused loss, FusedAdamW) become torch's, said in one
+line, so a small preset runs on a CPU (``--fsdp none --preset tiny``); each step prints a line.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cs336_systems.harness.step_8b import combine_step_results, format_summary, run_case
+from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
 from cs336_systems.model import PRESETS
+from cs336_systems.training.options import TRITON_PIECES, triton_pieces, without_triton
 from cs336_systems.training.step_8b import (
     FSDP_CHOICES,
     LOSS_CHOICES,
@@ -36,7 +39,7 @@ from cs336_systems.training.step_8b import (
 )
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length")
-PIECES = ("fsdp", "attention", "loss", "optimizer", "checkpoint", "save_attention")
+PIECES = ("fsdp", "attention", "loss", "optimizer", "checkpoint", "save_attention", "save_matmuls")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="checkpointed blocks keep attention's output instead of re-running it",
     )
+    pieces.add_argument(
+        "--save-matmuls",
+        action=argparse.BooleanOptionalAction,
+        help="checkpointed blocks also keep every matmul's output: the re-run recomputes elementwise work "
+        "only (more memory per block; off by default)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile each block's forward")
     p.add_argument("--loss-chunk-tokens", type=int, default=d.loss_chunk_tokens, help="for --loss chunked")
     p.add_argument("--compute-dtype", default=d.compute_dtype, choices=("bf16", "fp32"))
@@ -80,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=None, help="without torchrun: spawn this many ranks")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a spawned run is killed")
     p.add_argument("--json", default=None, help="write the combined figures here (rank 0)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a line per step on stderr (rank 0)",
+    )
     for name in OVERRIDES:
         p.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the preset's {name}"
@@ -106,7 +121,37 @@ def options_from_args(args: argparse.Namespace) -> StepOptions:
         steps=args.steps,
         profile=args.profile,
         cache_dir=args.cache_dir,
+        progress=args.progress,
     )
+
+
+def fit_to_machine(args: argparse.Namespace, options: StepOptions) -> StepOptions:
+    """Without CUDA (and without Triton's interpreter) our Triton pieces cannot run: those the recipe
+    chose become torch's, said in one line; one asked for by flag is an error naming the flags that
+    run here (``ValueError``, whose message ``main`` prints as one line)."""
+    import torch
+
+    from cs336_systems.kernels.checks import INTERPRET
+
+    if torch.cuda.is_available() or INTERPRET:
+        return options
+    asked = {f: v for f, v in triton_pieces(options).items() if getattr(args, f) is not None}
+    if asked:
+        flags = " ".join(f"--{f} {v}" for f, v in asked.items())
+        works = " ".join(f"--{f} {torch_piece}" for f, (_, torch_piece) in TRITON_PIECES.items())
+        raise ValueError(
+            f"{flags} runs Triton kernels, which need CUDA (or TRITON_INTERPRET=1 on a CPU, "
+            f"minutes per step); without CUDA use {works}"
+        )
+    options, swaps = without_triton(options)
+    if swaps:
+        pieces = ", ".join(f"--{f} {v}" for f, v in swaps.items())
+        print(
+            f"no CUDA: torch's pieces instead of our Triton kernels ({pieces}); TRITON_INTERPRET=1 runs "
+            "ours in Triton's interpreter (minutes per step)",
+            file=sys.stderr,
+        )
+    return options
 
 
 def _torchrun_rank(options: StepOptions) -> dict[str, Any] | None:
@@ -127,11 +172,15 @@ def _torchrun_rank(options: StepOptions) -> dict[str, Any] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    options = options_from_args(args)
+    try:
+        options = fit_to_machine(args, options_from_args(args))
+    except ValueError as exc:  # a bad combination of flags: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if "RANK" in os.environ:
         result = _torchrun_rank(options)
     elif args.nproc:
-        result = run_case(options, args.nproc, args.timeout, cold_cache=False)
+        result = spawn_step_8b(options, args.nproc, args.timeout, cold_cache=False)
     elif options.fsdp == "none":
         result = combine_step_results([run_step(options)])
     else:

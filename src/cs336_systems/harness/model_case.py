@@ -18,7 +18,7 @@ from cs336_systems.profiling.workload import Case, Workload
 from cs336_systems.units import MIB
 
 
-def run_case(
+def benchmark_model_case(
     benchmark: Any,
     case: Case,
     device: torch.device,

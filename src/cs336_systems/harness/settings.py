@@ -44,6 +44,13 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return _number(env, name, default, int)
 
 
+def _positive(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(env, name, default)
+    if value < 1:
+        raise ValueError(f"environment variable {name} must be a positive integer, got {value}")
+    return value
+
+
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return _number(env, name, default, float)
 
@@ -112,6 +119,12 @@ class Settings:
     step8b_ours_checkpoint: str = "keep:auto"  # the compiled "ours" rows' (main and ablation) policy
     step8b_keep: tuple[str, ...] = ("0", "auto")  # the keep ablation: one row per N ("auto": keep:auto)
     step8b_keep_budget_gib: float | None = None  # keep:auto's budget (None: 80% of the GPU)
+    # bench_8b_proxy.py: the 8B step's per-GPU proxy on one GPU (L blocks, unsharded, compiled blocks)
+    step8b_proxy_layers: int = 4
+    step8b_proxy_seq: int = 32768
+    step8b_proxy_steps: int = 3  # timed steps per row (after the first step and one warm-up step)
+    step8b_proxy_budget_s: float = 480.0  # the group's wall time: a row not started by then is a not-run row
+    step8b_proxy_timeout_s: float = 180.0  # per row (its spawn is killed 60 s of start-up grace later)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, on_gpu: bool | None = None) -> Settings:
@@ -154,6 +167,11 @@ class Settings:
             step8b_ours_checkpoint=_step_checkpoint(env, "CS336_8B_OURS_CHECKPOINT", "keep:auto"),
             step8b_keep=_keep_list(env, "CS336_8B_KEEP", "0,auto"),
             step8b_keep_budget_gib=_float(env, "CS336_8B_KEEP_BUDGET_GIB", 0.0) or None,  # 0: default
+            step8b_proxy_layers=_positive(env, "CS336_8B_PROXY_LAYERS", 4),
+            step8b_proxy_seq=_positive(env, "CS336_8B_PROXY_SEQ", 32768),
+            step8b_proxy_steps=_positive(env, "CS336_8B_PROXY_STEPS", 3),
+            step8b_proxy_budget_s=_float(env, "CS336_8B_PROXY_BUDGET_S", 480.0),
+            step8b_proxy_timeout_s=_float(env, "CS336_8B_PROXY_TIMEOUT_S", 180.0),
         )
 
 

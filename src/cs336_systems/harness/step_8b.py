@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+import torch
+
 from cs336_systems.distributed.launch import RankFailedError, spawn
+from cs336_systems.harness.record import log_case, record_not_run, record_oom, record_times
+from cs336_systems.harness.settings import Settings
 from cs336_systems.harness.train_step import combine_ranks
+from cs336_systems.model import get_preset
 from cs336_systems.profiling.timing import is_oom
-from cs336_systems.training.step_8b import StepOptions, run_step
+from cs336_systems.training.options import proxy_checkpoint_policy, recipe
+from cs336_systems.training.step_8b import StepOptions, run_step, step_checkpoint_policy
 
 TIMING = (
     "synchronized loop: each rank times each step on its host clock after torch.cuda.synchronize(); "
@@ -47,7 +56,7 @@ def combine_step_results(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return combined
 
 
-def run_case(
+def spawn_step_8b(
     options: StepOptions, world_size: int, timeout_s: float, cold_cache: bool = True
 ) -> dict[str, Any]:
     """Spawn ``world_size`` ranks running ``options`` and combine their numbers. With ``cold_cache``
@@ -57,8 +66,6 @@ def run_case(
     a run past ``timeout_s`` gives ``{"oom": False, "error": "timeout ..."}``; other failures raise."""
     with tempfile.TemporaryDirectory(prefix="cs336-8b-cache-") as cache:
         if cold_cache and options.cache_dir is None:
-            from dataclasses import replace
-
             options = replace(options, cache_dir=cache)
         try:
             per_rank = spawn(run_step, world_size, options, timeout=timeout_s)
@@ -67,8 +74,143 @@ def run_case(
                 return {"oom": True, "error": _oom_line(str(exc)), "label": options.label}
             raise
         except TimeoutError as exc:
-            return {"oom": False, "error": f"timeout after {timeout_s:.0f} s: {exc}", "label": options.label}
+            error = f"timeout after {timeout_s:.0f} s: {exc}"
+            return {"oom": False, "timed_out": True, "error": error, "label": options.label}
     return combine_step_results(per_rank)
+
+
+# The per-GPU proxy's rows (issue 37): both recipes, then ours with one piece swapped for torch's.
+PROXY_ROWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "torch": ("torch", {}),
+    "ours": ("ours", {}),
+    "sdpa": ("ours", {"attention": "sdpa"}),
+    "chunked_loss": ("ours", {"loss": "chunked"}),
+    "torch_adamw": ("ours", {"optimizer": "torch_fused"}),
+    "full_recompute": ("ours", {"save_attention": False}),
+    # Not a swap: the selective checkpointing option (matmul outputs kept too), last so that the group's
+    # time budget drops it first; not the default until this row shows it pays.
+    "save_matmuls": ("ours", {"save_matmuls": True}),
+}
+
+
+def proxy_options(row: str, s: Settings) -> StepOptions:
+    """The 8B configuration with ``s.step8b_proxy_layers`` blocks at ``s.step8b_proxy_seq`` tokens, one
+    sequence, unsharded on one GPU, compiled blocks. Checkpointing as the two-GPU bench's compiled rows:
+    torch's every block; ours ``s.step8b_ours_checkpoint``, where keep:auto becomes the share of blocks
+    the two-GPU step keeps under the same per-GPU budget (``proxy_checkpoint_policy``)."""
+    if row not in PROXY_ROWS:
+        raise ValueError(f"unknown proxy row {row!r}; choose one of {list(PROXY_ROWS)}")
+    name, changes = PROXY_ROWS[row]
+    model_changes: dict[str, Any] = {"num_layers": s.step8b_proxy_layers}
+    if s.step8b_proxy_seq > get_preset("8B").context_length:
+        model_changes["context_length"] = s.step8b_proxy_seq
+    options = recipe(
+        name,
+        **changes,
+        preset="8B",
+        model_changes=model_changes,
+        seq_len=s.step8b_proxy_seq,
+        batch_per_rank=1,
+        fsdp="none",
+        compile=True,
+        warmup=1,
+        steps=s.step8b_proxy_steps,
+        keep_budget_gib=s.step8b_keep_budget_gib,
+    )
+    if name != "ours":
+        return options
+    policy = s.step8b_ours_checkpoint
+    return replace(options, checkpoint=proxy_checkpoint_policy(options) if policy == "keep:auto" else policy)
+
+
+# The proxy's figures shown as the table's columns; a row's other numbers go under extra_info["details"].
+PROXY_VALUES = (
+    "step_s",
+    "mfu",
+    "tflops_per_gpu",
+    "matmul_tflops",
+    "peak_allocated_gib",
+    "first_step_s",
+    "kept_blocks",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+)
+
+
+def run_proxy_row(
+    benchmark: Any, row: str, options: StepOptions, timeout_s: float, measured: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """One proxy row: ``options`` in a fresh process with empty caches, recorded on ``benchmark`` with
+    its step time over the ``torch`` and ``ours`` rows' in ``measured`` (this run's, updated here)
+    and its first step's delay after torch's. Returns the spawn's result."""
+    result = spawn_step_8b(options, 1, timeout_s, cold_cache=True)
+    recipe_name, swapped = PROXY_ROWS[row]
+    more: dict[str, Any] = dict(
+        row=row, recipe=recipe_name, swapped=swapped, layers=options.model_config().num_layers
+    )
+    if result.get("step_s"):
+        measured[row] = {"step_s": result["step_s"], "first_step_s": result["first_step_s"]}
+        for base in ("torch", "ours"):
+            if base in measured and base != row:
+                more[f"vs_{base}"] = result["step_s"] / measured[base]["step_s"]
+        if "torch" in measured and row != "torch":
+            more["first_step_vs_torch_s"] = result["first_step_s"] - measured["torch"]["first_step_s"]
+    info = step_extra_info(options, result, 1, values=PROXY_VALUES, **more)
+    record_step(benchmark, options, result, info)
+    return result
+
+
+def step_extra_info(
+    options: StepOptions,
+    result: dict[str, Any],
+    world_size: int,
+    values: Sequence[str] | None = None,
+    **more: Any,
+) -> dict[str, Any]:
+    """A spawned step's figures as a bench row's extra_info: the scalar figures (only ``values`` of
+    them when given, the others under ``details``, so the report's table stays narrow), the kernel
+    time by category, the losses, the pieces, the shape and ``more``."""
+    scalars = {
+        k: v
+        for k, v in result.items()
+        if k not in ("options", "times_ms", "profile") and not isinstance(v, dict | list)
+    }
+    info = scalars if values is None else {k: v for k, v in scalars.items() if k in values}
+    if values is not None:
+        info["details"] = {k: v for k, v in scalars.items() if k not in values}
+    if result.get("profile"):
+        info["kernel_ms_by_category"] = result["profile"]["kernel_ms_by_category"]
+    info.update(
+        losses=result.get("losses"),
+        pieces={k: getattr(options, k) for k in ("fsdp", "attention", "loss", "optimizer", "checkpoint")}
+        | {"save_attention": options.save_attention, "compile": options.compile},
+        preset=options.preset,
+        batch=options.batch_per_rank * world_size,
+        seq=options.sequence_length,
+        world_size=world_size,
+        warmup_steps=1 + options.warmup,  # the first (cold) step, then `warmup` more
+        timed_steps=options.steps,
+        device_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        **more,
+    )
+    # An OOM row has no rank's numbers: the policy keep:auto resolves to, computed here the same way.
+    info.setdefault("checkpoint_resolved", step_checkpoint_policy(options, world_size))
+    return info
+
+
+def record_step(benchmark: Any, options: StepOptions, result: dict[str, Any], info: dict[str, Any]) -> None:
+    """One spawned step as a bench row (``info`` from :func:`step_extra_info`): timed steps, an OOM
+    row, or a not-run row whose status is ``timeout`` or ``failed``; logged to the JSONL row log and
+    summarized on stdout."""
+    if result.get("oom"):
+        record_oom(benchmark, **info)
+    elif result.get("error"):
+        record_not_run(benchmark, "timeout" if result.get("timed_out") else "failed", result["error"], **info)
+    else:
+        record_times(benchmark, result["times_ms"], **info)
+    log_case(benchmark)
+    print(f"\n[{time.strftime('%H:%M:%S')}] {format_summary(result | {'label': options.label})}", flush=True)
 
 
 def _oom_line(message: str) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import timeit
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,10 @@ from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
 from cs336_systems.harness.adapters import AdaptersDDP, held_optimizers, sharded_optimizer
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
+from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom, synchronize
+from cs336_systems.training.loop import train_step
 from cs336_systems.units import MIB
 
 SHARDED = ("fsdp", "torch_fsdp2", "fsdp_blocks", "torch_fsdp2_blocks")  # bf16: cast weights, not autocast
@@ -179,37 +181,10 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return sum(local_bytes(t) for t in tensors.values())
 
 
-def finish_sync(model: nn.Module) -> None:
-    # local, torch DDP and FSDP2 have nothing to finish
-    if hasattr(model, "finish_gradient_synchronization"):
-        model.finish_gradient_synchronization()
-
-
 def local_bytes(t: torch.Tensor) -> int:
     """Bytes this rank holds of ``t`` (a DTensor's local shard, not its global size)."""
     t = t.to_local() if hasattr(t, "to_local") else t
     return t.numel() * t.element_size()
-
-
-class StepMarks:
-    """Named points in a step: CUDA events (no host sync) on GPU, host clock on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.points: dict[str, Any] = {}
-
-    def mark(self, name: str) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.points[name] = event
-        else:
-            self.points[name] = timeit.default_timer()
-
-    def ms(self, a: str, b: str) -> float:
-        if self.cuda:
-            return self.points[a].elapsed_time(self.points[b])
-        return (self.points[b] - self.points[a]) * 1e3
 
 
 def memory_mib(device: torch.device) -> tuple[float | None, float | None]:
@@ -230,7 +205,7 @@ def _batch(setup: TrainSetup, vocab: int, device: torch.device) -> tuple[torch.T
     return local[:, :-1], local[:, 1:]
 
 
-def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[str, Any]:
+def run_ddp_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[str, Any]:
     rank, world_size = world()
     free_device_memory(device)
     if device.type == "cuda":
@@ -265,23 +240,21 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     out["mem_after_init_mib"], out["peak_after_init_mib"] = memory_mib(device)
     marks = StepMarks(device)
 
-    def step(record_memory: bool = False) -> None:
-        marks.mark("start")
-        optimizer.zero_grad(set_to_none=True)
+    def loss() -> torch.Tensor:
         if isinstance(ddp, DataParallel | AdaptersDDP):
             ddp.on_train_batch_start()
-        with autocast:
-            loss = cross_entropy(ddp(x), y)
-        loss.backward()
-        marks.mark("backward")
-        finish_sync(ddp)
-        marks.mark("synced")
-        if record_memory:
-            out["mem_before_step_mib"], out["peak_before_step_mib"] = memory_mib(device)
-        optimizer.step()
-        marks.mark("end")
-        if record_memory:
-            out["mem_after_step_mib"], out["peak_after_step_mib"] = memory_mib(device)
+        with autocast:  # forward and loss only: backward runs outside autocast, as torch recommends
+            return cross_entropy(ddp(x), y)
+
+    def step(record_memory: bool = False) -> None:
+        def mark(name: str) -> None:
+            marks.mark(name)
+            if record_memory and name == "synced":  # right before optimizer.step()
+                out["mem_before_step_mib"], out["peak_before_step_mib"] = memory_mib(device)
+            elif record_memory and name == "end":  # right after it
+                out["mem_after_step_mib"], out["peak_after_step_mib"] = memory_mib(device)
+
+        train_step(ddp, optimizer, loss, mark, zero_grad_first=True)
 
     for _ in range(max(setup.warmup, 1)):  # the first step also creates the optimizer state
         step()
@@ -295,10 +268,10 @@ def run_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> dict[s
     barrier(device)
     step_ms, fwd_bwd, comm, optim = [], [], [], []
     for _ in range(setup.steps):
-        t0 = timeit.default_timer()
+        t0 = time.perf_counter()
         step()
         synchronize(device)
-        step_ms.append((timeit.default_timer() - t0) * 1e3)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
         fwd_bwd.append(marks.ms("start", "backward"))
         comm.append(marks.ms("backward", "synced"))
         optim.append(marks.ms("synced", "end"))
@@ -331,7 +304,7 @@ def run_cases(setup: TrainSetup, cases: list[TrainCase]) -> dict[str, dict[str, 
     results = {}
     for case in cases:
         try:
-            results[case.key] = run_case(setup, case, device) | {"oom": False}
+            results[case.key] = run_ddp_case(setup, case, device) | {"oom": False}
         except Exception as exc:  # torch raises OOM as several exception types
             if not is_oom(exc):
                 raise

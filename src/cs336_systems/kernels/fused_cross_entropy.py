@@ -15,8 +15,12 @@ Precision: the softmax, the log-sum-exp and the loss run in float32 whatever the
 accumulates in float32 (cuBLAS). dW accumulates across chunks in the weight's dtype: float32 for fp32
 weights, including fp32 master weights with bf16 activations (mixed precision, see below); for bf16
 weights the running sum is bf16 (one rounding per chunk), as an fp32 copy of dW would cost 2 bytes x V x d
-more than the whole chunk of logits. Mixed precision: ``h`` bf16/fp16 with an fp32 ``weight`` runs the
-GEMMs in h's dtype (one cast of W, as autocast would make) and returns an fp32 dW.
+more than the whole chunk of logits.
+
+Compute dtype (that of the GEMMs and of the stored logits): inside ``torch.autocast`` for h's device, the
+autocast dtype, as autocast would choose for ``h @ W.T`` (fp32 h and W are cast chunk by chunk, W once);
+outside it, h's dtype, so bf16/fp16 ``h`` with fp32 master ``weight`` runs bf16/fp16 GEMMs. Each gradient
+comes back in its input's dtype (fp32 dh and dW for fp32 h and W under autocast).
 """
 
 from __future__ import annotations
@@ -107,6 +111,20 @@ def default_chunk_tokens(n_tokens: int, vocab: int, dtype: torch.dtype) -> int:
     return max(1, min(chunk, n_tokens))
 
 
+def compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The GEMMs' dtype: autocast's for h's device when it is on (what it would pick for ``h @ W.T``),
+    else h's (bf16/fp16 activations with fp32 master weights compute in the activations' dtype)."""
+    device_type = h.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    if weight.dtype != h.dtype and weight.dtype != torch.float32:
+        raise TypeError(
+            f"weight must be h's dtype ({h.dtype}) or float32 master weights, got {weight.dtype}; "
+            "cast one of them, or call inside torch.autocast to compute both in the autocast dtype"
+        )
+    return h.dtype
+
+
 def _check_inputs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reduction: str,
                   chunk_tokens: int | None) -> None:  # fmt: skip
     if weight.ndim != 2 or h.ndim < 1 or h.shape[-1] != weight.shape[1]:
@@ -121,10 +139,9 @@ def _check_inputs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
             f"h, weight and targets must share a device; got {h.device}, {weight.device}, {targets.device}"
         )
     require_triton_device(h.device, "fused_linear_cross_entropy")
-    if h.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"h must be one of {FLOAT_DTYPES}, got {h.dtype}")
-    if weight.dtype != h.dtype and weight.dtype != torch.float32:
-        raise TypeError(f"weight must be h's dtype ({h.dtype}) or float32 master weights, got {weight.dtype}")
+    for name, tensor in (("h", h), ("weight", weight)):
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be one of {FLOAT_DTYPES}, got {tensor.dtype}")
     if targets.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"targets must be int64 or int32 class indices, got {targets.dtype}")
     if reduction not in ("mean", "sum"):
@@ -137,6 +154,8 @@ def _accumulate_dw(dw: torch.Tensor, grad_logits: torch.Tensor, h_chunk: torch.T
     """dw += grad_logits.T @ h_chunk, accumulated in dw's dtype."""
     if dw.dtype == grad_logits.dtype:
         dw.addmm_(grad_logits.t(), h_chunk)
+    elif dw.dtype != torch.float32:  # e.g. bf16 weight under fp16 autocast: a rare V x d temporary
+        dw.add_(grad_logits.t() @ h_chunk)
     elif dw.device.type == "cuda":
         # fp32 masters, bf16/fp16 GEMM: cuBLAS writes fp32 straight into dW (no V x d temporary).
         torch.ops.aten.addmm.dtype_out(dw, grad_logits.t(), h_chunk, dw.dtype, out=dw)
@@ -144,37 +163,52 @@ def _accumulate_dw(dw: torch.Tensor, grad_logits: torch.Tensor, h_chunk: torch.T
         dw.addmm_(grad_logits.t().to(dw.dtype), h_chunk.to(dw.dtype))
 
 
+def _chunked_loss_and_grads(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                            reduction: str, chunk_tokens: int | None, dtype: torch.dtype, want_dh: bool,
+                            want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    """The loss (fp32) and, where wanted, dh in h's dtype and dW in weight's, for grad_output 1; GEMMs
+    and logits in ``dtype``."""
+    d, vocab = h.shape[-1], weight.shape[0]
+    h2 = h.reshape(-1, d).contiguous()
+    t = targets.reshape(-1).contiguous()
+    n = h2.shape[0]
+    w = weight.to(dtype).contiguous()  # a no-op unless the weight is fp32 masters (or autocast casts it)
+    if reduction == "mean":  # 1/n_valid on the device: no host sync; inf (loss nan) if all ignored
+        scale = (1.0 / (t != ignore_index).sum().to(torch.float32)).reshape(1)
+    else:
+        scale = torch.ones(1, device=h.device, dtype=torch.float32)
+    row_loss = torch.empty(n, device=h.device, dtype=torch.float32)
+    dh = torch.empty_like(h2) if want_dh else None
+    dw = torch.zeros_like(weight) if want_dw else None
+    chunk = chunk_tokens or default_chunk_tokens(n, vocab, dtype)
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        h_c = h2[start:end].to(dtype)  # per chunk: no full-size copy of fp32 h under autocast
+        logits = h_c @ w.t()  # the one chunk of logits alive; becomes its gradient in place
+        _launch_rows(logits, t[start:end], row_loss[start:end], scale, ignore_index, want_dh or want_dw)
+        if want_dh:
+            if dh.dtype == dtype:
+                torch.mm(logits, w, out=dh[start:end])
+            else:  # fp32 h under autocast: a chunk x d temporary, cast as autocast's backward would
+                dh[start:end].copy_(logits @ w)
+        if want_dw:
+            _accumulate_dw(dw, logits, h_c)
+        del logits
+    return row_loss.sum() * scale[0], dh, dw
+
+
 class FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
                 reduction: str, chunk_tokens: int | None) -> torch.Tensor:  # fmt: skip
         _check_inputs(h, weight, targets, reduction, chunk_tokens)
-        d, vocab = h.shape[-1], weight.shape[0]
-        h2 = h.reshape(-1, d).contiguous()
-        t = targets.reshape(-1).contiguous()
-        n = h2.shape[0]
-        w = weight.to(h.dtype).contiguous()  # a no-op unless weight is fp32 masters under bf16/fp16 h
-        want_dh, want_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        write_grad = want_dh or want_dw
-        if reduction == "mean":  # 1/n_valid on the device: no host sync; inf (loss nan) if all ignored
-            scale = (1.0 / (t != ignore_index).sum().to(torch.float32)).reshape(1)
-        else:
-            scale = torch.ones(1, device=h.device, dtype=torch.float32)
-        row_loss = torch.empty(n, device=h.device, dtype=torch.float32)
-        dh = torch.empty_like(h2) if want_dh else None
-        dw = torch.zeros_like(weight) if want_dw else None
-        chunk = chunk_tokens or default_chunk_tokens(n, vocab, h.dtype)
-        for start in range(0, n, chunk):
-            end = min(start + chunk, n)
-            h_c = h2[start:end]
-            logits = h_c @ w.t()  # the one chunk of logits alive; becomes its gradient in place
-            _launch_rows(logits, t[start:end], row_loss[start:end], scale, ignore_index, write_grad)
-            if want_dh:
-                torch.mm(logits, w, out=dh[start:end])
-            if want_dw:
-                _accumulate_dw(dw, logits, h_c)
-            del logits
-        loss = row_loss.sum() * scale[0]
+        dtype = compute_dtype(h, weight)
+        # Autocast off inside: every cast below is explicit, so `out=` buffers keep their dtypes.
+        with torch.autocast(h.device.type, enabled=False):
+            loss, dh, dw = _chunked_loss_and_grads(
+                h, weight, targets, ignore_index, reduction, chunk_tokens, dtype,
+                want_dh=ctx.needs_input_grad[0], want_dw=ctx.needs_input_grad[1],
+            )  # fmt: skip
         ctx.grads = (dh.view(h.shape) if dh is not None else None, dw)
         return loss
 
@@ -204,6 +238,7 @@ def fused_linear_cross_entropy(
     """``F.cross_entropy(h @ weight.T, targets, ignore_index=..., reduction=...)`` (a float32 scalar),
     computed over chunks of ``chunk_tokens`` tokens (default: ~512 MiB of logits per chunk).
 
-    h: (..., d) float32/bfloat16/float16; weight: (vocab, d), h's dtype or float32; targets: (...) int.
+    h: (..., d) float32/bfloat16/float16; weight: (vocab, d), h's dtype or float32 (any of the three under
+    autocast); targets: (...) int. The GEMMs run in autocast's dtype when autocast is on for h's device.
     Mean over the tokens whose target is not ``ignore_index`` (nan if there are none, as torch)."""
     return FusedLinearCrossEntropy.apply(h, weight, targets, ignore_index, reduction, chunk_tokens)

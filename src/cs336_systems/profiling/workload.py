@@ -1,5 +1,5 @@
 """One end-to-end benchmark case: model + random batch + the step of a mode (timed by
-``harness.model_case.run_case``).
+``harness.model_case.benchmark_model_case``).
 
 Shared by the CLI (``python -m cs336_systems.cli.benchmark``) and the bench cases (``bench/bench_model.py``,
 ``bench/bench_profile.py``), so both time exactly the same code.

@@ -41,6 +41,7 @@ _GROUPS = (
     BenchGroup("fsdp", "D23/D24", "FSDP"),
     BenchGroup("leaderboard_2026", "D26", "2026 leaderboard step"),
     BenchGroup("leaderboard_2026_ablation", "D26", "2026 leaderboard ablation"),
+    BenchGroup("proxy_8b", "D26", "8B per-GPU proxy"),
 )
 GROUPS: dict[str, BenchGroup] = {g.key: g for g in _GROUPS}
 

@@ -198,7 +198,7 @@ SECTIONS: list[Section] = list(_BUILTIN)
 # Modules that contribute sections: each defines ``register(writeup)``, which calls
 # ``writeup.register_section(...)`` (and may append to ``writeup.PLOTS``). They are imported and
 # registered when a report is written, so they may import this module freely. Add yours here.
-SECTION_MODULES: list[str] = ["cs336_systems.report.parallelism"]
+SECTION_MODULES: list[str] = ["cs336_systems.report.parallelism", "cs336_systems.report.proxy_8b"]
 
 
 def register_section(section: Section, after: str | None = None) -> None:
