@@ -151,6 +151,52 @@ def test_prehooks_fire_on_recompute(policy: str, n_blocks: int, generator) -> No
         assert min(per_block) >= 2 and n_blocks < extra <= acc.nested_recompute_count(n_blocks)
 
 
+def _recompute_runs(policy: str, n_blocks: int, generator) -> list[list[int]]:
+    """The blocks whose forwards the backward re-runs, grouped into runs that happen back to back
+    (no block's own backward in between): one run per checkpointed segment, in backward order."""
+    torch.manual_seed(0)
+    model = TransformerLM(CFG.with_(num_layers=n_blocks, checkpoint=policy))
+    events: list[tuple[str, int]] = []
+
+    def pre_hook(module, args, i: int) -> None:
+        if torch._C._current_graph_task_id() != -1:  # a forward inside the backward: a recompute
+            events.append(("recompute", i))
+
+    def post_hook(module, args, out, i: int) -> None:
+        if torch._C._current_graph_task_id() == -1:  # the block's backward begins with this grad
+            out.register_hook(lambda grad: events.append(("backward", i)))
+
+    for i, block in enumerate(model.layers):
+        block.register_forward_pre_hook(lambda m, a, i=i: pre_hook(m, a, i))
+        block.register_forward_hook(lambda m, a, o, i=i: post_hook(m, a, o, i))
+    ids, targets = _batch(generator)
+    model(ids, targets).backward()
+    runs: list[list[int]] = []
+    for (kind, i), prev in zip(events, [("", -1), *events], strict=False):
+        if kind == "recompute":
+            if prev[0] == "recompute":
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    return runs
+
+
+@pytest.mark.parametrize("n_blocks, k", [(5, 2), (6, 3), (4, 4), (5, 1), (3, 8)])
+def test_every_k_recomputes_segments_of_k(n_blocks: int, k: int, generator) -> None:
+    """``every:K`` checkpoints segments of K consecutive blocks: the backward re-runs each segment's
+    blocks together (the last segment first), so a segment's K blocks' activations are live at once
+    and only the segment inputs are stored in between. What ``run_blocks`` does must match
+    ``accounting.checkpointing.single_level``: ceil(N/K) stored inputs (segments), K live blocks,
+    N recomputed forwards. A policy that ignores K (one block per segment) must fail this."""
+    runs = _recompute_runs(f"every:{k}", n_blocks, generator)
+    segments = [list(range(s, min(s + k, n_blocks))) for s in range(0, n_blocks, k)]
+    assert runs == segments[::-1]
+    plan = acc.single_level(n_blocks, k)
+    assert len(runs) == plan.stored_inputs
+    assert max(len(r) for r in runs) == plan.live_blocks
+    assert sum(len(r) for r in runs) == plan.extra_block_forwards
+
+
 def test_no_checkpoint_without_grad(generator) -> None:
     blocks = [torch.nn.Linear(4, 4) for _ in range(3)]
     calls = []

@@ -13,6 +13,7 @@ why no data-parallel split can reproduce the full-batch GEMM's summation order o
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 
 import pytest
@@ -22,7 +23,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-import cs336_systems.distributed.fsdp as fsdp_mod
 from cs336_systems.distributed.comm import shard_batch
 from cs336_systems.distributed.fsdp import FSDP, is_sharded_layer
 
@@ -227,8 +227,6 @@ def _trace_forward_backward(mutate: bool) -> dict:
     model = CourseTiny()
     fsdp = adapters.get_fsdp(model)
     fsdp.trace = trace = []
-    real_rs = fsdp_mod._reduce_scatter
-    fsdp_mod._reduce_scatter = lambda *a, **k: (trace.append(("rs_call", -1)), real_rs(*a, **k))[1]
     if mutate:  # the break the overlap test must catch: every reduce-scatter deferred to the end
         launch, deferred = fsdp._launch_reduce_scatter, []
         fsdp._launch_reduce_scatter = deferred.append
@@ -252,13 +250,30 @@ def _trace_forward_backward(mutate: bool) -> dict:
     live_after_forward = fsdp.live_gathered_buffers()
     loss.backward()
     adapters.fsdp_on_after_backward(fsdp, None)
-    fsdp_mod._reduce_scatter = real_rs
     return {
         "trace": trace,
         "names": fsdp.shard_names(),
         "live_during_forward": live_during_forward,
         "live_after_forward": live_after_forward,
         "live_after_step": fsdp.live_gathered_buffers(),
+    }
+
+
+def _comm_dtypes(reduce_dtype: torch.dtype | None) -> dict:
+    """One fp16-compute step of CourseTiny with FSDP's collective log on: the dtype and bytes of
+    every all-gather and reduce-scatter, beside each sharded weight's shard size."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = CourseTiny()
+    fsdp = FSDP(model, compute_dtype=torch.float16, reduce_dtype=reduce_dtype)
+    fsdp.comm_log = log = []
+    ids, targets = _batch(0)
+    _loss(fsdp, shard_batch(ids, rank, world_size), shard_batch(targets, rank, world_size)).backward()
+    fsdp.finish_gradient_synchronization()
+    return {
+        "calls": [(c.op, c.unit, c.dtype, c.send_bytes, c.recv_bytes) for c in log],
+        "shard_numel": [p.numel() for p in model.parameters() if p.dim() == 2],  # one unit each
+        "grad_dtypes": {p.grad.dtype for p in fsdp.parameters() if p.grad is not None},
     }
 
 
@@ -361,6 +376,8 @@ def _rank_suite(world_cases: list[tuple]) -> dict:
             out[case] = _first_step_grads()
         elif case[0] == "collectives":
             out[case] = _count_collectives()
+        elif case[0] == "comm":
+            out[case] = _comm_dtypes(case[1])
         elif case[0] == "tied":
             out[case] = _tied_error()
     return out
@@ -378,6 +395,8 @@ CASES = {
         ("collectives",),
         ("grads",),
         ("suite_lm",),
+        ("comm", None),
+        ("comm", torch.float16),
     ],
     3: [
         ("train", "mixed", "adamw", None),
@@ -486,7 +505,7 @@ def test_prefetch_order(results) -> None:
     """The all-gather of unit i+1 starts before unit i's forward ends, and no gather starts more
     than two units ahead of the forward that is running."""
     trace = results[2][0][("trace", False)]["trace"]
-    forward = [ev for ev in trace if ev[0] != "rs_call"]
+    forward = [ev for ev in trace if ev[0] != "reduce_scatter"]
     forward = forward[: next(i for i, ev in enumerate(forward) if ev[0] == "bwd_gather")]
     order = [u for ev, u in forward if ev == "fwd_start"]
     assert len(order) == 6  # embedding, 2 x (fc1, fc2), lm_head
@@ -498,6 +517,47 @@ def test_prefetch_order(results) -> None:
         started += ev == "fwd_start"
         if ev == "gather":
             assert order.index(u) <= started + 1, (u, forward)  # at most 2 ahead of the running unit
+
+
+@pytest.mark.distributed
+def test_backward_prefetch_order(results) -> None:
+    """In the backward, each unit's all-gather is launched before the unit that runs just before it
+    in the backward takes its weights (one unit ahead or more, at most max(prefetch, 1) = 2), and
+    every unit the backward needs is gathered once. Gathering each unit only when its own backward
+    first needs it must fail this."""
+    trace = results[2][0][("trace", False)]["trace"]
+    backward = trace[max(i for i, ev in enumerate(trace) if ev[0] == "fwd_end") + 1 :]
+    order = [u for ev, u in backward if ev == "bwd_ready"]
+    gathered = [u for ev, u in backward if ev == "bwd_gather"]
+    assert len(order) == 5, backward  # lm_head, 2 x (fc2, fc1); the embedding's backward needs no weight
+    assert sorted(gathered) == sorted(order), backward
+    for a, b in itertools.pairwise(order):
+        assert backward.index(("bwd_gather", b)) < backward.index(("bwd_ready", a)), (a, b, backward)
+    for i, u in enumerate(order):
+        before = backward[: backward.index(("bwd_ready", u))]
+        assert {g for ev, g in before if ev == "bwd_gather"} <= set(order[: i + 3]), (u, backward)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("reduce_dtype", [None, torch.float16], ids=["default", "fp16"])
+def test_communication_dtypes(results, reduce_dtype: torch.dtype | None) -> None:
+    """With fp16 compute, the all-gathers carry fp16 shards (cast before communicating: 2 bytes per
+    element of the shard, half of gathering the fp32 masters) and the reduce-scatters run in fp32 by
+    default (``reduce_dtype`` when given); the gradients left on the shards are fp32 either way."""
+    world_size = 2
+    res = results[world_size][0][("comm", reduce_dtype)]
+    gathers = [c for c in res["calls"] if c[0] == "all_gather"]
+    scatters = [c for c in res["calls"] if c[0] == "reduce_scatter"]
+    assert gathers and len(scatters) == len(res["shard_numel"]), res["calls"]
+    for _, unit, dtype, send, recv in gathers:
+        assert dtype == torch.float16, res["calls"]
+        assert (send, recv) == (2 * res["shard_numel"][unit], 2 * world_size * res["shard_numel"][unit])
+    want = reduce_dtype or torch.float32
+    for _, unit, dtype, send, recv in scatters:
+        size = torch.finfo(want).bits // 8
+        assert dtype == want, res["calls"]
+        assert (send, recv) == (size * world_size * res["shard_numel"][unit], size * res["shard_numel"][unit])
+    assert res["grad_dtypes"] == {torch.float32}
 
 
 @pytest.mark.distributed
@@ -519,7 +579,7 @@ def test_reduce_scatter_overlaps_backward(results, mutate: bool) -> None:
     communicates only at the end of the backward (``mutate``) must fail this check."""
     trace = results[2][0][("trace", mutate)]["trace"]
     end = trace.index(("backward_reaches_embedding_output", -1))
-    early = sum(ev == "rs_call" for ev, _ in trace[:end])
+    early = sum(ev == "reduce_scatter" for ev, _ in trace[:end])
     assert (early >= 5) is (not mutate), trace
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cs336_systems.distributed.launch import RankFailedError, find_free_port
+from cs336_systems.distributed.launch import RankFailedError, _collective_threads, find_free_port
+from cs336_systems.distributed.process_group import shutdown
 
 
 def _whoami(tag: str) -> dict:
@@ -58,6 +59,41 @@ def _rank1_never_joins() -> None:
     if dist.get_rank() == 1:
         time.sleep(600)
     dist.barrier()  # rank 0: the process group's timeout turns the missing peer into an error
+
+
+class _Cycle:
+    """Holds collective Work handles in a reference cycle: freed only by the cyclic collector."""
+
+
+def _works_in_a_cycle() -> dict:
+    """Waited-on async collectives whose handles sit in a cycle that is garbage when the group is
+    destroyed; then the launcher's own teardown, called here to look at the threads after it."""
+    holder = _Cycle()
+    holder.me = holder
+    holder.works = [dist.all_reduce(torch.ones(8), async_op=True) for _ in range(3)]
+    for w in holder.works:
+        w.wait()
+    during = _collective_threads()
+    del holder, w  # the function's own references go; the cycle stays, garbage
+    shutdown(barrier=True)
+    return {"during": during, "after": _collective_threads()}
+
+
+def _optimizer_then_teardown() -> list[str]:
+    """Any torch.optim optimizer imports torch._dynamo; imported after the group exists, it kept the
+    group (and gloo's threads) alive past destroy_process_group."""
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    del opt
+    shutdown(barrier=True)
+    return _collective_threads()
+
+
+_KEPT: list = []  # a module global that outlives the function: what the launcher must report
+
+
+def _keeps_a_work() -> None:
+    _KEPT.append(dist.all_reduce(torch.ones(8), async_op=True))
+    _KEPT[-1].wait()
 
 
 def _sleeps(directory: str) -> None:
@@ -135,3 +171,39 @@ def test_the_deadline_kills_a_run_that_never_ends(run_distributed, tmp_path: Pat
 def test_free_ports_differ_and_bind() -> None:
     ports = {find_free_port() for _ in range(5)}
     assert len(ports) >= 4 and all(1024 < p < 65536 for p in ports)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_no_gloo_thread_outlives_the_process_group(run_distributed) -> None:
+    """A Work handle in a reference cycle kept gloo's device and its loop thread alive past
+    destroy_process_group, to be torn down at interpreter exit (where a rank aborted now and then with
+    "terminate called without an active exception"). The teardown collects it first."""
+    for res in run_distributed(_works_in_a_cycle, 2, backend="gloo", timeout=90):
+        assert "gloo_tcp_loop" in res["during"], res
+        assert res["after"] == [], res
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_an_optimizer_does_not_pin_the_process_group(run_distributed) -> None:
+    assert run_distributed(_optimizer_then_teardown, 2, backend="gloo", timeout=90) == [[], []]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_work_kept_past_the_run_is_named(run_distributed) -> None:
+    with pytest.raises(RankFailedError, match=r"gloo_tcp_loop.*still run after destroy_process_group"):
+        run_distributed(_keeps_a_work, 2, backend="gloo", timeout=90)
+
+
+def test_the_store_is_the_parents_on_a_port_it_holds() -> None:
+    """No free-port pick to race: the parent binds port 0 and holds it while the ranks run."""
+    import socket
+
+    from cs336_systems.distributed.launch import _host_store
+
+    store = _host_store(2, 10.0)
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("127.0.0.1", store.port))
+    del store

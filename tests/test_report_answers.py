@@ -65,6 +65,24 @@ def test_d22_without_rows_gives_the_accounting_and_the_command() -> None:
     assert "No measured checkpointing rows" in text and "bench/bench_memory.py" in text
 
 
+def test_d22_rows_without_peaks_are_not_called_missing() -> None:
+    """CPU rows carry step times but no peak memory: the answer must say so, not deny the rows."""
+    rows = [
+        _row("checkpointing", {"size": "tiny", "policy": p}, {"median_ms": ms})
+        for p, ms in (("none", 12.0), ("every:2", 15.0))
+    ]
+    text = answers.d22_answer(rows)
+    assert "No measured checkpointing rows" not in text
+    assert "2 measured checkpointing row(s) above carry no peak memory" in text
+    assert "none 12 ms" in text and "every:2 15 ms" in text
+
+
+def test_h100_bytes_agrees_with_the_accounting() -> None:
+    from cs336_systems import accounting
+
+    assert answers.H100_BYTES == accounting.H100_BYTES
+
+
 def test_d22_fit_recovers_block_activations() -> None:
     n, unit, c = 48, 25.0, 40.0
     peaks = {k: 30_000 + (-(-n // k) + k * c) * unit for k in (1, 2, 3, 4, 6, 8)}

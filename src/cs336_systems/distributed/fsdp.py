@@ -27,7 +27,10 @@ unwrapped model's names); ``.module`` (the wrapped model); ``parameters()`` / ``
 (the local shards of the sharded weights, the full replicated parameters, so any ``torch.optim``
 optimizer steps only the shard); ``.trace`` (set to a list to record
 ``(event, unit_index)`` tuples: ``gather`` when an all-gather is launched, ``fwd_start`` /
-``fwd_end`` around a unit's forward, ``bwd_gather`` for a gather of the backward).
+``fwd_end`` around a unit's forward, ``bwd_gather`` for a gather of the backward, ``bwd_ready``
+when the backward first takes a unit's gathered weights, ``reduce_scatter`` when a unit's gradient
+goes out); ``.comm_log`` (set to a list to record a :class:`CommCall` per collective: its dtype
+and bytes). The mechanics (units, shards, flat buffers) live in ``fsdp_units``.
 
 What is sharded: the ``weight`` of every module that is a Linear or an Embedding (``nn.Linear``,
 ``nn.Embedding``, their subclasses, and any class whose name ends in ``Linear`` or ``Embedding``)
@@ -57,98 +60,27 @@ gather and forward (``overlap.unit_readiness`` reads them).
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from cs336_systems.distributed import fsdp_units as fu
 from cs336_systems.distributed.comm import broadcast_module, require_process_group, world
+from cs336_systems.distributed.fsdp_units import (
+    CommCall,
+    Pending,
+    SavedWeight,
+    Unit,
+    in_backward,
+    is_sharded_layer,
+    profiler_range,
+)
 
-# torch >= 2.12 names them *_single (the *_tensor forms warn that they are deprecated).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def is_sharded_layer(module: nn.Module) -> bool:
-    """A Linear or an Embedding (by class or class name) with a 2-D ``weight`` parameter."""
-    names = [cls.__name__ for cls in type(module).__mro__]
-    is_kind = isinstance(module, nn.Linear | nn.Embedding) or any(
-        n.endswith(("Linear", "Embedding")) for n in names
-    )
-    weight = module._parameters.get("weight")
-    return is_kind and isinstance(weight, nn.Parameter) and weight.dim() == 2
-
-
-def _profiler_range(name: str) -> contextlib.AbstractContextManager:
-    """A named profiler range while the profiler runs; nothing otherwise (it costs µs per unit)."""
-    if torch.autograd.profiler._is_profiler_enabled:
-        return torch.profiler.record_function(name)
-    return contextlib.nullcontext()
-
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
-
-
-@dataclass
-class _Entry:
-    """One sharded weight: the layer, its qualified name, its row shard and the full shape."""
-
-    module: nn.Module
-    name: str
-    shard: nn.Parameter
-    shape: torch.Size
-    offset: int  # element offset inside the unit's per-rank flat buffer
-    extras: dict[str, nn.Parameter] = field(default_factory=dict)  # the layer's other params (bias)
-
-    @property
-    def rows(self) -> int:
-        return self.shard.shape[0]
-
-
-@dataclass
-class _Pending:
-    work: Any
-    out: torch.Tensor
-    keep: torch.Tensor  # the send buffer, alive until the call is waited on
-    done: torch.cuda.Event | None = None  # CUDA: recorded on the gather stream when ``out`` is full
-
-
-@dataclass
-class _Unit:
-    index: int
-    root: nn.Module
-    entries: list[_Entry]
-    numel: int  # per-rank flat elements
-    fwd: list[torch.Tensor] | None = None  # full weights while the forward uses them
-    fwd_pending: _Pending | None = None
-    bwd: list[torch.Tensor] | None = None  # storage-owning tensors gathered for the backward
-    bwd_pending: _Pending | None = None
-    needs_bwd_gather: bool = False
-    launched: bool = False  # this backward's reduce-scatter is out
-    expected: list[int] = field(default_factory=list)  # forward uses per entry (grad arrivals due)
-    grads: list[torch.Tensor | None] = field(default_factory=list)
-    received: list[int] = field(default_factory=list)
-
-    @property
-    def trainable(self) -> bool:
-        return any(e.shard.requires_grad for e in self.entries)
-
-
-@dataclass
-class _SavedWeight:
-    """What autograd keeps instead of a tensor that lives in a gathered weight."""
-
-    unit: _Unit
-    k: int
-    size: torch.Size
-    stride: tuple[int, ...]
-    offset: int
+__all__ = ["FSDP", "CommCall", "is_sharded_layer"]
 
 
 class _Gather(torch.autograd.Function):
@@ -156,7 +88,7 @@ class _Gather(torch.autograd.Function):
     it asynchronously) and returns no gradient: the shard's ``.grad`` is set on synchronization."""
 
     @staticmethod
-    def forward(ctx, shard: torch.Tensor, fsdp: FSDP, unit: _Unit, k: int) -> torch.Tensor:
+    def forward(ctx, shard: torch.Tensor, fsdp: FSDP, unit: Unit, k: int) -> torch.Tensor:
         ctx.fsdp, ctx.unit, ctx.k = fsdp, unit, k
         return unit.fwd[k].view_as(unit.fwd[k])
 
@@ -187,12 +119,13 @@ class FSDP(nn.Module):
         self.reduce_dtype = reduce_dtype
         self.prefetch = prefetch
         self.trace: list[tuple[str, int]] | None = None
+        self.comm_log: list[CommCall] | None = None
         broadcast_module(module)
         self._units = self._build_units(module, list(units or []))
         self._order = list(self._units)  # forward order: registration order until one is recorded
-        self._recorded: list[_Unit] = []
-        self._live: dict[int, tuple[_Unit, int]] = {}  # storage ptr of a gathered weight -> (unit, k)
-        self._rs_pending: list[tuple[_Pending, _Unit]] = []
+        self._recorded: list[Unit] = []
+        self._live: dict[int, tuple[Unit, int]] = {}  # storage ptr of a gathered weight -> (unit, k)
+        self._rs_pending: list[tuple[Pending, Unit]] = []
         self._bwd_seen: set[int] = set()
         self._fwd_ranges: dict[int, Any] = {}  # unit index -> open profiler range of its forward
         device = next((e.shard.device for u in self._units for e in u.entries), torch.device("cpu"))
@@ -204,58 +137,19 @@ class FSDP(nn.Module):
         self._register_module_hooks()
 
     # ---- construction -------------------------------------------------------------------------
-    def _build_units(self, module: nn.Module, roots: list[nn.Module]) -> list[_Unit]:
-        slots: dict[int, list[str]] = {}
-        for name, p in module.named_parameters(remove_duplicate=False):
-            slots.setdefault(id(p), []).append(name)
-        root_of: dict[int, nn.Module] = {}
-        for root in roots:
-            for sub in root.modules():
-                root_of.setdefault(id(sub), root)
-        grouped: dict[int, tuple[nn.Module, list[tuple[str, nn.Module]]]] = {}
-        for name, sub in module.named_modules():
-            if not is_sharded_layer(sub):
-                continue
-            weight = sub._parameters["weight"]
-            if len(slots[id(weight)]) > 1:
-                raise ValueError(
-                    f"FSDP does not support tied weights: {' and '.join(slots[id(weight)])} are one "
-                    "parameter; untie them (e.g. clone the LM head from the embedding) before wrapping"
-                )
-            root = root_of.get(id(sub), sub)
-            grouped.setdefault(id(root), (root, []))[1].append((f"{name}.weight" if name else "weight", sub))
+    def _build_units(self, module: nn.Module, roots: list[nn.Module]) -> list[Unit]:
         units = []
-        for index, (root, layers) in enumerate(grouped.values()):
+        for index, (root, layers) in enumerate(fu.group_layers(module, roots)):
             entries, offset = [], 0
             for name, sub in layers:
-                entry = self._shard(sub, name, offset)
-                entries.append(entry)
-                offset += entry.shard.numel()
-            units.append(
-                _Unit(
-                    index,
-                    root,
-                    entries,
-                    offset,
-                    expected=[0] * len(entries),
-                    grads=[None] * len(entries),
-                    received=[0] * len(entries),
-                )
-            )
+                entries.append(self._shard(sub, name, offset))
+                offset += entries[-1].shard.numel()
+            units.append(Unit(index, root, entries, offset))
         return units
 
-    @torch.no_grad()
-    def _shard(self, sub: nn.Module, name: str, offset: int) -> _Entry:
-        full = sub._parameters["weight"]
-        rows = -(-full.shape[0] // self.world_size)
-        padded = full.new_zeros((rows * self.world_size, *full.shape[1:]))
-        padded[: full.shape[0]] = full
-        shard = nn.Parameter(
-            padded[self.rank * rows : (self.rank + 1) * rows].clone(), requires_grad=full.requires_grad
-        )
-        sub._parameters["weight"] = shard  # the full weight is freed with its last reference
-        extras = {n: q for n, q in sub._parameters.items() if n != "weight" and q is not None}
-        return _Entry(sub, name, shard, full.shape, offset, extras)
+    def _shard(self, sub: nn.Module, name: str, offset: int) -> fu.Entry:
+        """Cut ``sub``'s row shard (a hook: the 8B driver materializes each layer here first)."""
+        return fu.cut_shard(sub, name, offset, self.rank, self.world_size)
 
     def _register_module_hooks(self) -> None:
         for unit in self._units:
@@ -269,11 +163,11 @@ class FSDP(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if not _in_backward() and torch.is_grad_enabled():
+        if not in_backward() and torch.is_grad_enabled():
             self._start_iteration()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
-        if not _in_backward():
+        if not in_backward():
             for unit in self._units:  # a prefetch the forward never used
                 if unit.fwd_pending is not None:
                     self._wait_gather(unit.fwd_pending)
@@ -293,11 +187,9 @@ class FSDP(nn.Module):
                 self._wait_gather(unit.bwd_pending)
             unit.needs_bwd_gather = unit.launched = False
             unit.bwd = unit.bwd_pending = None
-            unit.expected = [0] * len(unit.entries)
-            unit.received = [0] * len(unit.entries)
-            unit.grads = [None] * len(unit.entries)
+            unit.reset_grads()
 
-    def _begin_unit(self, unit: _Unit) -> None:
+    def _begin_unit(self, unit: Unit) -> None:
         if self.trace is not None:
             self.trace.append(("fwd_start", unit.index))
         if torch.autograd.profiler._is_profiler_enabled and unit.index not in self._fwd_ranges:
@@ -305,7 +197,7 @@ class FSDP(nn.Module):
             rf = torch.profiler.record_function(f"fsdp.forward[{unit.index}]")
             rf.__enter__()
             self._fwd_ranges[unit.index] = rf
-        if _in_backward():  # a checkpointed block re-running its forward
+        if in_backward():  # a checkpointed block re-running its forward
             unit.fwd = self._backward_bases(unit)
             return
         if all(u is not unit for u in self._recorded):
@@ -322,15 +214,15 @@ class FSDP(nn.Module):
         for k, t in enumerate(unit.fwd):
             self._live[t.untyped_storage().data_ptr()] = (unit, k)
 
-    def _next_units(self, unit: _Unit) -> list[_Unit]:
+    def _next_units(self, unit: Unit) -> list[Unit]:
         pos = next((i for i, u in enumerate(self._order) if u is unit), None)
         return [] if pos is None else self._order[pos + 1 : pos + 1 + self.prefetch]
 
-    def _swap_in(self, unit: _Unit, k: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    def _swap_in(self, unit: Unit, k: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         entry = unit.entries[k]
         if unit.fwd is None:  # e.g. a checkpoint re-running a block's inner function, not the block
             self._begin_unit(unit)
-        if torch.is_grad_enabled() and entry.shard.requires_grad and not _in_backward():
+        if torch.is_grad_enabled() and entry.shard.requires_grad and not in_backward():
             unit.expected[k] += 1
         entry.module._parameters["weight"] = _Gather.apply(entry.shard, self, unit, k)
         if self.compute_dtype is None:
@@ -341,11 +233,11 @@ class FSDP(nn.Module):
         cast = lambda x: x.to(self.compute_dtype) if torch.is_tensor(x) and x.is_floating_point() else x
         return tuple(cast(a) for a in args), {n: cast(v) for n, v in kwargs.items()}
 
-    def _swap_out(self, entry: _Entry) -> None:
+    def _swap_out(self, entry: fu.Entry) -> None:
         entry.module._parameters["weight"] = entry.shard
         entry.module._parameters.update(entry.extras)
 
-    def _end_unit(self, unit: _Unit) -> None:
+    def _end_unit(self, unit: Unit) -> None:
         if self.trace is not None:
             self.trace.append(("fwd_end", unit.index))
         rf = self._fwd_ranges.pop(unit.index, None)
@@ -354,15 +246,15 @@ class FSDP(nn.Module):
         for t in unit.fwd or []:
             self._live.pop(t.untyped_storage().data_ptr(), None)
         unit.fwd = None
-        if _in_backward():  # the re-run forward's saved tensors hold what the backward needs
+        if in_backward():  # the re-run forward's saved tensors hold what the backward needs
             unit.bwd = None
 
     # ---- communication ------------------------------------------------------------------------
     @torch.no_grad()
-    def _launch_gather(self, unit: _Unit, phase: str = "gather") -> _Pending:
+    def _launch_gather(self, unit: Unit, phase: str = "gather") -> Pending:
         if self.trace is not None:
             self.trace.append((phase, unit.index))
-        with _profiler_range(f"fsdp.{'allgather' if phase == 'gather' else 'bwd_allgather'}[{unit.index}]"):
+        with profiler_range(f"fsdp.{'allgather' if phase == 'gather' else 'bwd_allgather'}[{unit.index}]"):
             if self._gather_stream is None:
                 return self._issue_gather(unit)
             # Event-based reuse (as FSDP2, no record_stream): every use of an earlier gathered
@@ -378,43 +270,41 @@ class FSDP(nn.Module):
                 pending.done.record(self._gather_stream)
             return pending
 
-    def _issue_gather(self, unit: _Unit) -> _Pending:
-        dtype = self.compute_dtype or unit.entries[0].shard.dtype
-        if len(unit.entries) == 1:
-            send = unit.entries[0].shard.to(dtype).reshape(-1)  # cast before communicating
-        else:
-            send = torch.empty(unit.numel, dtype=dtype, device=unit.entries[0].shard.device)
-            for e in unit.entries:
-                send[e.offset : e.offset + e.shard.numel()].copy_(e.shard.reshape(-1))
+    def _issue_gather(self, unit: Unit) -> Pending:
+        send = fu.gather_send_buffer(unit, self.compute_dtype or unit.entries[0].shard.dtype)
         out = send.new_empty(unit.numel * self.world_size)
-        return _Pending(_all_gather(out, send, async_op=True), out, send)
+        self._log("all_gather", unit, send, out)
+        return Pending(fu._all_gather(out, send, async_op=True), out, send)
+
+    def _log(self, op: str, unit: Unit, send: torch.Tensor, out: torch.Tensor) -> None:
+        """Record a collective in ``comm_log`` (and a reduce-scatter in ``trace``, which traces the
+        gathers by phase where they are launched)."""
+        if self.trace is not None and op == "reduce_scatter":
+            self.trace.append((op, unit.index))
+        if self.comm_log is not None:
+            nbytes = send.element_size()
+            self.comm_log.append(
+                CommCall(op, unit.index, send.dtype, send.numel() * nbytes, out.numel() * nbytes)
+            )
 
     @staticmethod
-    def _wait_gather(pending: _Pending) -> None:
+    def _wait_gather(pending: Pending) -> None:
         """The compute stream (or, without one, the host) waits until the gathered buffer is full."""
         if pending.done is None:
             pending.work.wait()
         else:
             torch.cuda.current_stream(pending.out.device).wait_event(pending.done)
 
-    def _materialize(self, unit: _Unit, pending: _Pending) -> list[torch.Tensor]:
+    def _materialize(self, unit: Unit, pending: Pending) -> list[torch.Tensor]:
         """Wait for a gather and return each entry's full weight (trimmed of its padding rows)."""
         self._wait_gather(pending)
-        out = pending.out
-        self._full_storages.append(weakref.ref(out.untyped_storage()))
-        if len(unit.entries) == 1:
-            e = unit.entries[0]
-            return [out.view(e.rows * self.world_size, *e.shape[1:])[: e.shape[0]]]
-        per_rank = out.view(self.world_size, unit.numel)
-        fulls = []
-        for e in unit.entries:
-            block = per_rank[:, e.offset : e.offset + e.shard.numel()]
-            full = block.reshape(e.rows * self.world_size, *e.shape[1:])[: e.shape[0]].contiguous()
-            self._full_storages.append(weakref.ref(full.untyped_storage()))
-            fulls.append(full)
+        fulls = fu.full_weights(unit, pending.out, self.world_size)
+        copies = fulls if len(fulls) > 1 else []  # one entry: a view of the gathered buffer
+        for t in [pending.out, *copies]:
+            self._full_storages.append(weakref.ref(t.untyped_storage()))
         return fulls
 
-    def _backward_bases(self, unit: _Unit) -> list[torch.Tensor]:
+    def _backward_bases(self, unit: Unit) -> list[torch.Tensor]:
         """The unit's weights for the backward: gathered once (or taken from the prefetch), and the
         previous unit of the forward order prefetched behind it."""
         if unit.bwd is None:
@@ -425,9 +315,11 @@ class FSDP(nn.Module):
                 prev.bwd_pending = self._launch_gather(prev, "bwd_gather")
                 self._bwd_seen.add(prev.index)
             unit.bwd = self._materialize(unit, pending)
+            if self.trace is not None:  # the prefetches above are out before this unit computes
+                self.trace.append(("bwd_ready", unit.index))
         return unit.bwd
 
-    def _previous_needing_gather(self, unit: _Unit, ahead: int) -> list[_Unit]:
+    def _previous_needing_gather(self, unit: Unit, ahead: int) -> list[Unit]:
         """Of the next ``ahead`` units the backward will gather for (reverse forward order), those
         not gathered or prefetched yet."""
         pos = next((i for i, u in enumerate(self._recorded) if u is unit), None)
@@ -450,17 +342,17 @@ class FSDP(nn.Module):
             return t
         unit, k = hit
         unit.needs_bwd_gather = True
-        return _SavedWeight(unit, k, t.size(), t.stride(), t.storage_offset())
+        return SavedWeight(unit, k, t.size(), t.stride(), t.storage_offset())
 
     def _unpack(self, saved: Any) -> torch.Tensor:
-        if not isinstance(saved, _SavedWeight):
+        if not isinstance(saved, SavedWeight):
             return saved
         base = self._backward_bases(saved.unit)[saved.k]
         if not saved.unit.trainable:  # no gradient will arrive to say it is no longer needed
             saved.unit.bwd = None
         return base.as_strided(saved.size, saved.stride, saved.offset)
 
-    def _on_grad(self, unit: _Unit, k: int, grad: torch.Tensor) -> None:
+    def _on_grad(self, unit: Unit, k: int, grad: torch.Tensor) -> None:
         unit.grads[k] = grad if unit.grads[k] is None else unit.grads[k] + grad
         unit.received[k] += 1
         if any(r < x for r, x in zip(unit.received, unit.expected, strict=True)):
@@ -471,36 +363,20 @@ class FSDP(nn.Module):
         self._launch_reduce_scatter(unit)
 
     @torch.no_grad()
-    def _launch_reduce_scatter(self, unit: _Unit) -> None:
+    def _launch_reduce_scatter(self, unit: Unit) -> None:
         unit.launched = True
-        dtype = self.reduce_dtype or unit.entries[0].shard.dtype
-        e0, g0 = unit.entries[0], unit.grads[0]
-        if len(unit.entries) == 1 and e0.shape[0] == e0.rows * self.world_size:
-            send = g0.to(dtype).contiguous().view(-1)  # no padding: communicate the gradient itself
-        else:
-            flat = g0.new_zeros((self.world_size, unit.numel), dtype=dtype)
-            for e, g in zip(unit.entries, unit.grads, strict=True):
-                if g is None:
-                    continue
-                padded = g.new_zeros((self.world_size * e.rows, *e.shape[1:]), dtype=dtype)
-                padded[: e.shape[0]].copy_(g)
-                flat[:, e.offset : e.offset + e.shard.numel()].copy_(padded.view(self.world_size, -1))
-            send = flat.view(-1)
+        send = fu.scatter_send_buffer(unit, self.reduce_dtype or unit.entries[0].shard.dtype, self.world_size)
         unit.grads = [None] * len(unit.entries)
         out = send.new_empty(unit.numel)
-        self._rs_pending.append((_Pending(_reduce_scatter(out, send, async_op=True), out, send), unit))
+        self._log("reduce_scatter", unit, send, out)
+        self._rs_pending.append((Pending(fu._reduce_scatter(out, send, async_op=True), out, send), unit))
         while len(self._rs_pending) > 2:  # bound the full-size gradients held by calls in flight
             self._finish_reduce_scatter(*self._rs_pending.pop(0))
 
     @torch.no_grad()
-    def _finish_reduce_scatter(self, pending: _Pending, unit: _Unit) -> None:
+    def _finish_reduce_scatter(self, pending: Pending, unit: Unit) -> None:
         pending.work.wait()
-        pending.out.div_(self.world_size)
-        for e, used in zip(unit.entries, unit.expected, strict=True):
-            if not used or not e.shard.requires_grad:
-                continue
-            g = pending.out[e.offset : e.offset + e.shard.numel()].view_as(e.shard).to(e.shard.dtype)
-            e.shard.grad = g.clone() if e.shard.grad is None else e.shard.grad.add_(g)
+        fu.add_shard_grads(unit, pending.out.div_(self.world_size))
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
@@ -516,9 +392,7 @@ class FSDP(nn.Module):
             if unit.bwd_pending is not None:  # a backward prefetch nobody used
                 self._wait_gather(unit.bwd_pending)
         for unit in self._units:
-            unit.expected = [0] * len(unit.entries)
-            unit.received = [0] * len(unit.entries)
-            unit.grads = [None] * len(unit.entries)
+            unit.reset_grads()
             unit.bwd = unit.bwd_pending = None
             unit.launched = False
         if incomplete:
@@ -557,7 +431,7 @@ class FSDP(nn.Module):
                 if t is None:  # every rank's shard lacks it alike (one backward reached it or not)
                     continue
                 out = t.new_empty((e.rows * self.world_size, *e.shape[1:]))
-                _all_gather(out, t.contiguous())
+                fu._all_gather(out, t.contiguous())
                 full[name] = out[: e.shape[0]].clone()
             elif t is not None:
                 full[name] = t.clone()

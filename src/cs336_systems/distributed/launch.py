@@ -3,10 +3,24 @@
 Used by the ``run_distributed`` fixture (tests, benches) and by scripts. Failure is loud and fast:
 the first rank that raises fails the whole run with its traceback, the other ranks are killed
 rather than left waiting in a collective, and a run past its deadline is killed too.
+
+Start and teardown are ordered so that a run cannot fail at random (issue 38):
+
+- The parent hosts the rendezvous store on a port the OS picks and that stays bound for the whole
+  run (the ranks connect as clients, as under torchrun's agent store). Picking a free port and
+  binding it later in rank 0 leaves a window in which a concurrent run (xdist workers) can take the
+  same port; and a store living in rank 0 dies with rank 0 while its peers may still use it.
+- A rank that finished frees what it left behind (``gc.collect``: a collective's ``Work`` handle in
+  a reference cycle keeps gloo's device and its ``gloo_tcp_loop`` thread alive past
+  ``destroy_process_group``, to be torn down at interpreter exit, where it may abort the process with
+  "terminate called without an active exception"), then waits for every peer at a barrier before it
+  destroys the process group, so no rank closes its connections while a peer still uses them. A
+  gloo thread still alive after that is reported as the rank's failure, naming what to fix.
 """
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -19,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 class RankFailedError(RuntimeError):
@@ -51,17 +66,60 @@ def _rank_main(
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the store is the parent's: every rank is a client
     )
     out = Path(out_dir)
+    ok = False
     try:
         init_distributed(backend, timeout_s=timeout)
         result = fn(*args)
         torch.save(result, out / f"rank{rank}.pt")
+        del result
+        ok = True
     except BaseException:
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise SystemExit(1) from None
     finally:
-        shutdown()
+        # after a failure the peers may be gone: no barrier then, the parent kills the run
+        shutdown(barrier=ok)
+    leftover = _collective_threads()
+    if ok and leftover:
+        (out / f"rank{rank}.err").write_text(
+            f"rank {rank}: threads {leftover} still run after destroy_process_group: something "
+            "reachable (a module global, a cache) still holds a collective's Work handle or a "
+            "process group; drop it before the function returns"
+        )
+        ok = False
+    if not ok:
+        raise SystemExit(1)
+
+
+_COLLECTIVE_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop", "pt_tcpstore")
+
+
+def _collective_threads() -> list[str]:
+    """Names of this process's threads that belong to gloo or the store (Linux: /proc/self/task)."""
+    names = []
+    task = Path("/proc/self/task")
+    for t in task.iterdir() if task.is_dir() else ():
+        try:
+            name = (t / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(_COLLECTIVE_THREADS):
+            names.append(name)
+    return sorted(names)
+
+
+def _host_store(world_size: int, timeout: float) -> dist.TCPStore:
+    """The rendezvous store, bound here on a port the OS picks, alive until the run is over."""
+    return dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
 
 
 def spawn(
@@ -80,12 +138,12 @@ def spawn(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = mp.get_context("spawn")
-    port = find_free_port()
+    store = _host_store(world_size, timeout + startup_grace)
     with tempfile.TemporaryDirectory(prefix="cs336-ranks-") as out_dir:
         procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(fn, args, rank, world_size, port, backend, timeout, out_dir),
+                args=(fn, args, rank, world_size, store.port, backend, timeout, out_dir),
                 name=f"rank{rank}",
             )
             for rank in range(world_size)
@@ -99,6 +157,7 @@ def spawn(
                 if p.is_alive():
                     p.kill()
                 p.join(5)
+            del store  # every rank is gone: nobody uses it any more
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 

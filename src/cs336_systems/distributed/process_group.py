@@ -8,6 +8,8 @@ each child it starts, so a bench or test runs unchanged on one machine or across
 from __future__ import annotations
 
 import datetime
+import gc
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -61,6 +63,11 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Ra
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
+        # torch._dynamo, imported after the group exists (any torch.optim optimizer imports it),
+        # keeps a reference that outlives destroy_process_group: gloo's threads then live until
+        # interpreter exit, where their teardown can abort the process (issue 38). Imported first,
+        # it holds none.
+        importlib.import_module("torch._dynamo")
         dist.init_process_group(
             backend=backend,
             rank=rank,
@@ -70,6 +77,16 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Ra
     return RankInfo(rank, world_size, local_rank, backend, device)
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(barrier: bool = False) -> None:
+    """Leave the process group. ``barrier``: first wait until every rank got here (a rank that
+    finished must not close its connections while a peer still communicates over them), after
+    collecting garbage, so that collective ``Work`` handles caught in reference cycles release gloo's
+    device now, with the group, rather than at interpreter exit."""
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    if barrier:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        dist.barrier(device_ids=[device.index] if device is not None else None)
+    dist.destroy_process_group()
+    gc.collect()

@@ -24,16 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.report.answers import (
-    d6_answer,
-    d17_answer,
-    d20_answer,
-    d22_answer,
-    d24_answer,
-    flash_speedups,
-    render_d5,
-    render_d18,
-)
+from cs336_systems.report.answers.attention import d6_answer, flash_speedups, render_d5
+from cs336_systems.report.answers.communication import d17_answer, d20_answer, render_d18
+from cs336_systems.report.answers.memory import d22_answer, d24_answer
 from cs336_systems.report.load import STATS_MEAN, Record, ReportInputError, Run, load
 from cs336_systems.report.plots import PLOTS
 from cs336_systems.report.render import render_group_latex, render_group_markdown, to_markdown
@@ -243,7 +236,7 @@ def _section_lines(
     own = [t for t in tables if t.group_key in section.groups]
     views = [(t, t.view(spec)) for key, spec in section.views for t in tables if t.group_key == key]
     views = [(t, v) for t, v in views if v is not None]
-    extra = section.answer(records) if section.answer is not None else ""
+    extra = _answer(section, records)
     lines = [f"## {section.title}", "", f"_Asked:_ {section.asks}", ""]
     if not own and not views and not section.always:
         lines += [f"No rows for this part in the given JSON (bench: {section.bench}).", ""]
@@ -260,17 +253,55 @@ def _section_lines(
     return lines
 
 
-def load_section_modules() -> None:
-    """Import every module of SECTION_MODULES and call its ``register(writeup)`` (idempotent)."""
+NEEDS_TORCH = (
+    "_The closed-form part of this answer counts the model's parameters with torch, which this Python "
+    "lacks; the report's tables need only pandas and tabulate. Run it with the bench environment's "
+    "interpreter (`.tox/bench/bin/python`) to see it._"
+)
+
+
+def _needs_torch(exc: ModuleNotFoundError) -> bool:
+    return (exc.name or "").split(".")[0] == "torch"
+
+
+def _answer(section: Section, records: list[Record]) -> str:
+    """The section's computed answer; without torch, a note in place of its closed forms."""
+    if section.answer is None:
+        return ""
+    try:
+        return section.answer(records)
+    except ModuleNotFoundError as exc:
+        if not _needs_torch(exc):
+            raise
+        return NEEDS_TORCH
+
+
+def load_section_modules() -> list[str]:
+    """Import every module of SECTION_MODULES and call its ``register(writeup)`` (idempotent); returns
+    the modules left out because they need torch and this Python has none."""
     this = sys.modules[__name__]
+    skipped = []
     for name in SECTION_MODULES:
-        importlib.import_module(name).register(this)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if not _needs_torch(exc):
+                raise
+            skipped.append(name)
+            continue
+        module.register(this)
+    return skipped
 
 
 def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Path], out: Path) -> str:
-    load_section_modules()
+    skipped = load_section_modules()
     records = [r for t in tables for r in t.records]
     lines = _runs_header(runs)
+    if skipped:
+        lines += [
+            f"_Sections of {', '.join(skipped)} are left out: they need torch, which this Python lacks._",
+            "",
+        ]
     for section in SECTIONS:
         lines += _section_lines(section, tables, records, plots, out)
     others = [t for t in tables if section_of(t.group_key) is None]
