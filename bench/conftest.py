@@ -63,12 +63,19 @@ def _parse_only(values: list[str]) -> dict[str, set[str]]:
         key, sep, choices = value.partition("=")
         if not sep or not choices:
             raise pytest.UsageError(f"--only expects PARAM=V1,V2, got {value!r}")
-        wanted.setdefault(key.strip(), set()).update(c.strip() for c in choices.split(","))
+        wanted.setdefault(_public(key.strip()), set()).update(c.strip() for c in choices.split(","))
     return wanted
 
 
+def _public(name: str) -> str:
+    """A parameter's name as --only shows and takes it: ``pass_`` (a Python keyword dodged) is
+    ``pass``; the spelling with the underscore is accepted too."""
+    return name.rstrip("_") or name
+
+
 def _params(item: pytest.Item) -> dict[str, object]:
-    return getattr(getattr(item, "callspec", None), "params", {})
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return {_public(k): v for k, v in params.items()}
 
 
 def _sorted(values: set[str]) -> list[str]:

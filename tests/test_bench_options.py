@@ -127,3 +127,18 @@ def test_threads_pinned_only_in_xdist_test_workers() -> None:
 
 def test_rows_record_the_thread_count() -> None:
     assert environment_info("cpu")["torch_threads"] == torch.get_num_threads()
+
+
+def test_only_offers_pass_not_the_python_name(tmp_path: Path) -> None:
+    """A parameter named ``pass_`` (Python's keyword dodged) is ``pass`` to --only; both spellings
+    select (issue 38: ``--only`` offered the internal-looking ``pass_``)."""
+    shutil.copy(BENCH_CONFTEST, tmp_path / "conftest.py")
+    (tmp_path / "bench_synthetic.py").write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize('pass_', ['fwd', 'bwd'])\n"
+        "def test_case(benchmark, pass_):\n    pass\n"
+    )
+    wrong = run_pytest(tmp_path, "--collect-only", "-q", "--only=pas=fwd")
+    assert "parameters: pass" in wrong.stderr and "pass_" not in wrong.stderr
+    for spelling in ("pass", "pass_"):
+        result = run_pytest(tmp_path, "--collect-only", "-q", f"--only={spelling}=bwd")
+        assert result.returncode == 0 and "1/2 tests collected (1 deselected)" in result.stdout, result.stderr

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import torch
 from tabulate import tabulate
 
+from cs336_systems.harness.contention import contention_reasons
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder
@@ -37,8 +38,15 @@ from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES, Case, Workloa
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors in two lines (what is wrong, where the options are), not after the full usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n(--help lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m cs336_systems.cli.benchmark",
         description="Time forward / forward+backward / training steps of the Transformer LM.",
     )
@@ -278,25 +286,58 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    table = []
-    for r in rows:
-        if r.get("oom"):
-            table.append([r["case"], "OOM", "", "", "", "", ""])
-            continue
-        table.append(
-            [
-                r["case"],
-                _fmt(r.get("mean_ms"), ".2f"),
-                _fmt(r.get("std_ms"), ".2f"),
-                _fmt(r.get("tokens_per_s"), ",.0f"),
-                _fmt(r.get("tflops"), ".1f"),
-                _fmt(100 * r["mfu"] if "mfu" in r else None, ".1f"),
-                _fmt(r.get("peak_memory_mib"), ",.0f"),
-            ]
+HEADERS = ("case", "mean ms", "std ms", "tokens/s", "TFLOP/s", "MFU %", "peak MiB")
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    """One row's cells: significant digits, not fixed decimals (0.004 TFLOP/s is not 0.0); a row
+    timed under contention shows no figures, its reason goes on the line below."""
+    if r.get("oom"):
+        return [r["case"], "OOM", *[""] * 5]
+    if r.get("contention"):
+        return [r["case"], "unreliable", *["-"] * 4, _fmt(r.get("peak_memory_mib"), ",.0f")]
+    return [
+        r["case"],
+        _fmt(r.get("mean_ms"), ".4g"),
+        _fmt(r.get("std_ms"), ".2g"),
+        _fmt(r.get("tokens_per_s"), ",.0f"),
+        _fmt(r.get("tflops"), ".3g"),
+        _fmt(100 * r["mfu"] if "mfu" in r else None, ".3g"),
+        _fmt(r.get("peak_memory_mib"), ",.0f"),
+    ]
+
+
+class RowPrinter:
+    """The result table, streamed: the header once, then each case's row as it finishes (a long
+    sweep shows its results as it goes, and no row is printed twice)."""
+
+    def __init__(self, case_width: int, stream: TextIO | None = None):
+        self.widths = [max(case_width, len(HEADERS[0])), *(max(10, len(h)) for h in HEADERS[1:])]
+        self.stream = stream or sys.stdout
+        self.started = False
+
+    def _line(self, cells: Sequence[str]) -> str:
+        first = f"{cells[0]:<{self.widths[0]}}"
+        return (
+            "| "
+            + " | ".join([first, *(f"{c:>{w}}" for c, w in zip(cells[1:], self.widths[1:], strict=True))])
+            + " |"
         )
-    headers = ["case", "mean ms", "std ms", "tokens/s", "TFLOP/s", "MFU %", "peak MiB"]
-    return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)
+
+    def row(self, r: dict[str, Any]) -> None:
+        if not self.started:
+            rule = "|" + "|".join("-" * (w + 2) for w in self.widths) + "|"
+            self.stream.write(self._line(HEADERS) + "\n" + rule + "\n")
+            self.started = True
+        self.stream.write(self._line(_cells(r)) + "\n")
+        if r.get("contention"):
+            self.stream.write(f"  ^ unreliable timing: {r['contention']}; rerun on a quiet machine\n")
+        self.stream.flush()
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as one GitHub table (e.g. for a log); ``main`` streams them through RowPrinter."""
+    return tabulate([_cells(r) for r in rows], headers=HEADERS, tablefmt="github", disable_numparse=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -306,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress(len(cases), enabled=not args.no_progress)
     rates: dict[str, float] = {}
     rows = []
+    printer = RowPrinter(max(len(c.id) for c in cases))
     for index, case in enumerate(cases, 1):
         if not args.no_mfu and case.dtype not in rates:
             progress.note(f"measuring the {case.dtype} matmul rate on {device} (the MFU denominator)")
@@ -325,12 +367,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         progress.done()
         info = {"case": case.id, **info}
+        reasons = contention_reasons(info, device.type == "cpu")
+        if reasons:  # recorded in the row too, so the report marks it as well
+            info["contention"] = "; ".join(reasons)
         rows.append(info)
-        print(format_table([info]).splitlines()[-1], flush=True)  # progress for long sweeps
+        printer.row(info)
     gpu = device_name(device)
-    rate_note = ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
+    rate_note = ", ".join(f"{k} {v:.3g}" for k, v in rates.items())
     print(f"\n{gpu}, torch {torch.__version__}; matmul TFLOP/s: {rate_note or 'not measured'}")
-    print(format_table(rows))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2, default=str))

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from cs336_systems.harness.contention import contention_facts
 from cs336_systems.harness.settings import settings
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import (
@@ -109,7 +110,8 @@ def run_benchmark(
         free_device_memory()
         benchmark.extra_info.update(extra_info, oom=True)
         return None
-    benchmark.extra_info.update(extra_info, **summarize_ms(times), oom=False)
+    # the machine's load and the rounds' spread: whether the figure measured the case (harness.contention)
+    benchmark.extra_info.update(extra_info, **summarize_ms(times), **contention_facts(times), oom=False)
     peak = peak_memory_mib(device)
     if peak is not None:
         benchmark.extra_info["peak_memory_mib"] = peak
@@ -160,7 +162,7 @@ def record_times(benchmark: Any, times_ms: list[float], **extra_info: Any) -> No
     """
     if not times_ms:
         raise ValueError("record_times needs at least one measured time")
-    benchmark.extra_info.update(extra_info)
+    benchmark.extra_info.update(extra_info, **contention_facts(times_ms))
     durations = iter(t / 1e3 for t in times_ms)
     now = [0.0]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cs336_systems.report.load import STATS_MEAN, Record, load
+from cs336_systems.report.load import STATS_MEAN, Record, load, unreliable
 from cs336_systems.report.tables import format_number
 
 
@@ -27,6 +27,7 @@ def compare_runs(a: str | Path, b: str | Path) -> str:
     by_name_b = {(r.group_key or r.group, r.name): r for r in rows_b}
     lines = ["| group | name | A (ms) | B (ms) | B / A |", "| --- | --- | --- | --- | --- |"]
     paired = set()
+    unreliable_rows = 0
     for ra in rows_a:
         key = (ra.group_key or ra.group, ra.name)
         rb = by_name_b.get(key)
@@ -38,11 +39,18 @@ def compare_runs(a: str | Path, b: str | Path) -> str:
             "OOM" if r.oom else format_number("mean_ms", t) if t is not None else "—"
             for r, t in ((ra, ta), (rb, tb))
         ]
-        ratio = f"{tb / ta:.3f}×" if ta and tb and not (ra.oom or rb.oom) else "—"
+        ratio = f"{tb / ta:.3g}×" if ta and tb and not (ra.oom or rb.oom) else "—"
+        why = [f"{side}: {w}" for side, r in (("A", ra), ("B", rb)) if (w := unreliable(r))]
+        if why and ratio != "—":  # a ratio of load, not of the case: say so instead of printing it
+            ratio = f"unreliable ({'; '.join(why)})"
+            unreliable_rows += 1
         lines.append(f"| {ra.group} | {ra.name} | {cells[0]} | {cells[1]} | {ratio} |")
     only_a = [r.name for r in rows_a if (r.group_key or r.group, r.name) not in paired]
     only_b = [r.name for r in rows_b if (r.group_key or r.group, r.name) not in paired]
-    out = [f"A = {a}, B = {b}: {len(paired)} paired rows", "", *lines]
+    head = f"A = {a}, B = {b}: {len(paired)} paired rows"
+    if unreliable_rows:
+        head += f", {unreliable_rows} of them timed under contention (no ratio: rerun on a quiet machine)"
+    out = [head, "", *lines]
     if only_a or only_b:
         out += ["", f"only in A: {len(only_a)} rows; only in B: {len(only_b)} rows"]
     return "\n".join(out)

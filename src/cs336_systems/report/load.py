@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cs336_systems.harness.contention import contention_reasons
 from cs336_systems.report.schema import GROUPS
 
 
@@ -75,6 +76,7 @@ VALUE_LABELS = {
 STATS_MEAN = "stats_mean_ms"  # pytest-benchmark's own timing, used when extra_info has no mean_ms
 VALUE_LABELS[STATS_MEAN] = "mean ± std (ms, pytest-benchmark)"
 FRACTION_KEYS = {"mfu"}  # and every key with "share" in it
+CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread"}  # judged, not shown as columns
 NOT_VALUES = {"oom", "skipped", "device_name"}
 MISSING = "—"
 
@@ -264,8 +266,14 @@ def load(paths: Sequence[str | Path]) -> tuple[list[Run], list[Record]]:
             version=str(data.get("version", "?")),
             machine=machine,
         )
-        for bench in data["benchmarks"]:
-            records.append(_record(bench, source, machine))
+        rows = [_record(bench, source, machine) for bench in data["benchmarks"]]
+        if rows and all(r.group_key is None for r in rows):
+            groups = sorted({r.group for r in rows})
+            raise ReportInputError(
+                f"{path} holds no rows of this suite: none of its {len(rows)} benchmarks is tagged by "
+                f"cs336_systems.report.schema (groups {', '.join(groups[:3])}{', ...' if len(groups) > 3 else ''})"
+            )
+        records += rows
         runs.append(run)
     if not records:
         raise ReportInputError(f"no benchmark rows in {', '.join(map(str, paths))}: nothing to report")
@@ -319,3 +327,10 @@ def numeric(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def unreliable(record: Record) -> str | None:
+    """Why the row's timing measured the machine's load rather than the case (harness.contention),
+    or None: such a row is marked in the tables and in ``--compare``, not printed as a result."""
+    reasons = contention_reasons(record.values, record.device.lower().startswith("cpu"))
+    return "; ".join(reasons) or None

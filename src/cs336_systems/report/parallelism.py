@@ -180,7 +180,7 @@ def parallelism_answer(records: Sequence[Any] = ()) -> str:
     dp, fsdp, tp = (fn(n, b, d, ff, c, w) for fn in (P.data_parallel_calcs, P.fsdp_calcs, P.tp_calcs))
     x, y = EXAMPLE_2D
     lines = [
-        f"C = {c / 1e12:,.1f} TFLOP/s ({hw.c_source}); W = {w / 1e9:,.1f} GB/s ({hw.w_source}); "
+        f"C = {c / 1e12:,.3g} TFLOP/s ({hw.c_source}); W = {w / 1e9:,.3g} GB/s ({hw.w_source}); "
         f"α = C/W = {hw.alpha:,.0f} FLOPs per byte. The ring's per-device egress rate is the bus bandwidth "
         "nccl-tests report, so W = busbw.",
         "",
@@ -307,7 +307,7 @@ def plot_max_devices(records: Sequence[Any], path: str | Path) -> Path:
     ax.set_xlabel("global batch B (tokens)")
     ax.set_ylabel("largest N before communication-bound")
     ax.set_title(
-        f"D25: FFN D={D_MODEL}, D_FF={D_FF}; C={hw.c / 1e12:.0f} TFLOP/s, W={hw.w / 1e9:.0f} GB/s", fontsize=9
+        f"D25: FFN D={D_MODEL}, D_FF={D_FF}; C={hw.c / 1e12:.3g} TFLOP/s, W={hw.w / 1e9:.3g} GB/s", fontsize=9
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

@@ -56,6 +56,11 @@ def readable(frame: pd.DataFrame, index_cols: int) -> pd.DataFrame:
     return body.rename_axis("quantity").reset_index()
 
 
+def footnote_lines(notes: list[str]) -> list[str]:
+    """The texts the tables' ``[n]`` markers point to, one paragraph each."""
+    return [f"[{i}] {note}" + "  " for i, note in enumerate(notes, 1)] + ([""] if notes else [])
+
+
 def render_group_markdown(table: GroupTable) -> str:
     parts = [f"### {table.group}", "", f"_{table.caption}_", ""]
     if table.pivot is not None:
@@ -70,6 +75,7 @@ def render_group_markdown(table: GroupTable) -> str:
         ]
     else:
         parts += [to_markdown(readable(table.long, table.index_columns)), ""]
+    parts += footnote_lines(table.footnotes)
     return "\n".join(parts)
 
 
@@ -79,4 +85,5 @@ def render_group_latex(table: GroupTable) -> str:
         parts.append(to_latex(table.pivot, f"{table.caption}: {table.pivot.attrs.get('title', '')}"))
     long = table.long if table.pivot is not None else readable(table.long, table.index_columns)
     parts.append(to_latex(long, table.caption))
+    parts += [f"\\par\\footnotesize [{i}] {_latex_escape(n)}" for i, n in enumerate(table.footnotes, 1)]
     return "\n".join(parts)

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from cs336_systems.report.load import (
+    CONTENTION_KEYS,
     FRACTION_KEYS,
     MISSING,
     PARAM_ORDER,
@@ -17,6 +18,7 @@ from cs336_systems.report.load import (
     VALUE_LABELS,
     Record,
     _std_key,
+    unreliable,
 )
 from cs336_systems.units import parse_size
 
@@ -115,6 +117,11 @@ class GroupTable:
     varying: list[str] = field(default_factory=list)
     value_keys: list[str] = field(default_factory=list)
 
+    @property
+    def footnotes(self) -> list[str]:
+        """What the ``[n]`` markers in this group's cells point to (the view tables' too)."""
+        return footnotes(self.records)
+
     def view(self, spec: PivotSpec) -> pd.DataFrame | None:
         """Another pivot of the same rows (a group serving several deliverables, e.g. D2/D4/D7b)."""
         return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec)
@@ -132,7 +139,8 @@ class GroupTable:
 def _value_keys(records: list[Record]) -> list[str]:
     """Value columns of a group: the known keys in VALUE_LABELS order, then unknown ones by name; keys
     that are the std of another key are shown inside that key's cell, not as columns."""
-    present = {key for r in records for key in (*r.values, *r.texts)}
+    # the reason a case did not run is a footnote, not a column
+    present = {key for r in records for key in (*r.values, *r.texts)} - CONTENTION_KEYS - {"reason"}
     std_keys = {std for r in records for key in r.values if (std := _std_key(key, r.values))}
     known = [k for k in VALUE_LABELS if k in present and k not in std_keys]
     unknown = sorted(k for k in present if k not in VALUE_LABELS and k not in std_keys)
@@ -155,19 +163,53 @@ def _constant_setup(records: list[Record], keys: list[str]) -> dict[str, Any]:
     return fixed
 
 
-def _cell(record: Record, key: str) -> str:
+def _not_run(record: Record) -> tuple[str, str | None] | None:
+    """(label, reason) of a case that did not run ("unsupported", "skipped", "error"), else None."""
+    status = record.texts.get("status", "ok")
+    if not record.skipped and status == "ok":
+        return None
+    return (status if status != "ok" else "skipped"), record.skipped or record.texts.get("reason")
+
+
+def _timed(key: str) -> bool:
+    """A value that comes from the row's timing (and is as unreliable as it)."""
+    return key.endswith("_ms") or key in ("tokens_per_s", "tflops", "mfu") or key.endswith("_gbps")
+
+
+def _unreliable_note(why: str) -> str:
+    return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
+
+
+def footnotes(records: list[Record]) -> list[str]:
+    """The texts the cells of these rows point to, in order of first use: each reason a case did not
+    run, and each reason a timing is unreliable, once (cell ``[n]`` is entry n - 1)."""
+    notes: dict[str, None] = {}
+    for r in records:
+        not_run = _not_run(r)
+        if r.oom:
+            continue
+        if not_run is not None and not_run[1]:
+            notes[not_run[1]] = None
+        elif not_run is None and (why := unreliable(r)):
+            notes[_unreliable_note(why)] = None
+    return list(notes)
+
+
+def _cell(record: Record, key: str, notes: list[str]) -> str:
     if record.oom:
         return "OOM"
-    status = record.texts.get("status", "ok")
-    if record.skipped or (status != "ok" and key not in record.texts):
-        # A case that did not run ("unsupported", "skipped", "error"): every cell says so, and why.
-        label = status if status != "ok" else "skipped"
-        reason = record.skipped or record.texts.get("reason")
-        return f"{label}: {reason}" if reason else label
+    not_run = _not_run(record)
+    if not_run is not None and key not in record.texts:
+        # every cell says it did not run; the reason once, as a footnote under the table
+        label, reason = not_run
+        return f"{label} [{notes.index(reason) + 1}]" if reason else label
     if key in record.texts:
         return record.texts[key]
     if key not in record.values:
         return MISSING
+    why = unreliable(record)
+    if why and _timed(key):
+        return f"unreliable [{notes.index(_unreliable_note(why)) + 1}]"
     text = format_number(key, record.values[key])
     std = _std_key(key, record.values)
     if std:
@@ -197,13 +239,11 @@ def build_group_table(group: str, records: list[Record]) -> GroupTable:
     setup = _constant_setup(records, value_keys)
     value_keys = [k for k in value_keys if k not in setup]
     fixed.update({k: v for k, v in setup.items() if v is not None})
-    notes = any(r.skipped for r in records)
+    notes = footnotes(records)
     rows = []
     for r in records:
         row = {_header(k): format_param(k, r.descriptors.get(k)) for k in varying}
-        row.update({VALUE_LABELS.get(k, k): _cell(r, k) for k in value_keys})
-        if notes:
-            row["note"] = r.skipped or ""
+        row.update({VALUE_LABELS.get(k, k): _cell(r, k, notes) for k in value_keys})
         rows.append(row)
     long = pd.DataFrame(rows) if rows else pd.DataFrame()
     key = records[0].group_key if records else None
@@ -228,6 +268,7 @@ def _pivot(
     if not columns or not values:
         return None
     index = [k for k in varying if k not in columns]
+    notes = footnotes(records)
     cells: dict[tuple, dict[str, str]] = {}
     col_order: dict[str, tuple] = {}  # label -> sort key: value first, then the spread parameters
     for r in records:  # already sorted by the varying descriptors: rows come out in order
@@ -237,7 +278,7 @@ def _pivot(
         row = cells.setdefault(row_key, {})
         for i, v in enumerate(values):
             label = col_key if len(values) == 1 else f"{VALUE_LABELS.get(v, v)}: {col_key}"
-            row[label] = _cell(r, v)
+            row[label] = _cell(r, v, notes)
             col_order[label] = (i, col_sort)
     col_order = dict(sorted(col_order.items(), key=lambda kv: kv[1]))
     rows = []

@@ -29,7 +29,7 @@ from cs336_systems.report.answers.communication import d17_answer, d20_answer, r
 from cs336_systems.report.answers.memory import d22_answer, d24_answer
 from cs336_systems.report.load import STATS_MEAN, Record, ReportInputError, Run, load
 from cs336_systems.report.plots import PLOTS
-from cs336_systems.report.render import render_group_latex, render_group_markdown, to_markdown
+from cs336_systems.report.render import footnote_lines, render_group_latex, render_group_markdown, to_markdown
 from cs336_systems.report.schema import GROUPS
 from cs336_systems.report.tables import GroupTable, PivotSpec, build_tables
 
@@ -243,6 +243,7 @@ def _section_lines(
     lines += [render_group_markdown(t) for t in own]
     for t, view in views:
         lines += [f"### {t.group}: {view.attrs['title']}", "", f"_{t.caption}_", "", to_markdown(view), ""]
+        lines += footnote_lines(t.footnotes)
     lines += [
         f"![{key}]({path.relative_to(out).as_posix()})" + "\n"
         for key, path in plots.items()

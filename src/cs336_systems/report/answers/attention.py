@@ -109,6 +109,7 @@ def flash_speedups(records: list[Record]) -> str:
         setting = (str(r.descriptors.get("dtype", "?")), str(r.descriptors.get("d", "?")), r.device)
         table.setdefault(setting, {}).setdefault(kind, {})[seq] = r.values[key]
     lines = []
+    absent = _not_plotted(records)
     for (dtype, d, _device), kinds in sorted(table.items()):
         common = set(kinds.get("ours", {})) & set(kinds.get("pytorch", {}))
         if not common:
@@ -117,9 +118,10 @@ def flash_speedups(records: list[Record]) -> str:
         ours, base = kinds["ours"][seq], kinds["pytorch"][seq]
         lines.append(f"| {dtype} | {d} | {int(seq)} | {ours:.3g} | {base:.3g} | {base / ours:.1f}× |")
     if not lines:
-        return ""
+        return absent
     return "\n".join(
         [
+            *([absent, ""] if absent else []),
             "Ours vs plain PyTorch at the longest sequence both ran (fwd+bwd where the sweep has passes):",
             "",
             "| dtype | d | seq | ours (ms) | PyTorch (ms) | speed-up |",
@@ -211,3 +213,27 @@ def render_d6(
             "tile by tile there (FlashAttention-2, D9–D10); memory becomes O(batch·seq·d).",
         ]
     )
+
+
+def _not_plotted(records: list[Record]) -> str:
+    """The sweep's implementations with no timed row (so absent from the D11 plot), and why."""
+    rows = rows_of(records, "flash_sweep")
+    timed = {str(r.descriptors.get("impl")) for r in rows if not r.oom and not r.skipped}
+    why: dict[str, str] = {}
+    for r in rows:
+        impl = str(r.descriptors.get("impl"))
+        if impl not in timed:
+            # the reason itself is the D11 table's footnote: named here, not repeated
+            status = (
+                "out of memory" if r.oom else r.texts.get("status", "skipped" if r.skipped else "not run")
+            )
+            why.setdefault(impl, f"{status} (the table's footnotes say why)")
+    if rows and not any("triton" in str(r.descriptors.get("impl")) for r in rows):
+        why["flash_triton"] = (
+            "no row in this sweep: the bench times it on a GPU only (on a CPU the Triton interpreter "
+            "would be timed, not the kernel)"
+        )
+    if not why:
+        return ""
+    listed = "; ".join(f"`{impl}`: {reason}" for impl, reason in sorted(why.items()))
+    return f"Not in the plot, as none of their rows ran here: {listed}."

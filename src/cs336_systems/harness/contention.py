@@ -1,0 +1,62 @@
+"""Whether a timing measured the case or the machine's load: the facts a row records about its
+machine (load average against cores, the spread of its rounds) and the one judgement, shared by the
+benches, the benchmark CLI and the report (which marks such rows instead of printing them).
+
+Plain Python, no torch: the report imports it to judge rows it reads from JSON.
+
+Why these three: on a CPU shared with other processes a step can read 60x slower with a small
+spread (the whole run is slow, evenly), which only the load average shows; a run disturbed now and
+then shows as a wide spread of rounds; and an MFU above 100% is impossible, so the rate it divides
+by (the matmul rate, measured separately) and the step's time saw different loads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+
+LOAD_PER_CORE = 1.5  # runnable processes per core (1-minute average) above which a CPU row is unreliable
+SPREAD = 0.25  # std / mean of the rounds above which a row is unreliable
+MIN_ROUNDS = 3  # fewer rounds say nothing about their spread
+
+
+def machine_load() -> dict[str, float]:
+    """The 1-minute load average and the core count, when the OS tells them."""
+    cores = os.cpu_count()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return {"cpu_cores": float(cores)} if cores else {}
+    return {"load_avg_1m": load, **({"cpu_cores": float(cores)} if cores else {})}
+
+
+def rounds_spread(times: Sequence[float]) -> float | None:
+    """std / mean of the timed rounds (None for fewer than MIN_ROUNDS or a zero mean)."""
+    if len(times) < MIN_ROUNDS:
+        return None
+    mean = statistics.fmean(times)
+    return statistics.stdev(times) / mean if mean > 0 else None
+
+
+def contention_facts(times: Sequence[float]) -> dict[str, float]:
+    """What a row records next to its timing (``extra_info``)."""
+    spread = rounds_spread(times)
+    return {**machine_load(), **({"rounds_spread": spread} if spread is not None else {})}
+
+
+def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
+    """Why a row's timing is not a result, from its recorded values; [] when nothing says so. The
+    load average counts only for CPU rows: a GPU's time does not share the host's cores the same way."""
+    reasons = []
+    load, cores = values.get("load_avg_1m"), values.get("cpu_cores")
+    if on_cpu and load is not None and cores and load / cores > LOAD_PER_CORE:
+        reasons.append(f"load average {load:.3g} on {cores:g} cores")
+    spread = values.get("rounds_spread")
+    if spread is not None and not math.isnan(spread) and spread > SPREAD:
+        reasons.append(f"rounds spread ±{spread:.0%}")
+    mfu = values.get("mfu")
+    if mfu is not None and mfu > 1.0:
+        reasons.append(f"MFU {mfu:.0%} is above 100%: the step and the matmul rate saw different loads")
+    return reasons
