@@ -10,7 +10,7 @@ layout, plain PyTorch eager and ``torch.compile``'d (static shapes). do_bench wa
 CS336_LEADERBOARD_REP_MS=10000 for the literal protocol).
 
 D11 sweep (group key "flash_sweep"): batch 1, no head axis, causal; seq 128..65536 (powers of 2) x
-d in {16, 32, 64, 128} x dtype in {bf16, fp32} x pass_ in {fwd, bwd, fwd_bwd} x impl in {pytorch,
+d in {16, 32, 64, 128} x dtype in {bf16, fp32} x pass in {fwd, bwd, fwd_bwd} x impl in {pytorch,
 pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
 - ``fwd`` is the training forward (inputs require grad, so autograd records and saves what backward
   needs); ``bwd`` is ``out.backward(dO, retain_graph=True)`` on one retained forward; ``fwd_bwd`` is
@@ -31,7 +31,7 @@ pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
 
 Attention shapes (group key "attention_shapes", issue 14): the shapes people train with, as (batch,
 heads, seq_q, seq_k, d, causal) in bf16 (``SHAPES``: the issue's grid, then ``BREADTH_SHAPES``, rows
-with ``shape_set`` "breadth") x impl in {sdpa_flash, sdpa_cudnn, sdpa_efficient, flash_triton} x pass_ in
+with ``shape_set`` "breadth") x impl in {sdpa_flash, sdpa_cudnn, sdpa_efficient, flash_triton} x pass in
 {fwd, bwd, fwd_bwd}, 4-D inputs. A shape's first case
 measures all of its selected impls and passes at once:
 - each impl's output and dQ on a sample of query rows (first and last 128 of the first and last
@@ -59,7 +59,7 @@ d parameter, so ``--only d=...`` keeps them)::
 
     pytest bench/bench_flash.py --only d=64,128
     pytest bench/bench_flash.py -k leaderboard
-    pytest bench/bench_flash.py --only impl=flash_triton,sdpa_flash --only dtype=bf16 --only pass_=fwd_bwd
+    pytest bench/bench_flash.py --only impl=flash_triton,sdpa_flash --only dtype=bf16 --only pass=fwd_bwd
 """
 
 from __future__ import annotations
