@@ -91,9 +91,11 @@ def _optimizer_then_teardown() -> list[str]:
 _KEPT: list = []  # a module global that outlives the function: what the launcher must report
 
 
-def _keeps_a_work() -> None:
+def _keeps_a_work() -> list[str]:
     _KEPT.append(dist.all_reduce(torch.ones(8), async_op=True))
     _KEPT[-1].wait()
+    shutdown(barrier=True)
+    return _collective_threads()
 
 
 def _sleeps(directory: str) -> None:
@@ -156,15 +158,15 @@ def test_a_collective_without_its_peer_times_out(run_distributed) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_the_deadline_kills_a_run_that_never_ends(run_distributed, tmp_path: Path) -> None:
     # The deadline is timeout + startup_grace (default 60 s, for importing torch in the ranks).
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="still running at the deadline; killed"):
         run_distributed(
-            _sleeps, 1, str(tmp_path), backend="gloo", timeout=2, startup_grace=20
-        )  # 1 rank: no rendezvous
-    assert 22 <= time.monotonic() - start < 60
+            _sleeps, 1, str(tmp_path), backend="gloo", timeout=2, startup_grace=40
+        )  # 1 rank: no rendezvous; 40 s: importing torch and torch._dynamo on a loaded 2-core machine
+    assert 42 <= time.monotonic() - start < 80
     assert _pids(tmp_path) and not _pids_alive(_pids(tmp_path))  # ranks that got going were killed
 
 
@@ -192,9 +194,11 @@ def test_an_optimizer_does_not_pin_the_process_group(run_distributed) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
-def test_a_work_kept_past_the_run_is_named(run_distributed) -> None:
-    with pytest.raises(RankFailedError, match=r"gloo_tcp_loop.*still run after destroy_process_group"):
-        run_distributed(_keeps_a_work, 2, backend="gloo", timeout=90)
+def test_a_work_kept_past_the_run_does_not_fail_the_rank(run_distributed) -> None:
+    """A Work handle in a module global keeps gloo's threads alive after the group is destroyed; the
+    rank leaves without tearing them down (os._exit after its results are written) and the run
+    succeeds."""
+    assert run_distributed(_keeps_a_work, 2, backend="gloo", timeout=90) == [["gloo_tcp_loop"]] * 2
 
 
 def test_the_store_is_the_parents_on_a_port_it_holds() -> None:

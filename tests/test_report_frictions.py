@@ -62,6 +62,7 @@ def test_contention_reasons() -> None:
     assert "MFU 105% is above 100%" in contention.contention_reasons({"mfu": 1.05}, on_cpu=False)[0]
     assert contention.rounds_spread([1.0, 1.0]) is None  # too few rounds to say
     assert contention.rounds_spread([1.0, 2.0, 3.0]) == pytest.approx(0.5)
+    assert contention.rounds_spread([10.0] + [1.0] * 9) == 0.0  # a cold first step is D2's finding, not noise
 
 
 def test_a_bench_row_records_the_load_and_spread(device) -> None:

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 LOAD_PER_CORE = 1.5  # runnable processes per core (1-minute average) above which a CPU row is unreliable
-SPREAD = 0.25  # std / mean of the rounds above which a row is unreliable
+SPREAD = 0.25  # median absolute deviation / median of the rounds above which a row is unreliable
 MIN_ROUNDS = 3  # fewer rounds say nothing about their spread
 
 
@@ -33,11 +33,13 @@ def machine_load() -> dict[str, float]:
 
 
 def rounds_spread(times: Sequence[float]) -> float | None:
-    """std / mean of the timed rounds (None for fewer than MIN_ROUNDS or a zero mean)."""
+    """Median absolute deviation / median of the timed rounds (None for fewer than MIN_ROUNDS or a
+    zero median). Robust on purpose: one cold first step (D2's warm-up rows measure exactly that)
+    barely moves it, while rounds disturbed throughout do."""
     if len(times) < MIN_ROUNDS:
         return None
-    mean = statistics.fmean(times)
-    return statistics.stdev(times) / mean if mean > 0 else None
+    median = statistics.median(times)
+    return statistics.median(abs(t - median) for t in times) / median if median > 0 else None
 
 
 def contention_facts(times: Sequence[float]) -> dict[str, float]:
