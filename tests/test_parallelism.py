@@ -233,7 +233,7 @@ def test_section_renders_with_measured_hardware_and_writes_plot(tmp_path: Path) 
     text = R.parallelism_section(rows, tmp_path)
     plot = tmp_path / "plots" / R.PLOT_NAME
     assert plot.stat().st_size > 10_000 and f"]({'plots/' + R.PLOT_NAME})" in text
-    assert "787.5 TFLOP/s" in text and "323.2 GB/s" in text
+    assert "788 TFLOP/s" in text and "323 GB/s" in text  # three significant digits
     for formula in ("2(N-1)/N · S/W", "(N-1) · S/W", "1 + ⌊B·W/C⌋", "1 + ⌊3·D_FF·W/(2C)⌋", "dx = Σᵢ"):
         assert formula in text
     # The same rows as the report's Record objects (descriptors / values), and no rows at all.
