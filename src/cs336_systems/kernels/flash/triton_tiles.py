@@ -22,6 +22,8 @@ MASK_BIAS = tl.constexpr(-1e6)  # the handout's additive mask, in natural-log un
 _WIDEN_DOTS = tl.constexpr(INTERPRET)
 
 
+# Kernels keep the Triton tutorials' dense layout of long argument lists.
+# fmt: off
 @triton.jit
 def head_offset(bh, H, stride_b, stride_h):
     """Element offset of head (b, h) = divmod(bh, H) of a (batch, heads, N, D) tensor, in int64."""
@@ -31,35 +33,16 @@ def head_offset(bh, H, stride_b, stride_h):
 
 
 @triton.jit
-def load_rows(
-    X,
-    off,
-    stride_n,
-    stride_d,
-    bh,
-    H,
-    N,
-    start,
-    D: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CHECK_ROWS: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+def load_rows(X, off, stride_n, stride_d, bh, H, N, start, D: tl.constexpr, ROWS: tl.constexpr,
+               BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
     """Rows [start, start + ROWS) of head bh of a (batch, heads, N, D) tensor as a (ROWS, BLOCK_D) tile.
     Rows past N and head-dim padding read as zeros. X is a 4-D tensor descriptor (TMA: bounds checked by
     the copy engine) or a pointer (block pointer at element offset ``off``, bounds checked where asked)."""
     if USE_TMA:
         x = X.load([bh // H, bh % H, start, 0]).reshape(ROWS, BLOCK_D)
     else:
-        ptr = tl.make_block_ptr(
-            X + off,
-            shape=(N, D),
-            strides=(stride_n, stride_d),
-            offsets=(start, 0),
-            block_shape=(ROWS, BLOCK_D),
-            order=(1, 0),
-        )
+        ptr = tl.make_block_ptr(X + off, shape=(N, D), strides=(stride_n, stride_d), offsets=(start, 0),
+                                block_shape=(ROWS, BLOCK_D), order=(1, 0))
         if D == BLOCK_D:
             if CHECK_ROWS:  # noqa: SIM108
                 x = tl.load(ptr, boundary_check=(0,), padding_option="zero")
@@ -71,33 +54,14 @@ def load_rows(
 
 
 @triton.jit
-def store_rows(
-    X,
-    x,
-    off,
-    stride_n,
-    stride_d,
-    bh,
-    H,
-    N,
-    start,
-    D: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+def store_rows(X, x, off, stride_n, stride_d, bh, H, N, start, D: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
     """Store a (ROWS, BLOCK_D) tile at rows [start, start + ROWS) of head bh, dropping out-of-range parts."""
     if USE_TMA:
         X.store([bh // H, bh % H, start, 0], x.to(X.dtype).reshape(1, 1, ROWS, BLOCK_D))
     else:
-        ptr = tl.make_block_ptr(
-            X + off,
-            shape=(N, D),
-            strides=(stride_n, stride_d),
-            offsets=(start, 0),
-            block_shape=(ROWS, BLOCK_D),
-            order=(1, 0),
-        )
+        ptr = tl.make_block_ptr(X + off, shape=(N, D), strides=(stride_n, stride_d), offsets=(start, 0),
+                                block_shape=(ROWS, BLOCK_D), order=(1, 0))
         tl.store(ptr, x.to(ptr.type.element_ty), boundary_check=(0, 1))
 
 
@@ -139,3 +103,4 @@ def query_tile(is_causal: tl.constexpr):
 # ----------------------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------------------
+# fmt: on
