@@ -38,7 +38,7 @@ IMPLS: tuple[str, ...] = ("pytorch", "pytorch_compiled", "flash_triton", *SDPA_B
 
 # The `attention shapes` grid (issue 14), (batch, heads, seq_q, seq_k, d, causal): short and long, few
 # and many heads, d 64 and 128, xl's attention (4, 25, 512), the 8B configuration's (1, 32, 32768,
-# d 128), and seq_q != seq_k. Shared by bench/bench_flash.py and scripts/flash_device_check.py.
+# d 128), and seq_q != seq_k. Shared by bench/bench_flash.py and scripts/compare_revisions.py.
 ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
     (1, 16, 16384, 16384, 64, True),
     (4, 25, 512, 512, 64, True),
