@@ -258,6 +258,7 @@ def fake_tuner():
 
 
 KEY = ("fwd-test", 1, 16, 16, 16, True, torch.float32)
+CASE = (4, 64, 64, 64, True, torch.bfloat16)  # (batch * heads, n_q, n_k, d, causal, dtype)
 
 
 def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(fake_tuner) -> None:
@@ -340,20 +341,17 @@ def test_traced_and_graphed_launches_tune_by_device_time_under_keys_of_their_own
             "fwd", key, [light, heavy], lambda c: last.__setitem__(0, c), metric=metric
         )
     assert chosen == {"eager": light, "traced": heavy, "graphed": heavy}, chosen
-    names = {
-        launcher: flash.tune_space("fwd", launcher, 64, torch.bfloat16)[0] for launcher in flash.LAUNCHERS
-    }
+    names = {launcher: flash.tune_space("fwd", launcher, CASE)[0] for launcher in flash.LAUNCHERS}
     assert len(set(names.values())) == len(names), f"launchers share a tuning key: {names}"
 
 
 def test_traced_launches_take_block_pointers_only() -> None:
     # A traced graph has no data pointers to build descriptors from: even a forced TMA or Gluon config
     # runs its tiles with block pointers there, while a CUDA graph records our launcher, which may use both.
-    case = (4, 64, 64, 64, True, torch.bfloat16)
-    assert all(not (c.tma or c.gluon) for c in flash.tune_space("fwd", "traced", 64, torch.bfloat16)[1])
+    assert all(not (c.tma or c.gluon) for c in flash.tune_space("fwd", "traced", CASE)[1])
     with flash.forced("fwd", flash.TileConfig(64, 64, tma=True, gluon=True)):
-        assert flash.pick("fwd", "graphed", case, None) == flash.TileConfig(64, 64, tma=True, gluon=True)
-        assert flash.pick("fwd", "traced", case, None) == flash.TileConfig(64, 64)
+        assert flash.pick("fwd", "graphed", CASE, None) == flash.TileConfig(64, 64, tma=True, gluon=True)
+        assert flash.pick("fwd", "traced", CASE, None) == flash.TileConfig(64, 64)
     with pytest.raises(ValueError, match="launcher must be one of"):
         flash.AttentionPlan(*(torch.zeros(1, 8, 16) for _ in range(3)), True, "inductor")
 

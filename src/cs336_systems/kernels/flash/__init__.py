@@ -84,11 +84,7 @@ def tuning_report() -> dict[str, Any]:
 def candidate_timings(case: tuple, launcher: Launcher = "eager") -> dict[str, dict[str, float]]:
     """The tuner's ms per candidate of each kernel for ``case`` = (batch * heads, n_q, n_k, d, causal,
     dtype); empty where it did not tune in this process (a disk-cache hit, a forced config, tuning off)."""
-    d, dtype = case[3], case[5]
-    return {
-        kernel: dict(TUNER.timings.get(tune_key(tune_space(kernel, launcher, d, dtype)[0], *case), {}))
-        for kernel in KERNELS
-    }
+    return {kernel: dict(TUNER.timings.get(tune_space(kernel, launcher, case)[0], {})) for kernel in KERNELS}
 
 
 __all__ = [

@@ -55,13 +55,16 @@ def layout_key(*tensors: torch.Tensor) -> tuple:
     return tuple((t.stride(), t.data_ptr() & 15) for t in tensors)
 
 
-def tune_space(
-    kernel: str, launcher: Launcher, d: int, dtype: torch.dtype
-) -> tuple[str, tuple[TileConfig, ...]]:
-    """The tuning-key name and the candidates of ``kernel`` for ``launcher``."""
+def tune_space(kernel: str, launcher: Launcher, case: tuple) -> tuple[tuple, tuple[TileConfig, ...]]:
+    """The tuning key and the candidates of ``kernel`` for ``case`` = (batch * heads, n_q, n_k, d, causal,
+    dtype) under ``launcher``: each launcher tunes under keys of its own."""
+    d, dtype = case[3], case[5]
     if launcher == "traced":
-        return f"{kernel}-traced", pointer_configs(kernel, d, dtype)
-    return (f"{kernel}-graphed" if launcher == "graphed" else kernel), candidate_configs(kernel, d, dtype)
+        name, candidates = f"{kernel}-traced", pointer_configs(kernel, d, dtype)
+    else:
+        name = f"{kernel}-graphed" if launcher == "graphed" else kernel
+        candidates = candidate_configs(kernel, d, dtype)
+    return tune_key(name, *case), candidates
 
 
 def metric_of(launcher: Launcher) -> Metric:
@@ -77,9 +80,7 @@ def pick(
     calls: Callable[[TileConfig], list[Launch]] | None = None,
 ) -> TileConfig:
     """``kernel``'s config for ``case`` = (batch * heads, n_q, n_k, d, causal, dtype) under ``launcher``."""
-    bh, n_q, n_k, d, causal, dtype = case
-    name, candidates = tune_space(kernel, launcher, d, dtype)
-    key = tune_key(name, bh, n_q, n_k, d, causal, dtype)
+    key, candidates = tune_space(kernel, launcher, case)
     cfg = TUNER.choose(kernel, key, candidates, launch, calls, metric_of(launcher))
     if launcher == "traced" and (cfg.tma or cfg.gluon):  # a forced config: its tiles, by block pointers
         cfg = replace(cfg, tma=False, gluon=False)
@@ -88,11 +89,9 @@ def pick(
 
 def chosen_configs(case: tuple, launcher: Launcher = "eager") -> dict[str, str]:
     """The config each kernel uses for ``case`` (tuned, forced or default), for bench rows."""
-    bh, n_q, n_k, d, causal, dtype = case
     out = {}
     for kernel in KERNELS:
-        name, candidates = tune_space(kernel, launcher, d, dtype)
-        key = tune_key(name, bh, n_q, n_k, d, causal, dtype)
+        key, candidates = tune_space(kernel, launcher, case)
         out[kernel] = str(TUNER.forced.get(kernel) or TUNER.cache.get(key) or candidates[0])
     return out
 

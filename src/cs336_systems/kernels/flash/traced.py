@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .configs import KERNELS, TileConfig, tune_key
+from .configs import KERNELS, TileConfig
 from .launch import dkdv_launch, dq_launch, fwd_launch
 from .plan import AttentionPlan, Launcher, new_output, pick, tune_space
 from .settings import INTERPRET, flash_settings
@@ -27,12 +27,8 @@ def tune_ahead(
     graph, so the choice must exist when the graph is traced; a graphed one would otherwise tune in the
     CUDA graph's warm-up run, with the model's memory in use."""
     batch, heads, n_q, d = q.shape
-    keys = [
-        tune_key(
-            tune_space(kernel, launcher, d, q.dtype)[0], batch * heads, n_q, k.shape[2], d, is_causal, q.dtype
-        )
-        for kernel in KERNELS
-    ]
+    case = (batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
+    keys = [tune_space(kernel, launcher, case)[0] for kernel in KERNELS]
     if all(key in TUNER.cache for key in keys) or not flash_settings().autotune or INTERPRET:
         return
     from torch.utils._python_dispatch import _disable_current_modes
