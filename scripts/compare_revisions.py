@@ -1,8 +1,9 @@
 """Time the FlashAttention of an earlier revision and of this tree side by side, in one process: how a
-refactor proves it kept every win. Both versions tune their own configs; each case's forward+backward is
-timed in interleaved rounds (order alternating; the ratio is the median of per-round ratios, so drift
-cancels), eagerly (``do_bench``) and replayed from a CUDA graph. Cases: the attention shapes group (bf16,
-4-D) and the leaderboard case through a compiled ``apply``.
+refactor proves it kept every win. Both versions tune their own configs (recorded per case); each case's
+forward+backward is timed in interleaved rounds (order alternating; the ratio is the median of per-round
+ratios, so drift cancels), eagerly (``do_bench``) and replayed from a CUDA graph. Where the two chose
+different configs, the new tree is timed again pinned to the old's ("pinned"): the code's cost apart from
+near-tie tuning. Cases: the attention shapes group (bf16, 4-D) and the leaderboard case (compiled ``apply``).
 
     python scripts/compare_revisions.py export b5e7783 .ab/old      # here: the old package as cs336_old
     PYTHONPATH=src:.ab/old python scripts/compare_revisions.py run --out ab.json   # on the GPU
@@ -54,11 +55,28 @@ def _summary(ms: dict[str, list[float]]) -> dict[str, float]:
             "ratio": statistics.median(ratios)}  # fmt: skip
 
 
+def _pin_new(case: tuple, configs: dict[str, str]) -> bool:
+    """Make the new tree's eager choice for ``case`` the old's ``configs`` (False: one left the lists)."""
+    from cs336_systems.kernels import flash
+
+    for kernel, name in configs.items():
+        key, candidates = flash.tune_space(kernel, "eager", case)
+        if not (match := [c for c in candidates if str(c) == name]):
+            return False
+        flash.TUNER.cache[key] = match[0]
+    flash.clear_plans()
+    return True
+
+
 def _time_shape(applies: dict, shape: tuple, gen, rounds: int) -> dict:
-    """One bf16 4-D case: each version's first call (plans, tuning, compiles), their outputs' and
-    gradients' relative difference, and the interleaved eager and CUDA-graph timings of fwd+bwd."""
+    """One bf16 4-D case: each version's first call (plans, tuning, compiles) and configs, their outputs'
+    and gradients' relative difference, and the interleaved eager and CUDA-graph timings of fwd+bwd."""
+    import importlib
+
     import torch
     import triton.testing as tt
+
+    from cs336_systems.kernels import flash
 
     b, h, nq, nk, d, causal = shape
     q, k, v, do = (
@@ -77,15 +95,22 @@ def _time_shape(applies: dict, shape: tuple, gen, rounds: int) -> dict:
         for x in leaves:
             x.grad = None
     diff = max(((a - r).norm() / r.norm()).item() for a, r in zip(outs["new"], outs["old"], strict=True))
-    eager = _ms_rounds(steps, lambda s: tt.do_bench(s, warmup=5, rep=30, grad_to_none=leaves), rounds)
+    case = (b * h, nq, nk, d, causal, q.dtype)
+    old_configs = importlib.import_module(f"{OLD}.kernels.flash_attention").chosen_configs(*case)
+    configs = {"old": old_configs, "new": flash.chosen_configs(case)}
+    timer = lambda s: tt.do_bench(s, warmup=5, rep=30, grad_to_none=leaves)
+    row = {"shape": shape, "rel_diff": diff, "first_call_s": first_s, "configs": configs,
+           "eager": _summary(_ms_rounds(steps, timer, rounds))}  # fmt: skip
     # Fresh leaves for the graphs: the eager steps' AccumulateGrad nodes belong to the legacy stream.
     fresh = [x.detach().clone().requires_grad_() for x in leaves]
     graphed = {
         name: lambda apply=apply: apply(*fresh, causal).backward(do) for name, apply in applies.items()
     }
-    graph = _ms_rounds(graphed, lambda s: tt.do_bench_cudagraph(s, rep=20, grad_to_none=fresh), 2)
-    return {"shape": shape, "rel_diff": diff, "first_call_s": first_s, "eager": _summary(eager),
-            "graph": _summary(graph)}  # fmt: skip
+    gtimer = lambda s: tt.do_bench_cudagraph(s, rep=20, grad_to_none=fresh)
+    row["graph"] = _summary(_ms_rounds(graphed, gtimer, 2))
+    if configs["old"] != configs["new"] and _pin_new(case, old_configs):
+        row["pinned"] = _summary(_ms_rounds(steps, timer, rounds))
+    return row
 
 
 def run(out: Path, rounds: int) -> None:
@@ -117,7 +142,7 @@ def run(out: Path, rounds: int) -> None:
     rows.append({"shape": "leaderboard", "eager": _summary(_ms_rounds(lb, timer, rounds))})
     out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     table = pd.json_normalize([{**row, "shape": str(row["shape"])} for row in rows]).set_index("shape")
-    print(table.drop(columns="rel_diff").to_markdown(floatfmt=".3f"))
+    print(table.filter(regex="ratio|_ms").to_markdown(floatfmt=".3f"))
 
 
 def main() -> None:

@@ -234,6 +234,39 @@ def test_lm_and_bench_driver_on_gloo(run_distributed) -> None:
     assert profiled["overlap_share"] is None and profiled["comm_kernel_ms"] == 0  # no device kernels on CPU
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_torchrun_entry_points_start_their_own_ranks() -> None:
+    """``cli.ddp_train`` and ``cli.allreduce`` (torchrun's entry points) start gloo ranks themselves
+    without torchrun: the DDP step prints its JSON, the all-reduce its table row."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", *args], env=env, capture_output=True, text=True, timeout=150
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout
+
+    out = run(
+        "cs336_systems.cli.ddp_train",
+        "--nproc",
+        "2",
+        "--preset",
+        "tiny",
+        "--ctx",
+        "32",
+        "--variant",
+        "bucketed",
+    )
+    result = json.loads(out[out.index("{") :])
+    assert result["case"].startswith("bucketed") and result["comm_share"] > 0, result
+    row = run(
+        "cs336_systems.cli.allreduce", "--nproc", "2", "--backend", "gloo", "--sizes", "1MB"
+    ).splitlines()[-1]
+    assert row.split()[:3] == ["gloo", "2", "1048576"], row
+
+
 # -- single-process checks -------------------------------------------------------------------------
 
 

@@ -158,3 +158,14 @@ def test_readme_entry_points_exist_and_name_the_cli_python() -> None:
     tox.read(ROOT / "tox.ini")
     assert "cs336_systems.cli.benchmark" in tox["testenv:cli"]["commands"]
     assert "--compare" in readme and "--group-by=name" in readme
+
+
+def test_every_results_file_the_readme_rebuilds_from_loads() -> None:
+    # docs/results/README.md rebuilds the writeup from `docs/results/*.json`: each must be a results file
+    # the report reads (other JSON, such as compare_revisions.py's, lives in a subfolder).
+    from cs336_systems.report.load import read_results
+
+    paths = sorted((Path(__file__).parents[1] / "docs" / "results").glob("*.json"))
+    assert paths
+    for path in paths:
+        assert read_results(path)["benchmarks"] is not None, path

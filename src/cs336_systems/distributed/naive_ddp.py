@@ -6,7 +6,7 @@ whole backward pass, so every byte of communication adds to the step time.
   (device, dtype) and all-reduced in a single call (D15): fewer, larger calls.
 
 ``NaiveDDP`` wraps a module with the same interface as the overlapping wrappers, so the benches and
-``scripts/ddp_train.py`` swap them freely; the handout's "script" is that loop:
+``cli/ddp_train.py`` swap them freely; the handout's "script" is that loop:
 
     model = NaiveDDP(ToyModel(), flat=False)        # broadcasts rank 0's weights
     for x, y in batches:                            # each rank: its shard of the global batch

@@ -1,4 +1,4 @@
-"""The data-parallel training step every DDP / sharding bench and ``scripts/ddp_train.py`` runs (a
+"""The data-parallel training step every DDP / sharding bench and ``cli/ddp_train.py`` runs (a
 harness: it spawns nothing itself, but it is the measured run of those benches).
 
 ``run_cases(setup, cases)`` is a rank function (call it under ``launch.spawn`` or torchrun): for each

@@ -13,6 +13,7 @@ routing live in ``attention/flash_triton.py``):
   call signature);
 - ``plan``: :class:`AttentionPlan` per call signature, ``flash_forward`` / ``flash_backward``;
 - ``traced``: the ``triton_op`` bodies that torch.compile traces into its graphs;
+- ``analysis_memo``: torch's analysis of what a traced kernel writes, once per kernel signature;
 - ``settings``: :class:`FlashSettings`, the ``CS336_FLASH_*`` knobs, and :func:`configured`.
 """
 

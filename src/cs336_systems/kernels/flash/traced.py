@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import torch
 
+from .analysis_memo import memoize_analysis
 from .configs import KERNELS, TileConfig
 from .launch import dkdv_launch, dq_launch, fwd_launch
 from .plan import AttentionPlan, Launcher, new_output, pick, tune_space
 from .settings import INTERPRET, flash_settings
+from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from .triton_fwd import flash_fwd_kernel
 from .tuner import TUNER
+
+# torch's analysis of what a traced kernel writes, once per signature instead of per call site and pass
+# (49 s of the compiled xl step's cold start, analysis_memo.py); the traced route launches these three.
+ANALYSIS_MEMO = memoize_analysis({flash_fwd_kernel, flash_bwd_dq_kernel, flash_bwd_dkdv_kernel})
 
 
 def _real_like(t: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Train the LM data-parallel with one DDP variant and print its step time and communication time.
 
 Under torchrun (one process per GPU, also across nodes):
-    torchrun --nproc-per-node 2 scripts/ddp_train.py --variant bucketed --bucket-mb 100
+    torchrun --nproc-per-node 2 -m cs336_systems.cli.ddp_train --variant bucketed --bucket-mb 100
 Without torchrun it starts the ranks itself (gloo on CPU when there are too few GPUs):
-    python scripts/ddp_train.py --nproc 2 --preset tiny --ctx 32 --variant naive
+    python -m cs336_systems.cli.ddp_train --nproc 2 --preset tiny --ctx 32 --variant naive
 
 Prints one JSON object on rank 0: the numbers of ``cs336_systems.harness.train_step`` combined
 over ranks (step times are per-step max over ranks).

@@ -1,7 +1,7 @@
 """D13 all-reduce timing for one backend and world size (the bench's method, outside pytest).
 
-torchrun --nproc-per-node 4 scripts/allreduce_bench.py                 # nccl, 1MB..1GB
-python scripts/allreduce_bench.py --nproc 4 --backend gloo --sizes 1MB,10MB
+torchrun --nproc-per-node 4 -m cs336_systems.cli.allreduce                 # nccl, 1MB..1GB
+python -m cs336_systems.cli.allreduce --nproc 4 --backend gloo --sizes 1MB,10MB
 """
 
 from __future__ import annotations
