@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from cs336_systems.distributed.comm import shard_batch, world
 
+from ..helpers.course_layers import Embedding, Linear, RMSNorm
 from .contract import Hooks, assert_no_misses, case_results, fmt, miss, run_rank_cases, selected_cases
 
 HOOKS = ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params")
@@ -35,37 +36,6 @@ DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {"fp32": 1e-5, "fp16": 1e-4, "bf16": 1e-3}  # measured: fp16 1.3e-5, bf16 1e-4
 CASES = [("fp32", "sgd"), ("fp32", "adamw"), ("fp16", "sgd"), ("bf16", "sgd")]
 WORLD_SIZES = (2, 3)
-
-
-class Linear(nn.Module):
-    def __init__(self, d_in: int, d_out: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(d_out, d_in) / math.sqrt(d_in))
-        self.cast: torch.dtype | None = None  # set on the single-process reference only
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight if self.cast is None else self.weight.to(self.cast)
-        return torch.einsum("...i,oi->...o", x if self.cast is None else x.to(self.cast), w)
-
-
-class Embedding(nn.Module):
-    def __init__(self, num: int, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(num, dim))
-        self.cast: torch.dtype | None = None
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return (self.weight if self.cast is None else self.weight.to(self.cast))[ids]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight).to(x.dtype)
 
 
 class CourseLike(nn.Module):
