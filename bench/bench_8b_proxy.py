@@ -32,9 +32,8 @@ from typing import Any
 
 import pytest
 
-from cs336_systems.harness.record import log_case, record_not_run
 from cs336_systems.harness.settings import settings
-from cs336_systems.harness.step_8b import PROXY_ROWS, proxy_options, run_proxy_row
+from cs336_systems.harness.step_8b import PROXY_ROWS, proxy_options, record_proxy_skip, run_proxy_row
 from cs336_systems.report.schema import tag
 
 STARTUP_GRACE_S = 60  # a spawn is killed this long after its timeout (launch.spawn's start-up grace)
@@ -52,8 +51,7 @@ def _row_timeout(benchmark: Any, row: str) -> float | None:
     left = s.step8b_proxy_budget_s - (time.monotonic() - _group_start[0]) - STARTUP_GRACE_S
     if left < STARTUP_GRACE_S:
         reason = f"the group's budget of {s.step8b_proxy_budget_s:.0f} s (CS336_8B_PROXY_BUDGET_S) was spent"
-        record_not_run(benchmark, "skipped", reason, row=row)
-        log_case(benchmark)
+        record_proxy_skip(benchmark, row, proxy_options(row, s), reason)
         return None
     return min(s.step8b_proxy_timeout_s, left)
 

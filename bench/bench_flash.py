@@ -44,8 +44,10 @@ measures all of its selected impls and passes at once:
 - fwd and fwd_bwd are also replayed from a CUDA graph (``graph_ms``, ``do_bench_cudagraph``: no host
   work between calls, L2 not flushed): the device time alone, what a CUDA-graphed step pays.
 Our rows carry ``ratio_to_<backend>`` (median of the per-round ratios: host drift between rounds
-cancels), ``ratio_to_best_sdpa``, ``graph_ratio_to_<backend>``, the configs the tuner chose and
-``tune_seconds_so_far`` (a cold run's last shape holds the whole grid's tuning cost). Backends that
+cancels), ``ratio_to_best_sdpa``, ``graph_ratio_to_<backend>``, the configs the tuner chose, where each came
+from (``config_source``: "tuned", or "table" for the tuning table shipped for this GPU model, which
+``CS336_FLASH_TUNE_TABLE=0`` turns off) and ``tune_seconds_so_far`` (a cold run's last shape holds the
+whole grid's tuning cost). Backends that
 refuse a case are ``unsupported`` rows with torch's reason; an impl that cannot be captured in a graph
 has ``graph_error``. pytest-benchmark's own statistics are 3 synchronized host-timed passes per case.
 
@@ -478,7 +480,8 @@ def _build_steps(
         if impl == "flash_triton":
             case = (b * h, nq, nk, d, causal, torch.bfloat16)
             r.extra["configs"] = flash.chosen_configs(case)
-            r.extra["tuning_ms"] = flash.candidate_timings(case)
+            r.extra["tuning_ms"] = flash.candidate_timings(case)  # empty for a shipped table's keys
+            r.extra["config_source"] = flash.config_sources(case)
             # Seconds spent tuning (compiles included) in this process so far: the last row of a cold
             # run of the group is the whole grid's tuning cost.
             r.extra["tune_seconds_so_far"] = flash.tuning_report()["tune_seconds"]

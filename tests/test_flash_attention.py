@@ -23,6 +23,7 @@ from cs336_systems.attention import flash_pytorch, flash_triton, get_attention_f
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch
 from cs336_systems.attention.flash_triton import FlashAttentionTriton, FlashAttentionTritonCompiledBackward
 from cs336_systems.kernels import flash
+from cs336_systems.kernels.flash.tune_table import TuneTable
 
 # The Triton interpreter (numpy) warns about a deprecated scalar conversion on every launch.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -251,10 +252,12 @@ def test_backward_is_deterministic(layout, device, generator) -> None:
 
 @pytest.fixture
 def fake_tuner():
-    """A :class:`flash.Tuner` with no GPU behind it: tuning on, no clock warm-up; the test supplies the
-    timers by metric."""
+    """A :class:`flash.Tuner` with no GPU behind it: tuning on, no clock warm-up, no shipped table; the
+    test supplies the timers by metric."""
     with flash.configured(autotune=True, tune_cache=None):
-        yield lambda **timers: flash.Tuner(timers=timers, warm_up=lambda step: None, can_time=True)
+        yield lambda **timers: flash.Tuner(
+            timers=timers, warm_up=lambda step: None, can_time=True, table=lambda: TuneTable(why_not="test")
+        )
 
 
 KEY = ("fwd-test", 1, 16, 16, 16, True, torch.float32)
@@ -361,9 +364,19 @@ def test_flash_settings_come_from_the_environment_and_name_bad_values() -> None:
         "CS336_FLASH_AUTOTUNE": "0",
         "CS336_FLASH_TUNE_CACHE": "/tmp/t.json",
         "CS336_FLASH_COMPILE_THREADS": "3",
+        "CS336_FLASH_TUNE_TABLE": "0",
     }
-    assert flash.FlashSettings.from_env(env) == flash.FlashSettings(False, "/tmp/t.json", 3)
-    for name, bad in (("CS336_FLASH_AUTOTUNE", "yes"), ("CS336_FLASH_COMPILE_THREADS", "many")):
+    expected = flash.FlashSettings(
+        autotune=False, tune_cache="/tmp/t.json", compile_threads=3, tune_table=False
+    )
+    assert flash.FlashSettings.from_env(env) == expected
+    assert flash.FlashSettings.from_env({}).tune_table, "the shipped table is on by default"
+    bad_values = {
+        "CS336_FLASH_AUTOTUNE": "yes",
+        "CS336_FLASH_COMPILE_THREADS": "many",
+        "CS336_FLASH_TUNE_TABLE": "on",
+    }
+    for name, bad in bad_values.items():
         with pytest.raises(ValueError, match=name):
             flash.FlashSettings.from_env({name: bad})
     before = flash.flash_settings()

@@ -21,7 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from cs336_systems.harness.settings import Settings
-from cs336_systems.harness.step_8b import combine_step_results, proxy_options, run_proxy_row
+from cs336_systems.harness.step_8b import (
+    combine_step_results,
+    proxy_options,
+    record_proxy_skip,
+    run_proxy_row,
+)
 from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.training.options import matmul_output_bytes, predicted_step_memory, without_triton
 from cs336_systems.training.step_8b import (
@@ -385,6 +390,20 @@ def test_proxy_rows_through_spawned_steps_into_the_report(tmp_path) -> None:
     write_report([path], tmp_path / "report")
     text = writeup.read_text()
     assert "D26 8B per-GPU proxy" in text and f"ours / torch step time: {ratio:.3f}×" in text
+
+
+def test_a_skipped_proxy_row_names_what_it_would_have_run() -> None:
+    # A row the group's budget left out must still say its batch, sequence, layers and pieces, or the
+    # table shows a row of dashes.
+    from cs336_systems.harness.record import Recorder
+
+    bench = Recorder()
+    options = proxy_options("sdpa", Settings(step8b_proxy_layers=2, step8b_keep_budget_gib=112))
+    record_proxy_skip(bench, "sdpa", options, "the group's budget was spent")
+    info = bench.extra_info
+    assert info["status"] == "skipped" and info["reason"] == "the group's budget was spent"
+    assert (info["row"], info["batch"], info["seq"], info["layers"]) == ("sdpa", 1, 32768, 2)
+    assert info["pieces"]["attention"] == "sdpa" and info["checkpoint_resolved"] == "keep:1"
 
 
 def _mm_calls_in_backward(options: StepOptions) -> tuple[int, dict[str, torch.Tensor]]:

@@ -5,7 +5,8 @@ variable's name. Defaults that differ between a GPU machine and a CPU-only one (
 steps and traces) are resolved here too, so a bench sees final values.
 
 Not here: ``CS336_FLASH_AUTOTUNE`` (0: no tuning, each kernel's first candidate),
-``CS336_FLASH_TUNE_CACHE`` (a JSON file of tuning results kept across processes) and
+``CS336_FLASH_TUNE_CACHE`` (a JSON file of tuning results kept across processes),
+``CS336_FLASH_TUNE_TABLE`` (0: ignore the tuning table shipped for this GPU model) and
 ``CS336_FLASH_COMPILE_THREADS``, read once by ``kernels/flash/settings.py`` into a ``FlashSettings`` (a
 kernel module may not import the harness); code changes them for a while with
 ``kernels.flash.configured(...)``.

@@ -145,10 +145,7 @@ def run_proxy_row(
     its step time over the ``torch`` and ``ours`` rows' in ``measured`` (this run's, updated here)
     and its first step's delay after torch's. Returns the spawn's result."""
     result = spawn_step_8b(options, 1, timeout_s, cold_cache=True)
-    recipe_name, swapped = PROXY_ROWS[row]
-    more: dict[str, Any] = dict(
-        row=row, recipe=recipe_name, swapped=swapped, layers=options.model_config().num_layers
-    )
+    more = _proxy_row_fields(row, options)
     if result.get("step_s"):
         measured[row] = {"step_s": result["step_s"], "first_step_s": result["first_step_s"]}
         for base in ("torch", "ours"):
@@ -159,6 +156,19 @@ def run_proxy_row(
     info = step_extra_info(options, result, 1, values=PROXY_VALUES, **more)
     record_step(benchmark, options, result, info)
     return result
+
+
+def record_proxy_skip(benchmark: Any, row: str, options: StepOptions, reason: str) -> None:
+    """A proxy row that was not started (the group's budget spent), with the descriptors of a run row
+    (batch, seq, layers, pieces), so that the table names what is missing."""
+    info = step_extra_info(options, {}, 1, values=PROXY_VALUES, **_proxy_row_fields(row, options))
+    record_not_run(benchmark, "skipped", reason, **info)
+    log_case(benchmark)
+
+
+def _proxy_row_fields(row: str, options: StepOptions) -> dict[str, Any]:
+    recipe_name, swapped = PROXY_ROWS[row]
+    return dict(row=row, recipe=recipe_name, swapped=swapped, layers=options.model_config().num_layers)
 
 
 def step_extra_info(

@@ -9,6 +9,8 @@ routing live in ``attention/flash_triton.py``):
   asynchronous matmuls;
 - ``configs``: tile configs as data (candidates per case class) and tuning keys;
 - ``tuner``: :class:`Tuner`, which chooses a config per key by the metric of the route that launches it;
+- ``tune_table``: the tuning tables shipped per GPU model (``tuned/*.json``, written by
+  ``python -m cs336_systems.cli.flash_tune``), whose keys take their config untimed;
 - ``launch``: one launch's arguments per kernel family, and :class:`KernelPlan` (a launch compiled for a
   call signature);
 - ``plan``: :class:`AttentionPlan` per call signature, ``flash_forward`` / ``flash_backward``;
@@ -82,6 +84,17 @@ def tuning_report() -> dict[str, Any]:
     return TUNER.report()
 
 
+def config_sources(case: tuple, launcher: Launcher = "eager") -> dict[str, str]:
+    """Where each kernel's config for ``case`` came from: "tuned", "table", "tune cache"; "forced" or
+    "default" (not chosen yet, or tuning off)."""
+    out = {}
+    for kernel in KERNELS:
+        key = tune_space(kernel, launcher, case)[0]
+        forced_or = "forced" if kernel in TUNER.forced else TUNER.sources.get(key)
+        out[kernel] = forced_or or ("tune cache" if key in TUNER.cache else "default")
+    return out
+
+
 def candidate_timings(case: tuple, launcher: Launcher = "eager") -> dict[str, dict[str, float]]:
     """The tuner's ms per candidate of each kernel for ``case`` = (batch * heads, n_q, n_k, d, causal,
     dtype); empty where it did not tune in this process (a disk-cache hit, a forced config, tuning off)."""
@@ -110,6 +123,7 @@ __all__ = [
     "chosen_configs",
     "clear_plans",
     "clear_tuning_cache",
+    "config_sources",
     "configured",
     "dkdv_launch",
     "dq_launch",

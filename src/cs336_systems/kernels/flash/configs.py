@@ -111,24 +111,37 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     }[kernel, wide, big_d]
 
 
-@functools.cache
-def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
-    """The candidates of ``kernel`` for head dim ``d``: the short list plus the block-pointer twin of its
-    first entry (for short sequences, building descriptors on the host costs more than TMA saves). Under
-    the interpreter, small tiles, so that the tiny CPU test shapes span several tiles and loop phases."""
-    if INTERPRET:
-        return (TileConfig(16, 32),) if kernel == "dkdv" else (TileConfig(32, 16),)
+def gpu_candidate_configs(
+    kernel: str, d: int, dtype: torch.dtype, pointers_only: bool = False
+) -> tuple[TileConfig, ...]:
+    """The candidates of ``kernel`` for head dim ``d`` on a GPU: the short list plus the block-pointer
+    twin of its first entry (for short sequences, building descriptors on the host costs more than TMA
+    saves); with ``pointers_only``, each with block pointers (what a compiled graph's code launches: it
+    has no data pointer on the host to build a descriptor from)."""
     listed = gpu_candidates(kernel, triton.next_power_of_2(d), dtype)
     twin = replace(listed[0], tma=False)
-    return tuple(listed) if twin in listed else (*listed, twin)
+    configs = tuple(listed) if twin in listed else (*listed, twin)
+    if pointers_only:
+        configs = tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in configs))
+    return configs
+
+
+def _interpreter_configs(kernel: str) -> tuple[TileConfig, ...]:
+    """Under the interpreter, small tiles, so that the tiny CPU test shapes span several tiles and loop
+    phases."""
+    return (TileConfig(16, 32),) if kernel == "dkdv" else (TileConfig(32, 16),)
+
+
+@functools.cache
+def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+    """The candidates of ``kernel`` for head dim ``d`` (:func:`gpu_candidate_configs`, or the interpreter's)."""
+    return _interpreter_configs(kernel) if INTERPRET else gpu_candidate_configs(kernel, d, dtype)
 
 
 @functools.cache
 def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
-    """The candidates with block pointers only: what the traced route launches from a compiled graph's
-    code, which has no data pointer on the host to build a descriptor from."""
-    listed = candidate_configs(kernel, d, dtype)
-    return tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in listed))
+    """The candidates with block pointers only: the traced route's."""
+    return _interpreter_configs(kernel) if INTERPRET else gpu_candidate_configs(kernel, d, dtype, True)
 
 
 def bucket(n: int) -> int:

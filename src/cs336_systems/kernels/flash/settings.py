@@ -31,6 +31,8 @@ class FlashSettings:
     # traced route); larger cases are GPU-bound and take the custom op, whose kernels may use tensor
     # descriptors and Gluon. The xl model at ctx 512 is 1.7e9, (4, 16, 1024, 1024, 128) 8.6e9.
     traced_max_work: int = 1 << 33
+    # The tuning table shipped for this GPU model (tune_table.py): its keys take their config untimed.
+    tune_table: bool = True
 
     def __post_init__(self) -> None:
         if self.compile_threads < 1:
@@ -40,21 +42,27 @@ class FlashSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> FlashSettings:
-        """``CS336_FLASH_AUTOTUNE`` ("0" off), ``CS336_FLASH_TUNE_CACHE`` (a path) and
-        ``CS336_FLASH_COMPILE_THREADS`` (an integer >= 1); a bad value names its variable."""
-        autotune = env.get("CS336_FLASH_AUTOTUNE", "1").strip()
-        if autotune not in ("0", "1"):
-            raise ValueError(f"CS336_FLASH_AUTOTUNE must be 0 or 1, got {autotune!r}")
+        """``CS336_FLASH_AUTOTUNE`` and ``CS336_FLASH_TUNE_TABLE`` ("0" off), ``CS336_FLASH_TUNE_CACHE``
+        (a path) and ``CS336_FLASH_COMPILE_THREADS`` (an integer >= 1); a bad value names its variable."""
+        autotune, table = (_switch(env, f"CS336_FLASH_{name}") for name in ("AUTOTUNE", "TUNE_TABLE"))
         threads = env.get("CS336_FLASH_COMPILE_THREADS", "").strip()
         try:
             compile_threads = int(threads) if threads else cls.compile_threads
         except ValueError:
             raise ValueError(f"CS336_FLASH_COMPILE_THREADS must be an integer, got {threads!r}") from None
         return cls(
-            autotune=autotune == "1",
+            autotune=autotune,
+            tune_table=table,
             tune_cache=env.get("CS336_FLASH_TUNE_CACHE", "").strip() or None,
             compile_threads=compile_threads,
         )
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(name, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 _current = FlashSettings.from_env()

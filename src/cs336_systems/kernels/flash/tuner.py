@@ -28,6 +28,7 @@ import triton
 
 from .configs import TileConfig, key_str, parse_key
 from .settings import INTERPRET, flash_settings
+from .tune_table import TuneTable, device_table
 
 # "launch": ms per launch of back-to-back launches, event time plus the host's enqueue time (what an
 # eager, host-bound call pays); "graph": device time of launches replayed from a CUDA graph (what a
@@ -104,9 +105,10 @@ class CandidateFailed(Exception):
 
 
 class Tuner:
-    """Chosen configs by tuning key, with the timings behind each choice and why candidates failed.
-    ``timers`` (by metric) and ``warm_up`` are the GPU clock, and ``can_time`` says whether there is one
-    (not under Triton's CPU interpreter); tests pass their own."""
+    """Chosen configs by tuning key, with the timings behind each choice, where each came from and why
+    candidates failed. ``timers`` (by metric) and ``warm_up`` are the GPU clock, ``can_time`` says whether
+    there is one (not under Triton's CPU interpreter), ``table`` gives the shipped tuning table; tests pass
+    their own."""
 
     ROUNDS = 3
 
@@ -115,11 +117,13 @@ class Tuner:
         timers: Mapping[str, Timer] | None = None,
         warm_up: Callable[[Callable[[], None]], None] = warm_clocks,
         can_time: bool = not INTERPRET,
+        table: Callable[[], TuneTable] = device_table,
     ):
         self.timers = dict(timers or {"launch": launch_time_ms, "graph": graph_time_ms})
-        self.warm_up, self.can_time = warm_up, can_time
+        self.warm_up, self.can_time, self.table = warm_up, can_time, table
         self.cache: dict[tuple, TileConfig] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
+        self.sources: dict[tuple, str] = {}  # "tuned", "tune cache" (the settings' file) or "table"
         self.forced: dict[str, TileConfig] = {}
         self.errors: dict[str, str] = {}
         self.tune_seconds = 0.0  # wall time spent tuning (compiles included) in this process
@@ -141,9 +145,9 @@ class Tuner:
         if kernel in self.forced:
             return self.forced[kernel]
         settings = flash_settings()
-        self._load(settings.tune_cache)
-        if key in self.cache:
-            return self.cache[key]
+        known = self.lookup(key, candidates)
+        if known is not None:
+            return known
         if not settings.autotune or not self.can_time or len(candidates) == 1:
             return candidates[0]
         start = time.perf_counter()
@@ -157,10 +161,25 @@ class Tuner:
         cfg = min(candidates, key=lambda c: timings[str(c)])
         if math.isinf(timings[str(cfg)]):
             raise RuntimeError(f"no candidate config builds for {key_str(key)}: {self.errors}")
-        self.timings[key], self.cache[key] = timings, cfg
+        self.timings[key], self.cache[key], self.sources[key] = timings, cfg, "tuned"
         self.tune_seconds += time.perf_counter() - start
         self._save(settings.tune_cache)
         return cfg
+
+    def lookup(self, key: tuple, candidates: Sequence[TileConfig]) -> TileConfig | None:
+        """The config ``key`` already has, untimed: chosen in this process, in the settings' tune cache, or
+        (tuning on) in this GPU's shipped table while still one of ``candidates``; else None."""
+        settings = flash_settings()
+        self._load(settings.tune_cache)
+        if key in self.cache:
+            return self.cache[key]
+        if not (settings.autotune and settings.tune_table and self.can_time):
+            return None
+        listed = self.table().entries.get(key)
+        if listed is None or listed not in candidates:
+            return None
+        self.cache[key], self.sources[key] = listed, "table"
+        return listed
 
     def _time(self, built: dict[TileConfig, Callable[[], None]], timer: Timer) -> dict[str, float]:
         """Median ms of each candidate over interleaved rounds, the order rotated per round."""
@@ -204,15 +223,26 @@ class Tuner:
     def clear(self) -> None:
         self.cache.clear()
         self.timings.clear()
+        self.sources.clear()
         self.tune_seconds = 0.0
 
     def report(self) -> dict[str, Any]:
-        """Chosen config and candidate timings (ms) per key, build errors, seconds spent tuning."""
+        """Chosen config, where it came from and candidate timings (ms) per key, build errors, seconds
+        spent tuning, and the shipped table (path, keys, why not used)."""
         keys = {
-            key_str(k): {"chosen": str(v), "timings_ms": self.timings.get(k, {})}
+            key_str(k): {
+                "chosen": str(v),
+                "source": self.sources.get(k, "tune cache"),
+                "timings_ms": self.timings.get(k, {}),
+            }
             for k, v in self.cache.items()
         }
-        return {"keys": keys, "build_errors": dict(self.errors), "tune_seconds": self.tune_seconds}
+        return {
+            "keys": keys,
+            "build_errors": dict(self.errors),
+            "tune_seconds": self.tune_seconds,
+            "table": self.table().describe(),
+        }
 
     def _load(self, path: str | None) -> None:
         if path == self._loaded_from:

@@ -1,0 +1,91 @@
+"""Tune the FlashAttention kernels on this GPU and write its shipped tuning table (kernels/flash/tune_table.py).
+
+python -m cs336_systems.cli.flash_tune                       # the attention shapes grid and the model's case
+python -m cs336_systems.cli.flash_tune --shapes grid,breadth --out /tmp/table.json
+
+Every case is tuned afresh (the table in force and any tune cache are ignored); the keys tuned here replace
+their entries in the table, the others stay. Commit the table with the figures of the run that wrote it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+from cs336_systems.harness.attention import ATTENTION_SHAPES, BREADTH_SHAPES
+from cs336_systems.kernels import flash
+from cs336_systems.kernels.flash.tune_table import table_path, triton_minor, write_table
+
+Shape = tuple[int, int, int, int, int, bool]  # (batch, heads, n_q, n_k, d, causal)
+
+# The compiled model's attention at ctx 512 (every size up to xl: batch 4, d 64; batch x heads fall in one
+# key), launched from inductor's code: the traced route's keys.
+MODEL_SHAPES: tuple[Shape, ...] = ((4, 25, 512, 512, 64, True),)
+SHAPE_SETS: dict[str, tuple[tuple[Shape, ...], flash.Launcher]] = {
+    "grid": (ATTENTION_SHAPES, "eager"),
+    "breadth": (BREADTH_SHAPES, "eager"),
+    "model": (MODEL_SHAPES, "traced"),
+}
+
+
+def tune_case(shape: Shape, launcher: flash.Launcher, dtype: torch.dtype) -> None:
+    """Tune the three kernels of one case under ``launcher``, with the model's Q/K/V layout (heads-major
+    views of (batch, seq, heads, d) tensors)."""
+    batch, heads, n_q, n_k, d, causal = shape
+    q = torch.randn(batch, n_q, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
+    k, v = (torch.randn(batch, n_k, heads, d, device="cuda", dtype=dtype).transpose(1, 2) for _ in "kv")
+    if launcher == "traced":
+        flash.tune_ahead(q, k, v, causal, "traced")
+        return
+    o, lse = flash.flash_forward(q, k, v, causal, launcher)
+    flash.flash_backward(q, k, v, o, torch.randn_like(o), lse, causal, launcher)
+    flash.clear_plans()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="grid,model", help=f"comma list of {sorted(SHAPE_SETS)}")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--out", type=Path, default=None, help="default: this GPU's table in the package")
+    args = p.parse_args(argv)
+    unknown = set(args.shapes.split(",")) - set(SHAPE_SETS)
+    if unknown:
+        p.error(f"unknown shape sets {sorted(unknown)}; choose from {sorted(SHAPE_SETS)}")
+    if flash.INTERPRET or not torch.cuda.is_available():
+        p.error("needs a CUDA GPU: tuning times the kernels on the device (and not under TRITON_INTERPRET)")
+    device = torch.cuda.get_device_name()
+    out = args.out or table_path(device)
+    dtype = getattr(torch, args.dtype)
+    flash.clear_tuning_cache()
+    with flash.configured(autotune=True, tune_table=False, tune_cache=None):
+        for name in args.shapes.split(","):
+            shapes, launcher = SHAPE_SETS[name]
+            for shape in shapes:
+                tune_case(shape, launcher, dtype)
+    report = flash.tuning_report()
+    tuned = {k: c for k, c in flash.TUNER.cache.items() if flash.TUNER.sources.get(k) == "tuned"}
+    meta = {
+        "device": device,
+        "triton": triton_minor(),
+        "triton_version": triton.__version__,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "command": "python -m cs336_systems.cli.flash_tune "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    write_table(out, tuned, meta)
+    for text, row in report["keys"].items():
+        print(f"{text:55} {row['chosen']}")
+    print(f"{len(tuned)} keys tuned in {report['tune_seconds']:.1f} s on {device}; table: {out}")
+    if report["build_errors"]:
+        print(f"candidates that did not build: {report['build_errors']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
