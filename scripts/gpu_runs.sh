@@ -64,6 +64,9 @@ for stage in "$@"; do
       # (attention shapes group + leaderboard; needs .ab/old from `python3 scripts/compare_revisions.py export REV .ab/old`)
       PYTHONPATH=src:.ab/old python3 scripts/compare_revisions.py run --out "$OUT/compare-revisions.json" 2>&1 \
         | grep -v -i warn | tail -20 ;;
+    flash-tune)  # this GPU's shipped tuning table (kernels/flash/tuned/<device>.json): the grid and the model's keys (~1 min)
+      python3 -m cs336_systems.cli.flash_tune --shapes model,grid > "$OUT/flash-tune.log" 2>&1
+      tail -3 "$OUT/flash-tune.log"; cp src/cs336_systems/kernels/flash/tuned/*.json "$OUT/" ;;
     cold-start)  # the compiled xl step (ctx 512, bf16, fwd_bwd) from empty Triton/inductor caches: sdpa vs flash_triton
       for attn in sdpa flash_triton; do
         rm -rf /tmp/cold-tc /tmp/cold-ic; s=$(date +%s)
