@@ -87,12 +87,10 @@ def tuning_report() -> dict[str, Any]:
 def config_sources(case: tuple, launcher: Launcher = "eager") -> dict[str, str]:
     """Where each kernel's config for ``case`` came from: "tuned", "table", "tune cache"; "forced" or
     "default" (not chosen yet, or tuning off)."""
-    out = {}
-    for kernel in KERNELS:
-        key = tune_space(kernel, launcher, case)[0]
-        forced_or = "forced" if kernel in TUNER.forced else TUNER.sources.get(key)
-        out[kernel] = forced_or or ("tune cache" if key in TUNER.cache else "default")
-    return out
+    return {
+        kernel: "forced" if kernel in TUNER.forced else TUNER.source(tune_space(kernel, launcher, case)[0])
+        for kernel in KERNELS
+    }
 
 
 def candidate_timings(case: tuple, launcher: Launcher = "eager") -> dict[str, dict[str, float]]:

@@ -66,10 +66,10 @@ def read_table(path: Path, triton_version: str = triton.__version__) -> TuneTabl
 
 def write_table(path: Path, entries: Mapping[tuple, TileConfig], meta: Mapping[str, Any]) -> None:
     """Merge ``entries`` into the table at ``path`` (a key tuned again replaces its entry)."""
-    old = json.loads(path.read_text())["keys"] if path.exists() else {}
-    if path.exists() and json.loads(path.read_text()).get("triton") != meta.get("triton"):
-        old = {}  # another compiler's choices do not carry over
-    keys = {**old, **{key_str(k): asdict(c) for k, c in entries.items()}}
+    old = json.loads(path.read_text()) if path.exists() else {}
+    # Another compiler's choices do not carry over.
+    kept = old.get("keys", {}) if old.get("triton") == meta.get("triton") else {}
+    keys = {**kept, **{key_str(k): asdict(c) for k, c in entries.items()}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**meta, "keys": dict(sorted(keys.items()))}, indent=1) + "\n")
 

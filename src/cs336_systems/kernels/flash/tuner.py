@@ -181,6 +181,11 @@ class Tuner:
         self.cache[key], self.sources[key] = listed, "table"
         return listed
 
+    def source(self, key: tuple) -> str:
+        """Where ``key``'s config came from: "tuned", "table", "tune cache" (the settings' file), or
+        "default" (none chosen yet: a call takes the first candidate)."""
+        return self.sources.get(key) or ("tune cache" if key in self.cache else "default")
+
     def _time(self, built: dict[TileConfig, Callable[[], None]], timer: Timer) -> dict[str, float]:
         """Median ms of each candidate over interleaved rounds, the order rotated per round."""
         self.warm_up(next(iter(built.values())))
@@ -232,7 +237,7 @@ class Tuner:
         keys = {
             key_str(k): {
                 "chosen": str(v),
-                "source": self.sources.get(k, "tune cache"),
+                "source": self.source(k),
                 "timings_ms": self.timings.get(k, {}),
             }
             for k, v in self.cache.items()
