@@ -54,8 +54,7 @@ def test_a_table_from_another_triton_or_none_is_not_used(tmp_path) -> None:
 
 @pytest.fixture
 def table_tuner():
-    """A GPU-less tuner whose table holds ``KEY``; every timing is logged."""
-    timed: list[flash.TileConfig] = []
+    """A GPU-less tuner whose table holds ``KEY``."""
     table = TuneTable({KEY: C(64, 64, 4, 3)}, path="test")
     with flash.configured(autotune=True, tune_cache=None, tune_table=True):
         tuner = flash.Tuner(
@@ -64,11 +63,11 @@ def table_tuner():
             can_time=True,
             table=lambda: table,
         )
-        yield tuner, timed
+        yield tuner
 
 
 def test_a_key_in_the_table_is_neither_built_nor_timed(table_tuner) -> None:
-    tuner, _ = table_tuner
+    tuner = table_tuner
     built: list[flash.TileConfig] = []
     assert tuner.choose("fwd", KEY, CANDIDATES, built.append) == C(64, 64, 4, 3)
     assert built == [], "a table hit compiled candidates"
@@ -79,7 +78,7 @@ def test_a_key_in_the_table_is_neither_built_nor_timed(table_tuner) -> None:
 
 
 def test_the_table_yields_to_stale_entries_and_to_settings(table_tuner) -> None:
-    tuner, _ = table_tuner
+    tuner = table_tuner
     built: list[flash.TileConfig] = []
     # An entry whose config is no longer a candidate is ignored: the key tunes.
     assert tuner.choose("fwd", KEY, [C(64, 64, 4, 4), C(128, 64, 8, 3)], built.append) in CANDIDATES
@@ -105,7 +104,7 @@ def test_every_shipped_table_names_current_candidates() -> None:
         data = json.loads(path.read_text())
         assert {"device", "triton", "command", "keys"} <= set(data), f"{path.name}: missing fields"
         assert table_path(data["device"]) == path, f"{path.name} is not named after its device"
-        table = TuneTable(read_table(path, data["triton"]).entries)
+        table = read_table(path, data["triton"])
         assert table.entries and stale_entries(table) == [], f"{path.name}: stale {stale_entries(table)}"
 
 
