@@ -34,16 +34,23 @@ SHAPE_SETS: dict[str, tuple[tuple[Shape, ...], flash.Launcher]] = {
 
 
 def tune_case(shape: Shape, launcher: flash.Launcher, dtype: torch.dtype) -> None:
-    """Tune the three kernels of one case under ``launcher``, with the model's Q/K/V layout (heads-major
-    views of (batch, seq, heads, d) tensors)."""
+    """Tune the three kernels of one case under ``launcher``, with the layout its callers pass: the grid's
+    contiguous (batch, heads, seq, d) tensors (the attention bench's and the handout's), or for the model's
+    traced keys heads-major views of (batch, seq, heads, d) tensors. The layout matters: the Gluon kernels
+    need contiguous tensors, and a Gluon config runs as its Triton twin otherwise, so a table tuned on
+    views never picks Gluon (session 19: up to 1.05x the grid's time with such a table)."""
     batch, heads, n_q, n_k, d, causal = shape
-    q = torch.randn(batch, n_q, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
-    k, v = (torch.randn(batch, n_k, heads, d, device="cuda", dtype=dtype).transpose(1, 2) for _ in "kv")
     if launcher == "traced":
+        q, k, v = (
+            torch.randn(batch, n, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
+            for n in (n_q, n_k, n_k)
+        )
         flash.tune_ahead(q, k, v, causal, "traced")
         return
+    q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype) for n in (n_q, n_k, n_k))
     o, lse = flash.flash_forward(q, k, v, causal, launcher)
-    flash.flash_backward(q, k, v, o, torch.randn_like(o), lse, causal, launcher)
+    do = torch.randn_like(q)  # contiguous, as the grid's (O's own layout is a view: no Gluon backward)
+    flash.flash_backward(q, k, v, o, do, lse, causal, launcher)
     flash.clear_plans()
 
 
