@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -806,11 +807,17 @@ GLUON_CONFIGS = [
     if c.gluon
 ]
 GLUON_IDS = [f"{kernel}-d{d}-{c}" for kernel, d, c in GLUON_CONFIGS]
-GLUON_KERNELS = {
-    "fwd": flash.flash_fwd_gluon_kernel,
-    "dq": flash.flash_bwd_dq_gluon_kernel,
-    "dkdv": flash.flash_bwd_dkdv_gluon_kernel,
-}
+
+
+def gluon_kernel(kernel: str, config):
+    """The Gluon kernel that ``config`` launches for ``kernel``."""
+    if config.ws:
+        return flash.flash_bwd_dkdv_ws_kernel
+    return {
+        "fwd": flash.flash_fwd_gluon_kernel,
+        "dq": flash.flash_bwd_dq_gluon_kernel,
+        "dkdv": flash.flash_bwd_dkdv_gluon_kernel,
+    }[kernel]
 
 
 def _ptxas_report(ptx: str) -> str:
@@ -852,10 +859,11 @@ def _gluon_signature(kernel: str, d: int, config) -> dict[str, str]:
         "dkdv": {"q_desc": q_rows, "k_desc": k_rows, "v_desc": k_rows, "do_desc": q_rows, "l_desc": vector,
                  "delta_desc": vector, "dK_ptr": "*bf16", "dV_ptr": "*bf16"},
     }[kernel]  # fmt: skip
-    o_strides = {"stride_ob": "i32", "stride_oh": "i32", "stride_on": "i32", "H": "i32"}
+    o_strides = {"stride_ob": "i32", "stride_oh": "i32", "stride_on": "i32"}
     return {
         **head,
         **(o_strides if kernel in ("fwd", "dq") else {}),
+        "H": "i32",
         "N_QUERIES": "i32",
         "N_KEYS": "i32",
         "scale": "fp32",
@@ -888,6 +896,36 @@ def pristine_triton_language(monkeypatch):
             monkeypatch.setattr(owner, name, value)
 
 
+def _build_for_hopper(kernel: str, d: int, config, is_causal: bool, seq_major: int = 0) -> tuple[str, str]:
+    """A Gluon kernel's bf16 launch with ``config`` built for sm_90a on the CPU: its PTX and ptxas's
+    report. ``seq_major``: the dK/dV passes' SEQ_MAJOR (which of Q, K, V, dO are seq-major)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = dict(D=d, BM=config.q_tile, BN=config.k_tile, is_causal=is_causal, WARPS=config.num_warps)
+    if kernel == "dkdv":
+        constexprs["SEQ_MAJOR"] = seq_major
+    if kernel != "dkdv" or config.ws:  # the ring depth (the non-specialized dK/dV pass's is fixed)
+        constexprs["STAGES"] = config.num_stages
+    signature = {**_gluon_signature(kernel, d, config), **dict.fromkeys(constexprs, "constexpr")}
+    source = GluonASTSource(gluon_kernel(kernel, config), signature, constexprs)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps)
+    )
+    return compiled.asm["ptx"], _ptxas_report(compiled.asm["ptx"])
+
+
+def _assert_overlapped_without_spills(ptx: str, report: str, spill_bytes: int = 0) -> None:
+    assert "C7514" not in report and "serialized" not in report, report
+    assert "wgmma.mma_async" in ptx
+    spilled = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    assert spilled <= spill_bytes, report
+    # The split passes add nothing atomically.
+    assert "cp.reduce.async.bulk.tensor" not in ptx
+    assert "red.global" not in ptx and "atom.global" not in ptx
+
+
 @pytest.mark.usefixtures("pristine_triton_language")
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize(("kernel", "d", "config"), GLUON_CONFIGS, ids=GLUON_IDS)
@@ -895,25 +933,28 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     # Built for sm_90a on the CPU. The kernels exist for their asynchronous matmuls: if ptxas serializes
     # them (C7514: e.g. an accumulator left in flight across the loop's back edge) or spills in the loop,
     # they are the Triton kernels with extra steps. Also runs where no GPU is present.
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    # The warp-specialized pass caps its consumers at 240 registers: at d = 128 ptxas spills one (4 bytes).
+    spill_bytes = 4 if config.ws and d == 128 else 0
+    _assert_overlapped_without_spills(*_build_for_hopper(kernel, d, config, is_causal), spill_bytes)
 
-    constexprs = dict(D=d, BM=config.q_tile, BN=config.k_tile, is_causal=is_causal, WARPS=config.num_warps)
-    if kernel != "dkdv":  # the forward's and dQ's K/V ring depth (the dK/dV passes' is fixed)
-        constexprs["STAGES"] = config.num_stages
-    signature = {**_gluon_signature(kernel, d, config), **dict.fromkeys(constexprs, "constexpr")}
-    source = GluonASTSource(GLUON_KERNELS[kernel], signature, constexprs)
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps)
-    )
-    report = _ptxas_report(compiled.asm["ptx"])
-    assert "C7514" not in report and "serialized" not in report, report
-    assert "wgmma.mma_async" in compiled.asm["ptx"]
-    assert " 0 bytes spill stores" in report, report
-    # The split passes add nothing atomically.
-    assert "cp.reduce.async.bulk.tensor" not in compiled.asm["ptx"]
-    assert "red.global" not in compiled.asm["ptx"] and "atom.global" not in compiled.asm["ptx"]
+
+DKDV_GLUON = [(d, c) for kernel, d, c in GLUON_CONFIGS if kernel == "dkdv"]
+
+
+@pytest.mark.usefixtures("pristine_triton_language")
+@pytest.mark.parametrize(("d", "config"), DKDV_GLUON, ids=[f"d{d}-{c}" for d, c in DKDV_GLUON])
+def test_gluon_dkdv_builds_for_the_model_layout(d, config) -> None:
+    # The model's V, dO and dV are seq-major (SEQ_MAJOR bits 2, 3 and 5): other coordinates, the same
+    # loop. The warp-specialized pass: 3 partitions in 384 threads, the consumer worker given 240 registers
+    # a thread and the producer warp 24.
+    ptx, report = _build_for_hopper("dkdv", d, config, True, seq_major=0b101100)
+    # A seq-major head's origin is a (row, column) pair, and the stores need H after the loop: at d = 128
+    # ptxas spills 4 bytes (warp-specialized) and 12 bytes (the other pass, at 255 registers).
+    _assert_overlapped_without_spills(ptx, report, spill_bytes=16)
+    if config.ws:
+        assert ".reqntid 384" in ptx
+        assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx
+        assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx
 
 
 def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
@@ -946,11 +987,49 @@ def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, device,
             )
         q4, k4, v4, do4 = (flash.as_4d(t.detach()) for t in (q, k, v, do))
         call = _calls(kernel, config, is_causal, q4, k4, v4, do4)
-        assert call.fn is GLUON_KERNELS[kernel], "the Gluon kernel must apply here"
+        assert call.fn is gluon_kernel(kernel, config), "the Gluon kernel must apply here"
         with flash.forced(kernel, config):
             check_against_reference(
                 FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
             )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(("d", "config"), DKDV_GLUON, ids=[f"d{d}-{c}" for d, c in DKDV_GLUON])
+def test_gluon_dkdv_reads_the_model_layout(d, config, is_causal, device, generator) -> None:
+    # The model's backward: Q, K contiguous (RoPE writes them), V a view of the fused QKV projection and dO
+    # in O's (batch, seq, heads, d) layout, both seq-major: the Gluon dK/dV pass reads them in place.
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        pytest.skip("the Gluon kernels are built for Hopper (wgmma); elsewhere their configs run Triton's")
+    batch, heads, n = 2, 4, 1024
+    draw = lambda *shape: torch.randn(*shape, generator=generator).to(device, torch.bfloat16)
+    qkv = draw(batch, n, 3, heads, d).permute(2, 0, 3, 1, 4)
+    q, k = (t.contiguous().requires_grad_() for t in qkv[:2])
+    v = qkv[2].detach().requires_grad_()
+    do = draw(batch, n, heads, d).transpose(1, 2)
+    call = _calls("dkdv", config, is_causal, q.detach(), k.detach(), v.detach(), do)
+    # dV is laid out as V (empty_like keeps a view's order of strides): seq-major as well
+    assert call.fn is gluon_kernel("dkdv", config) and call.constexprs["SEQ_MAJOR"] == 0b101100
+    with flash.forced("dkdv", config):
+        check_against_reference(
+            FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
+        )
+
+
+def test_gluon_descriptor_layouts() -> None:
+    # Which (batch, heads, seq, d) layouts a 2-D descriptor of [tile, d] boxes can read in place.
+    seq_major = flash.launch._seq_major
+    x = torch.empty(2, 4, 64, 32, dtype=torch.bfloat16)
+    assert seq_major(x) is False  # contiguous: head-major rows
+    assert seq_major(torch.empty(2, 64, 4, 32, dtype=torch.bfloat16).transpose(1, 2)) is True  # O's layout
+    qkv = torch.empty(2, 64, 3, 4, 32, dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)
+    assert seq_major(qkv[2]) is True  # the model's V
+    assert seq_major(x.transpose(-2, -1).contiguous().transpose(-2, -1)) is None  # d not contiguous
+    batch_inside_heads = torch.empty(4, 2, 64, 32, dtype=torch.bfloat16).transpose(0, 1)
+    assert seq_major(batch_inside_heads) is None
+    misaligned = torch.empty(2 * 4 * 64 * 32 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 64, 32)
+    assert seq_major(misaligned) is None  # the copy engine needs 16-byte aligned bases
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])

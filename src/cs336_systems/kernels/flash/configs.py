@@ -29,10 +29,13 @@ class TileConfig:
     # The Gluon (Hopper) kernel where it can run, else the Triton one with the same tiles (and TMA). For
     # the forward and dQ, num_stages is the depth of its K/V ring.
     gluon: bool = False
+    # dK/dV only, with gluon: the warp-specialized Gluon pass (a producer warp and two consumer warp groups
+    # of 64 keys; num_stages is its query ring's depth).
+    ws: bool = False
 
     def __str__(self) -> str:
-        tma, gluon = "-tma" if self.tma else "", "-gluon" if self.gluon else ""
-        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{gluon}"
+        tma, gluon, ws = "-tma" if self.tma else "", "-gluon" if self.gluon else "", "-ws" if self.ws else ""
+        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{gluon}{ws}"
 
 
 def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
@@ -47,6 +50,10 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
 
     def G(q: int, k: int, w: int, s: int = 2) -> TileConfig:  # Gluon (Triton's q-k-w-s-tma elsewhere)
         return C(q, k, w, s, T, gluon=True)
+
+    # The warp-specialized Gluon dK/dV pass: 0.86-0.88x the time of G(64, 128, 8) at d = 128 on (1, 32,
+    # 32768), (2, 32, 4096) causal, 0.86-0.90x at (1, 4, 1024) (session 19), which it replaced.
+    WS = C(64, 128, 4, 2, T, gluon=True, ws=True)
 
     return {
         ("fwd", False, False): [
@@ -76,6 +83,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             # (1, 16, 16384); chosen on every long grid shape (session 15).
             G(64, 64, 4),
             G(32, 64, 4),
+            WS,  # not yet measured at d = 64
         ],
         ("dkdv", False, True): [
             C(32, 64, 4, 3, T),
@@ -85,7 +93,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 128, 8, 3, T),  # 32k causal: backward -2.8 ms vs q32-k64-w4-s3 (issue 17)
             C(64, 64, 4, 2, T),  # (4, 16, 1024) causal (session 15's grid)
             G(64, 64, 4),  # 32k causal: dK/dV 26.96 vs 30.36 ms (session 10)
-            G(64, 128, 8),
+            WS,
         ],
         ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
         ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],
@@ -121,8 +129,8 @@ def gpu_candidate_configs(
     listed = gpu_candidates(kernel, triton.next_power_of_2(d), dtype)
     twin = replace(listed[0], tma=False)
     configs = tuple(listed) if twin in listed else (*listed, twin)
-    if pointers_only:
-        configs = tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in configs))
+    if pointers_only:  # the warp-specialized pass's tiles were never a Triton candidate
+        configs = tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in configs if not c.ws))
     return configs
 
 

@@ -12,6 +12,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .gluon_common import (
     LOG2E,
+    _head_origin,
     _key_ring_start,
     _load_key_tile,
     _o_offsets,
@@ -129,16 +130,35 @@ def flash_bwd_dq_gluon_kernel(
 
 
 @gluon.jit
-def _load_query_tile(q_desc, do_desc, l_desc, delta_desc, row, bar, q_ring, do_ring, l_ring, delta_ring, stage,
-                     pred):
-    """Q, dO, L and D of one query tile into ring stage ``stage``, by the copy engine (L and D too: their
-    latency would otherwise sit in front of the exponentials)."""
+def _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_org, do_org, stat_row, start, bar, q_ring, do_ring,
+                     l_ring, delta_ring, stage, pred):
+    """Q, dO, L and D of the query tile at ``start`` into ring stage ``stage``, by the copy engine (L and D
+    too: their latency would otherwise sit in front of the exponentials). ``q_org``, ``do_org``: the head's
+    (row, column) in Q's and dO's descriptors; ``stat_row``: its first row of L and D."""
     nbytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes + 2 * l_desc.block_type.nbytes
     mbarrier.expect(bar, nbytes, pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_ring.index(stage), pred=pred)
-    tma.async_copy_global_to_shared(do_desc, [row, 0], bar, do_ring.index(stage), pred=pred)
-    tma.async_copy_global_to_shared(l_desc, [row], bar, l_ring.index(stage), pred=pred)
-    tma.async_copy_global_to_shared(delta_desc, [row], bar, delta_ring.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [q_org[0] + start, q_org[1]], bar, q_ring.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [do_org[0] + start, do_org[1]], bar, do_ring.index(stage),
+                                    pred=pred)
+    tma.async_copy_global_to_shared(l_desc, [stat_row + start], bar, l_ring.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(delta_desc, [stat_row + start], bar, delta_ring.index(stage), pred=pred)
+
+
+@gluon.jit
+def _key_tile_start(k_desc, v_desc, bh, H, N_KEYS, k_start, SEQ_MAJOR: gl.constexpr, D: gl.constexpr):
+    """A key-tile program's K and V tiles, copies in flight: their shared memory and barrier (``SEQ_MAJOR``:
+    which of Q, K, V, dO are seq-major, bits 0-3; see ``_head_origin``)."""
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BN, D], v_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    k_row, k_col = _head_origin(bh, H, N_KEYS, SEQ_MAJOR & 2, D)
+    v_row, v_col = _head_origin(bh, H, N_KEYS, SEQ_MAJOR & 4, D)
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [k_row + k_start, k_col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [v_row + k_start, v_col], kv_bar, v_smem)
+    return k_smem, v_smem, kv_bar
 
 
 
@@ -152,60 +172,65 @@ def _probs_t(s_t, lse2, offs_q, offs_k, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _key_program_start(q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, N_QUERIES, N_KEYS, BM: gl.constexpr,
-                       BN: gl.constexpr, D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr):
-    """The start of a key-tile program (the dK/dV passes): its K and V tiles in shared memory, the ring of
+def _key_program_start(q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, H, N_QUERIES, N_KEYS, BM: gl.constexpr,
+                       BN: gl.constexpr, D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr,
+                       SEQ_MAJOR: gl.constexpr):
+    """The start of a key-tile program (the dK/dV pass): its K and V tiles in shared memory, the ring of
     query tiles (Q, dO, L, D) with the first tile in flight, and the loop's bounds: the first query and the
     number of query tiles (causal: query tiles before k_start see none of these keys)."""
     dtype: gl.constexpr = q_desc.dtype
     bh = gl.program_id(1)
     k_start = gl.program_id(0) * BN
-    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    k_smem, v_smem, kv_bar = _key_tile_start(k_desc, v_desc, bh, H, N_KEYS, k_start, SEQ_MAJOR, D)
     q_ring = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
     do_ring = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
     l_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM], l_desc.layout)
     delta_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM], delta_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES + 1):
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
     if is_causal:  # noqa: SIM108
         lo = k_start
     else:
         lo = 0
     n_tiles = (N_QUERIES - lo) // BM
-
-    kv_bar = bars.index(STAGES)
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [bh * N_KEYS + k_start, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [bh * N_KEYS + k_start, 0], kv_bar, v_smem)
-    _load_query_tile(q_desc, do_desc, l_desc, delta_desc, bh * N_QUERIES + lo, bars.index(0), q_ring, do_ring,
-                     l_ring, delta_ring, 0, n_tiles > 0)
+    q_org = _head_origin(bh, H, N_QUERIES, SEQ_MAJOR & 1, D)
+    do_org = _head_origin(bh, H, N_QUERIES, SEQ_MAJOR & 8, D)
+    _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_org, do_org, bh * N_QUERIES, lo, bars.index(0), q_ring,
+                     do_ring, l_ring, delta_ring, 0, n_tiles > 0)
     mbarrier.wait(kv_bar, 0)
-    return bh, k_start, lo, n_tiles, k_smem, v_smem, q_ring, do_ring, l_ring, delta_ring, bars
+    mbarrier.invalidate(kv_bar)
+    return bh, k_start, lo, n_tiles, q_org, do_org, k_smem, v_smem, q_ring, do_ring, l_ring, delta_ring, bars
 
 
 @gluon.jit
-def _store_dk_dv(dK_ptr, dV_ptr, dk, dv, bh, k_start, N_KEYS, scale, BN: gl.constexpr, D: gl.constexpr):
-    """dK (times the softmax scale) and dV of a key tile. (32-bit offsets within the tile made ptxas spill
-    in the split pass at d = 128 with two warp groups.)"""
-    layout: gl.constexpr = dk.type.layout
-    rows = k_start + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
-    offs = (bh.to(gl.int64) * N_KEYS + rows[:, None]) * D + cols[None, :]
-    gl.store(dK_ptr + offs, (dk * scale).to(dK_ptr.dtype.element_ty))
-    gl.store(dV_ptr + offs, dv.to(dV_ptr.dtype.element_ty))
+def _store_key_rows(ptr, x, bh, H, N_KEYS, key0, SEQ_MAJOR: gl.constexpr, D: gl.constexpr):
+    """Rows [key0, key0 + len(x)) of head ``bh`` of dK or dV (dense: head-major rows of D, or seq-major rows
+    of H * D, as ``empty_like`` lays out the model's seq-major V's gradient). 64-bit offsets: 32-bit ones
+    within the tile made ptxas spill in the split pass at d = 128 with two warp groups."""
+    layout: gl.constexpr = x.type.layout
+    ROWS: gl.constexpr = x.type.shape[0]
+    row0, col0 = _head_origin(bh, H, N_KEYS, SEQ_MAJOR, D)
+    if SEQ_MAJOR:  # noqa: SIM108
+        row_stride = H * D
+    else:
+        row_stride = D
+    rows = (row0 + key0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))).to(gl.int64)
+    cols = col0 + gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    gl.store(ptr + rows[:, None] * row_stride + cols[None, :], x.to(ptr.dtype.element_ty))
 
 
 @gluon.jit
 def flash_bwd_dkdv_gluon_kernel(
     q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr,
-    N_QUERIES, N_KEYS, scale,
+    H, N_QUERIES, N_KEYS, scale,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, is_causal: gl.constexpr, WARPS: gl.constexpr,
+    SEQ_MAJOR: gl.constexpr,
 ):
     """One program per key tile of BN keys (grid (N_KEYS / BN, batch * heads)); each warp group owns 64
     keys. Loops over query tiles of BM rows. The leading parameters line up with
-    ``flash_bwd_dkdv_kernel``'s (one launch plan serves both); WARPS must equal the launch's num_warps."""
+    ``flash_bwd_dkdv_kernel``'s (one launch plan serves both); WARPS must equal the launch's num_warps;
+    ``SEQ_MAJOR``: which of Q, K, V, dO, dK, dV are seq-major (bits 0-5, ``_head_origin``)."""
     STAGES: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _wgmma_layout(WARPS, BM)
@@ -214,9 +239,9 @@ def flash_bwd_dkdv_gluon_kernel(
     q_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    bh, k_start, lo, n_tiles, k_smem, v_smem, q_ring, do_ring, l_ring, delta_ring, bars = _key_program_start(
-        q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, N_QUERIES, N_KEYS, BM, BN, D, is_causal, STAGES)
-    q_row0 = bh * N_QUERIES
+    bh, k_start, lo, n_tiles, q_org, do_org, k_smem, v_smem, q_ring, do_ring, l_ring, delta_ring, bars = (
+        _key_program_start(q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, H, N_QUERIES, N_KEYS, BM, BN, D,
+                           is_causal, STAGES, SEQ_MAJOR))
     diag_end = k_start + BN  # query tiles in [k_start, diag_end) straddle the diagonal (causal)
 
     qk_scale = scale * LOG2E
@@ -234,8 +259,8 @@ def flash_bwd_dkdv_gluon_kernel(
         dp_t = warpgroup_mma(v_smem, do_buf.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         # The other stage's readers (the previous tile's matmuls) are done: prefetch the next tile into it.
         nxt = (i + 1) % STAGES
-        _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_row0 + start_q + BM, bars.index(nxt), q_ring,
-                         do_ring, l_ring, delta_ring, nxt, i + 1 < n_tiles)
+        _load_query_tile(q_desc, do_desc, l_desc, delta_desc, q_org, do_org, bh * N_QUERIES, start_q + BM,
+                         bars.index(nxt), q_ring, do_ring, l_ring, delta_ring, nxt, i + 1 < n_tiles)
         offs_q = start_q + gl.arange(0, BM, layout=q_vec)
         lse2 = l_ring.index(stage).load(q_vec) * LOG2E
         delta = delta_ring.index(stage).load(q_vec)
@@ -254,7 +279,8 @@ def flash_bwd_dkdv_gluon_kernel(
         # Waiting here, not at the next tile's first wait: an accumulator in flight across the loop's back
         # edge makes ptxas serialize every wgmma of the kernel (C7514).
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-    for i in gl.static_range(STAGES + 1):
+    for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    _store_dk_dv(dK_ptr, dV_ptr, dk, dv, bh, k_start, N_KEYS, scale, BN, D)
+    _store_key_rows(dV_ptr, dv, bh, H, N_KEYS, k_start, SEQ_MAJOR & 32, D)
+    _store_key_rows(dK_ptr, dk * scale, bh, H, N_KEYS, k_start, SEQ_MAJOR & 16, D)
 # fmt: on

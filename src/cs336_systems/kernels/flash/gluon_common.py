@@ -98,6 +98,17 @@ def _query_program(N_QUERIES, N_KEYS, BM: gl.constexpr, BN: gl.constexpr, is_cau
 
 
 @gluon.jit
+def _head_origin(bh, H, N, SEQ_MAJOR: gl.constexpr, D: gl.constexpr):
+    """Where head ``bh``'s rows start in its tensor's 2-D descriptor (``launch._head_rows``): (row, column).
+    Head-major tensors (contiguous (batch, heads, seq, d)) are [batch * heads * seq, d] rows; seq-major
+    ones (the model's V, a view of the fused QKV, and dO in O's layout) are [batch * seq, heads * d]."""
+    if SEQ_MAJOR:
+        return (bh // H) * N, (bh % H) * D
+    else:
+        return bh * N, 0
+
+
+@gluon.jit
 def _o_offsets(bh, q_start, stride_ob, stride_oh, stride_on, H, BM: gl.constexpr, D: gl.constexpr, layout):
     """Offsets of a [BM, D] tile of O in ``layout``: O is strided (the plan stores it as (batch, seq, heads,
     d), so that the model's merge of heads is a view), only its d axis is contiguous."""

@@ -22,6 +22,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .configs import TileConfig, bucket
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
+from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel
 from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
 
@@ -154,16 +155,16 @@ def dkdv_launch(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv)
     n_k = k.shape[2]
     qt, kt = c.q_tile, c.k_tile
     if c.gluon and gluon_supported("dkdv", c, q, k, v, do, dk, dv, stats=(lse, delta)):
-        vector = lambda t: _gluon_descriptor(t.view(-1), [qt])  # L and D, by the copy engine too
-        descs = (*_gluon_rows((q, qt), (k, kt), (v, kt), (do, qt)), vector(lse), vector(delta))
-        args = (*descs, dk, dv, *_tail(q, k))
-        return Launch(
-            flash_bwd_dkdv_gluon_kernel,
-            (n_k // kt, batch * heads),
-            args,
-            _gluon_constexprs(c, d, is_causal, False),
-            c,
-        )
+        vector = lambda t: _gluon_descriptor(t, [qt])  # L and D, by the copy engine too
+        rows = [_head_rows(t, tile) for t, tile in ((q, qt), (k, kt), (v, kt), (do, qt))]
+        majors = [major for _, major in rows] + [bool(_seq_major(t)) for t in (dk, dv)]
+        seq_major = sum(major << i for i, major in enumerate(majors))
+        args = (*(desc for desc, _ in rows), vector(lse), vector(delta), dk, dv, heads, *_tail(q, k))
+        constexprs = dict(_gluon_constexprs(c, d, is_causal, False), SEQ_MAJOR=seq_major)
+        if c.ws:
+            constexprs["STAGES"] = c.num_stages
+        fn = flash_bwd_dkdv_ws_kernel if c.ws else flash_bwd_dkdv_gluon_kernel
+        return Launch(fn, (n_k // kt, batch * heads), args, constexprs, c)
     tma = c.tma and tma_ok(q, k, v, do, dk, dv)
     args = (
         _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma), lse, delta,
@@ -185,15 +186,19 @@ def gluon_supported(
     kernel: str, c: TileConfig, q, k, *others: torch.Tensor, stats: tuple = (), o: torch.Tensor | None = None
 ) -> bool:
     """Whether a Gluon kernel can run this call of ``kernel`` with ``c``'s tiles: a Hopper GPU (wgmma),
-    2-byte floats, d of 64 or 128, contiguous tensors of Q's dtype (``others``; ``stats``: L and D,
-    contiguous float32; ``o``, read or written by pointer, needs only a contiguous d axis) whose sequence
-    lengths are multiples of the tiles (2-D descriptors over all rows then never cross a head), and for
-    dK/dV, diagonal tiles that line up with the query steps."""
+    2-byte floats, d of 64 or 128, tensors of Q's dtype (``others``; ``stats``: L and D, contiguous float32;
+    ``o``, read or written by pointer, needs only a contiguous d axis) whose sequence lengths are multiples
+    of the tiles (a descriptor's rows then never cross a head), and for dK/dV, diagonal tiles that line up
+    with the query steps. The tensors are contiguous, except that the dK/dV pass takes each in either
+    layout of :func:`_seq_major` (the model's V and dO are seq-major views, and dV is laid out as V)."""
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16):
+    if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, *others)):
         return False
-    if any(t.dtype != q.dtype or not t.is_contiguous() for t in (q, k, *others)):
+    if kernel == "dkdv":  # dK, dV by pointer: dense rows of either layout
+        if any(_seq_major(t) is None for t in (q, k, *others[:2])) or not all(map(_dense_rows, others[2:])):
+            return False
+    elif not all(t.is_contiguous() for t in (q, k, *others)):
         return False
     if any(t.dtype != torch.float32 or not t.is_contiguous() for t in stats):
         return False
@@ -204,16 +209,52 @@ def gluon_supported(
     return kernel != "dkdv" or c.k_tile % c.q_tile == 0
 
 
-def _gluon_descriptor(flat: torch.Tensor, box: list[int]) -> GluonTensorDescriptor:
-    """A descriptor of ``box``-shaped tiles over ``flat``, with the default swizzle for them."""
-    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[flat.dtype]
+def _seq_major(t: torch.Tensor) -> bool | None:
+    """How a Gluon kernel reads the (batch, heads, seq, d) tensor ``t`` through a 2-D descriptor of
+    [tile, d] boxes: False, head-major rows [batch * heads * seq, d] (contiguous, or rows padded); True,
+    seq-major rows [batch * seq, heads * d] with each head's d columns side by side (the model's V, a view
+    of the fused QKV projection, and dO in O's layout); None, neither, or not aligned for the copy engine."""
+    b, h, n, d = t.shape
+    sb, sh, sn, sd = t.stride()
+    if sd != 1 or t.data_ptr() % 16 or (sn * t.element_size()) % 16 or sn < d:
+        return None
+    if (h == 1 or sh == n * sn) and (b == 1 or sb == h * n * sn):
+        return False
+    if (h == 1 or sh == d) and (b == 1 or sb == n * sn) and sn >= h * d:
+        return True
+    return None
+
+
+def _dense_rows(t: torch.Tensor) -> bool:
+    """Whether ``t`` is head-major or seq-major (:func:`_seq_major`) without padding between rows."""
+    major = _seq_major(t)
+    return major is not None and t.stride(2) == (t.shape[1] * t.shape[3] if major else t.shape[3])
+
+
+def _gluon_descriptor(
+    base: torch.Tensor, box: list[int], shape: list[int] | None = None, strides: list[int] | None = None
+) -> GluonTensorDescriptor:
+    """A descriptor of ``box``-shaped tiles over ``base`` (as a contiguous 1-D or 2-D tensor of ``box``'s
+    rank, unless ``shape`` and ``strides`` say otherwise), with the default swizzle for them."""
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[base.dtype]
     layout = gl.NVMMASharedLayout.get_default_for(box, dtype)
-    return GluonTensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, layout)
+    if shape is None:
+        shape = [base.numel()] if len(box) == 1 else [base.numel() // base.shape[-1], base.shape[-1]]
+        strides = [1] if len(box) == 1 else [base.shape[-1], 1]
+    return GluonTensorDescriptor(base, shape, strides, box, layout)
 
 
 def _gluon_rows(*tensors: tuple[torch.Tensor, int]) -> tuple[GluonTensorDescriptor, ...]:
     """[tile, d] boxes over the rows of each contiguous (batch, heads, seq, d) tensor."""
-    return tuple(_gluon_descriptor(t.view(-1, t.shape[-1]), [tile, t.shape[-1]]) for t, tile in tensors)
+    return tuple(_gluon_descriptor(t, [tile, t.shape[-1]]) for t, tile in tensors)
+
+
+def _head_rows(t: torch.Tensor, tile: int) -> tuple[GluonTensorDescriptor, bool]:
+    """[tile, d] boxes over ``t``'s rows in its layout (:func:`_seq_major`), and that layout."""
+    b, h, n, d = t.shape
+    seq_major = bool(_seq_major(t))
+    shape = [b * n, h * d] if seq_major else [b * h * n, d]
+    return _gluon_descriptor(t, [tile, d], shape, [t.stride(2), 1]), seq_major
 
 
 def _tail(q: torch.Tensor, k: torch.Tensor) -> tuple:
