@@ -234,19 +234,11 @@ def _dense_rows(t: torch.Tensor) -> bool:
 def _gluon_descriptor(
     base: torch.Tensor, box: list[int], shape: list[int] | None = None, strides: list[int] | None = None
 ) -> GluonTensorDescriptor:
-    """A descriptor of ``box``-shaped tiles over ``base`` (as a contiguous 1-D or 2-D tensor of ``box``'s
-    rank, unless ``shape`` and ``strides`` say otherwise), with the default swizzle for them."""
+    """A descriptor of ``box``-shaped tiles over ``base`` (a contiguous vector unless ``shape`` and
+    ``strides`` say otherwise), with the default swizzle for them."""
     dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[base.dtype]
     layout = gl.NVMMASharedLayout.get_default_for(box, dtype)
-    if shape is None:
-        shape = [base.numel()] if len(box) == 1 else [base.numel() // base.shape[-1], base.shape[-1]]
-        strides = [1] if len(box) == 1 else [base.shape[-1], 1]
-    return GluonTensorDescriptor(base, shape, strides, box, layout)
-
-
-def _gluon_rows(*tensors: tuple[torch.Tensor, int]) -> tuple[GluonTensorDescriptor, ...]:
-    """[tile, d] boxes over the rows of each contiguous (batch, heads, seq, d) tensor."""
-    return tuple(_gluon_descriptor(t, [tile, t.shape[-1]]) for t, tile in tensors)
+    return GluonTensorDescriptor(base, shape or [base.numel()], strides or [1], box, layout)
 
 
 def _head_rows(t: torch.Tensor, tile: int) -> tuple[GluonTensorDescriptor, bool]:
@@ -255,6 +247,11 @@ def _head_rows(t: torch.Tensor, tile: int) -> tuple[GluonTensorDescriptor, bool]
     seq_major = bool(_seq_major(t))
     shape = [b * n, h * d] if seq_major else [b * h * n, d]
     return _gluon_descriptor(t, [tile, d], shape, [t.stride(2), 1]), seq_major
+
+
+def _gluon_rows(*tensors: tuple[torch.Tensor, int]) -> tuple[GluonTensorDescriptor, ...]:
+    """[tile, d] boxes over the rows of each contiguous (batch, heads, seq, d) tensor."""
+    return tuple(_head_rows(t, tile)[0] for t, tile in tensors)
 
 
 def _tail(q: torch.Tensor, k: torch.Tensor) -> tuple:
