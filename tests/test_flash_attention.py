@@ -812,7 +812,11 @@ GLUON_IDS = [f"{kernel}-d{d}-{c}" for kernel, d, c in GLUON_CONFIGS]
 def gluon_kernel(kernel: str, config):
     """The Gluon kernel that ``config`` launches for ``kernel``."""
     if config.ws:
-        return flash.flash_bwd_dkdv_ws_kernel
+        return {
+            "fwd": flash.flash_fwd_ws_kernel,
+            "dq": flash.flash_bwd_dq_ws_kernel,
+            "dkdv": flash.flash_bwd_dkdv_ws_kernel,
+        }[kernel]
     return {
         "fwd": flash.flash_fwd_gluon_kernel,
         "dq": flash.flash_bwd_dq_gluon_kernel,
@@ -898,13 +902,14 @@ def pristine_triton_language(monkeypatch):
 
 def _build_for_hopper(kernel: str, d: int, config, is_causal: bool, seq_major: int = 0) -> tuple[str, str]:
     """A Gluon kernel's bf16 launch with ``config`` built for sm_90a on the CPU: its PTX and ptxas's
-    report. ``seq_major``: the dK/dV passes' SEQ_MAJOR (which of Q, K, V, dO are seq-major)."""
+    report. ``seq_major``: SEQ_MAJOR of the kernels that read either layout (the dK/dV and the
+    warp-specialized passes): which of Q, K, V, dO and the gradients are seq-major."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     constexprs = dict(D=d, BM=config.q_tile, BN=config.k_tile, is_causal=is_causal, WARPS=config.num_warps)
-    if kernel == "dkdv":
+    if kernel == "dkdv" or config.ws:
         constexprs["SEQ_MAJOR"] = seq_major
     if kernel != "dkdv" or config.ws:  # the ring depth (the non-specialized dK/dV pass's is fixed)
         constexprs["STAGES"] = config.num_stages
@@ -933,24 +938,29 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
     # Built for sm_90a on the CPU. The kernels exist for their asynchronous matmuls: if ptxas serializes
     # them (C7514: e.g. an accumulator left in flight across the loop's back edge) or spills in the loop,
     # they are the Triton kernels with extra steps. Also runs where no GPU is present.
-    # The warp-specialized pass caps its consumers at 240 registers: at d = 128 ptxas spills one (4 bytes).
-    spill_bytes = 4 if config.ws and d == 128 else 0
+    # The warp-specialized dK/dV pass caps its consumers at 240 registers: at d = 128 ptxas spills one (4
+    # bytes).
+    spill_bytes = 4 if kernel == "dkdv" and config.ws and d == 128 else 0
     _assert_overlapped_without_spills(*_build_for_hopper(kernel, d, config, is_causal), spill_bytes)
 
 
-DKDV_GLUON = [(d, c) for kernel, d, c in GLUON_CONFIGS if kernel == "dkdv"]
+# The kernels that read the model's layout, and its SEQ_MAJOR for each (bit i: Q, K, V, dO, then the
+# gradients). Q and K are contiguous (RoPE writes them); V is a view of the fused QKV projection, dO comes in
+# O's (batch, seq, heads, d) layout, and dV is laid out as V (empty_like keeps a view's order of strides).
+MODEL_LAYOUT = {"fwd": 0b100, "dq": 0b01100, "dkdv": 0b101100}
+LAYOUT_GLUON = [(kernel, d, c) for kernel, d, c in GLUON_CONFIGS if kernel == "dkdv" or c.ws]
+LAYOUT_IDS = [f"{kernel}-d{d}-{c}" for kernel, d, c in LAYOUT_GLUON]
 
 
 @pytest.mark.usefixtures("pristine_triton_language")
-@pytest.mark.parametrize(("d", "config"), DKDV_GLUON, ids=[f"d{d}-{c}" for d, c in DKDV_GLUON])
-def test_gluon_dkdv_builds_for_the_model_layout(d, config) -> None:
-    # The model's V, dO and dV are seq-major (SEQ_MAJOR bits 2, 3 and 5): other coordinates, the same
-    # loop. The warp-specialized pass: 3 partitions in 384 threads, the consumer worker given 240 registers
-    # a thread and the producer warp 24.
-    ptx, report = _build_for_hopper("dkdv", d, config, True, seq_major=0b101100)
-    # A seq-major head's origin is a (row, column) pair, and the stores need H after the loop: at d = 128
-    # ptxas spills 4 bytes (warp-specialized) and 12 bytes (the other pass, at 255 registers).
-    _assert_overlapped_without_spills(ptx, report, spill_bytes=16)
+@pytest.mark.parametrize(("kernel", "d", "config"), LAYOUT_GLUON, ids=LAYOUT_IDS)
+def test_gluon_kernels_build_for_the_model_layout(kernel, d, config) -> None:
+    # Seq-major tensors: other coordinates, the same loop. The warp-specialized passes: 3 partitions in
+    # 384 threads, the consumer worker given 240 registers a thread and the producer warp 24.
+    ptx, report = _build_for_hopper(kernel, d, config, True, seq_major=MODEL_LAYOUT[kernel])
+    # A seq-major head's origin is a (row, column) pair, and the dK/dV stores need H after the loop: at
+    # d = 128 ptxas spills 4 bytes (warp-specialized) and 12 bytes (the other pass, at 255 registers).
+    _assert_overlapped_without_spills(ptx, report, spill_bytes=16 if kernel == "dkdv" else 0)
     if config.ws:
         assert ".reqntid 384" in ptx
         assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx
@@ -996,10 +1006,9 @@ def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, device,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize(("d", "config"), DKDV_GLUON, ids=[f"d{d}-{c}" for d, c in DKDV_GLUON])
-def test_gluon_dkdv_reads_the_model_layout(d, config, is_causal, device, generator) -> None:
-    # The model's backward: Q, K contiguous (RoPE writes them), V a view of the fused QKV projection and dO
-    # in O's (batch, seq, heads, d) layout, both seq-major: the Gluon dK/dV pass reads them in place.
+@pytest.mark.parametrize(("kernel", "d", "config"), LAYOUT_GLUON, ids=LAYOUT_IDS)
+def test_gluon_kernels_read_the_model_layout(kernel, d, config, is_causal, device, generator) -> None:
+    # The model's attention (MODEL_LAYOUT): the Gluon kernel reads its views in place.
     if torch.cuda.get_device_capability(device) != (9, 0):
         pytest.skip("the Gluon kernels are built for Hopper (wgmma); elsewhere their configs run Triton's")
     batch, heads, n = 2, 4, 1024
@@ -1008,10 +1017,10 @@ def test_gluon_dkdv_reads_the_model_layout(d, config, is_causal, device, generat
     q, k = (t.contiguous().requires_grad_() for t in qkv[:2])
     v = qkv[2].detach().requires_grad_()
     do = draw(batch, n, heads, d).transpose(1, 2)
-    call = _calls("dkdv", config, is_causal, q.detach(), k.detach(), v.detach(), do)
-    # dV is laid out as V (empty_like keeps a view's order of strides): seq-major as well
-    assert call.fn is gluon_kernel("dkdv", config) and call.constexprs["SEQ_MAJOR"] == 0b101100
-    with flash.forced("dkdv", config):
+    call = _calls(kernel, config, is_causal, q.detach(), k.detach(), v.detach(), do)
+    assert call.fn is gluon_kernel(kernel, config)
+    assert call.constexprs["SEQ_MAJOR"] == MODEL_LAYOUT[kernel]
+    with flash.forced(kernel, config):
         check_against_reference(
             FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
         )

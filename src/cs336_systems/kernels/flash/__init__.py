@@ -6,8 +6,8 @@ routing live in ``attention/flash_triton.py``):
 - ``triton_tiles``, ``triton_fwd``, ``triton_bwd``: the Triton kernels (forward; split backward: dQ pass
   writing D, then dK/dV pass);
 - ``gluon_common``, ``gluon_fwd``, ``gluon_bwd``: their Gluon twins for Hopper, with hand-issued
-  asynchronous matmuls; ``gluon_ws_bwd``: the warp-specialized dK/dV pass (FA3's producer and consumer
-  warp groups);
+  asynchronous matmuls; ``gluon_ws_fwd``, ``gluon_ws_bwd``: the warp-specialized forward, dQ and dK/dV
+  passes (FA3's producer warp and consumer warp groups), which read the model's layout in place;
 - ``configs``: tile configs as data (candidates per case class) and tuning keys;
 - ``tuner``: :class:`Tuner`, which chooses a config per key by the metric of the route that launches it;
 - ``tune_table``: the tuning tables shipped per GPU model (``tuned/*.json``, written by
@@ -32,7 +32,8 @@ from triton.runtime.errors import OutOfResources, PTXASError
 from .configs import KERNELS, TileConfig, candidate_configs, gpu_candidates, pointer_configs, tune_key
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
-from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel
+from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
+from .gluon_ws_fwd import flash_fwd_ws_kernel
 from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, gluon_supported
 from .plan import (
     LAUNCHERS,
@@ -134,10 +135,12 @@ __all__ = [
     "flash_bwd_dkdv_ws_kernel",
     "flash_bwd_dq_gluon_kernel",
     "flash_bwd_dq_kernel",
+    "flash_bwd_dq_ws_kernel",
     "flash_forward",
     "flash_forward_traced",
     "flash_fwd_gluon_kernel",
     "flash_fwd_kernel",
+    "flash_fwd_ws_kernel",
     "flash_settings",
     "forced",
     "fwd_launch",

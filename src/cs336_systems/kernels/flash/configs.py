@@ -29,8 +29,9 @@ class TileConfig:
     # The Gluon (Hopper) kernel where it can run, else the Triton one with the same tiles (and TMA). For
     # the forward and dQ, num_stages is the depth of its K/V ring.
     gluon: bool = False
-    # dK/dV only, with gluon: the warp-specialized Gluon pass (a producer warp and two consumer warp groups
-    # of 64 keys; num_stages is its query ring's depth).
+    # With gluon: the warp-specialized Gluon pass (a producer warp and two consumer warp groups of 64 rows:
+    # query rows for the forward and dQ, whose q_tile is 128; keys for dK/dV, whose k_tile is 128).
+    # num_stages is the depth of its tile ring.
     ws: bool = False
 
     def __str__(self) -> str:
@@ -51,9 +52,16 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     def G(q: int, k: int, w: int, s: int = 2) -> TileConfig:  # Gluon (Triton's q-k-w-s-tma elsewhere)
         return C(q, k, w, s, T, gluon=True)
 
-    # The warp-specialized Gluon dK/dV pass: 0.86-0.88x the time of G(64, 128, 8) at d = 128 on (1, 32,
-    # 32768), (2, 32, 4096) causal, 0.86-0.90x at (1, 4, 1024) (session 19), which it replaced.
+    # The warp-specialized Gluon passes (sessions 19, 20; docs/perf-notes.md):
+    # - dK/dV: 0.86-0.88x the time of G(64, 128, 8) at d = 128 on (1, 32, 32768), (2, 32, 4096) causal,
+    #   0.86-0.90x at (1, 4, 1024), which it replaced;
+    # - forward: 0.91x the best listed forward at (1, 32, 32768, 128) causal, in the model's layout too,
+    #   0.94x at (2, 32, 4096), 0.96x at d = 64 on (1, 16, 16384) causal and (2, 16, 8192); 2 stages: 1.3x;
+    # - dQ: 0.89x the best listed dQ at (2, 32, 4096, 128) causal, 0.94-0.95x at (4, 16, 1024), (32, 8, 512);
+    #   2 stages: 1.25x; at d = 64 it lost (1.12-1.13x), and 128-key tiles spill at d = 128.
     WS = C(64, 128, 4, 2, T, gluon=True, ws=True)
+    WS_FWD = C(128, 128, 4, 3, T, gluon=True, ws=True)
+    WS_DQ = C(128, 64, 4, 3, T, gluon=True, ws=True)
 
     return {
         ("fwd", False, False): [
@@ -64,6 +72,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             # Gluon, S_j issued with P_{j-1} V_{j-1}: chosen for non-causal (2, 16, 8192), (1, 1, 16384)
             # and (32, 16, 128) (session 15's grid); at d = 128 it lost everywhere (session 10).
             G(64, 64, 4, 3),
+            WS_FWD,
         ],
         ("fwd", False, True): [
             C(64, 64, 4, 3, T),
@@ -71,6 +80,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 4, T),
             C(128, 32, 4, 3, T),
             C(128, 128, 8, 3, T),  # (2, 32, 4096) and 32k causal (session 15's grid)
+            WS_FWD,
         ],
         ("fwd", True, False): [C(128, 32, 8, 3, T), C(128, 64, 8, 2, T), C(64, 32, 4, 3, T)],
         ("fwd", True, True): [C(128, 32, 8, 2, T), C(128, 32, 8, 2), C(64, 32, 4, 2)],
@@ -113,6 +123,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 32, 4, 4, T),
             C(128, 32, 4, 3, T),  # the Triton tutorial's dQ tiles
             C(128, 64, 8, 3, T),  # 32k causal: backward -2.1 ms vs q128-k32-w4-s3 (issue 17)
+            WS_DQ,
         ],
         ("dq", True, False): [C(128, 32, 8, 2, T), C(64, 32, 4, 2, T), C(128, 32, 8, 3, T)],
         ("dq", True, True): [C(64, 16, 4, 2), C(64, 16, 4, 2, T), C(32, 32, 4, 2)],

@@ -19,6 +19,7 @@ from .gluon_common import (
     _query_program,
     _register_operand,
     _row_sum,
+    _store_rows,
     _wait_key_tile,
     _wgmma_layout,
 )
@@ -204,23 +205,6 @@ def _key_program_start(q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, H, N
 
 
 @gluon.jit
-def _store_key_rows(ptr, x, bh, H, N_KEYS, key0, SEQ_MAJOR: gl.constexpr, D: gl.constexpr):
-    """Rows [key0, key0 + len(x)) of head ``bh`` of dK or dV (dense: head-major rows of D, or seq-major rows
-    of H * D, as ``empty_like`` lays out the model's seq-major V's gradient). 64-bit offsets: 32-bit ones
-    within the tile made ptxas spill in the split pass at d = 128 with two warp groups."""
-    layout: gl.constexpr = x.type.layout
-    ROWS: gl.constexpr = x.type.shape[0]
-    row0, col0 = _head_origin(bh, H, N_KEYS, SEQ_MAJOR, D)
-    if SEQ_MAJOR:  # noqa: SIM108
-        row_stride = H * D
-    else:
-        row_stride = D
-    rows = (row0 + key0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))).to(gl.int64)
-    cols = col0 + gl.arange(0, D, layout=gl.SliceLayout(0, layout))
-    gl.store(ptr + rows[:, None] * row_stride + cols[None, :], x.to(ptr.dtype.element_ty))
-
-
-@gluon.jit
 def flash_bwd_dkdv_gluon_kernel(
     q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr,
     H, N_QUERIES, N_KEYS, scale,
@@ -281,6 +265,6 @@ def flash_bwd_dkdv_gluon_kernel(
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    _store_key_rows(dV_ptr, dv, bh, H, N_KEYS, k_start, SEQ_MAJOR & 32, D)
-    _store_key_rows(dK_ptr, dk * scale, bh, H, N_KEYS, k_start, SEQ_MAJOR & 16, D)
+    _store_rows(dV_ptr, dv, bh, H, N_KEYS, k_start, SEQ_MAJOR & 32, D)
+    _store_rows(dK_ptr, dk * scale, bh, H, N_KEYS, k_start, SEQ_MAJOR & 16, D)
 # fmt: on

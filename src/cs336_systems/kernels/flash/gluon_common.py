@@ -8,7 +8,8 @@ overlap, without its producer warps). No accumulator is left in flight across a 
 then serializes every wgmma of the kernel (C7514). Tiles stream through a TMA ring with mbarriers.
 Constraints (:func:`launch.gluon_supported`): Hopper, bf16/fp16, head dim 64 or 128, contiguous (batch,
 heads, seq, d) tensors whose lengths are multiples of the tiles, so that 2-D descriptors over (batch *
-heads * seq, d) rows never cross a head; elsewhere the Triton kernel with the same tiles runs.
+heads * seq, d) rows never cross a head (the dK/dV and the warp-specialized passes also take seq-major
+tensors, :func:`_head_origin`); elsewhere the Triton kernel with the same tiles runs.
 """
 
 from triton.experimental import gluon
@@ -116,4 +117,21 @@ def _o_offsets(bh, q_start, stride_ob, stride_oh, stride_on, H, BM: gl.constexpr
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     base = (bh // H).to(gl.int64) * stride_ob + (bh % H).to(gl.int64) * stride_oh
     return base + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
+
+
+@gluon.jit
+def _store_rows(ptr, x, bh, H, N, row0, SEQ_MAJOR: gl.constexpr, D: gl.constexpr):
+    """Rows [row0, row0 + len(x)) of head ``bh`` of a dense gradient (dQ, dK, dV): head-major rows of D, or
+    seq-major rows of H * D, as ``empty_like`` lays out the gradient of the model's seq-major V. 64-bit
+    offsets: 32-bit ones within the tile made ptxas spill in the split pass at d = 128 with two warp groups."""
+    layout: gl.constexpr = x.type.layout
+    ROWS: gl.constexpr = x.type.shape[0]
+    head_row, col0 = _head_origin(bh, H, N, SEQ_MAJOR, D)
+    if SEQ_MAJOR:  # noqa: SIM108
+        row_stride = H * D
+    else:
+        row_stride = D
+    rows = (head_row + row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))).to(gl.int64)
+    cols = col0 + gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    gl.store(ptr + rows[:, None] * row_stride + cols[None, :], x.to(ptr.dtype.element_ty))
 # fmt: on

@@ -1,7 +1,7 @@
-"""The warp-specialized Gluon dK/dV pass for Hopper: FA3's backward layout for the dK/dV half of the split
-backward (the dQ pass is ``gluon_bwd``'s or Triton's, unchanged).
+"""The warp-specialized Gluon backward passes for Hopper: FA3's producer/consumer layout for each half of
+the split backward. Both read Q, K, V and dO head-major or seq-major (``SEQ_MAJOR``).
 
-One CTA per key tile of BN = 128 keys (grid (N_KEYS / BN, batch * heads), as
+The dK/dV pass: one CTA per key tile of BN = 128 keys (grid (N_KEYS / BN, batch * heads), as
 :func:`.gluon_bwd.flash_bwd_dkdv_gluon_kernel`, whose leading parameters it shares), three partitions:
 
 - the default partition (the launch's 4 warps): consumer 0, keys [0, 64) of the tile;
@@ -15,14 +15,29 @@ own 128 threads (2 barriers per tile) and the copies are the producer's alone. M
 (session 19): 0.86x the time of the non-specialized pass at (1, 32, 32768, 128) causal, 24.7 vs 28.7 ms,
 bitwise equal gradients (the same loop body, in the same order). Ordering the consumers' matmul bursts
 (ping-pong, by mbarrier turn-passing) lost: 0.93x.
+
+The dQ pass (:func:`flash_bwd_dq_ws_kernel`): the warp-specialized forward's layout (``gluon_ws_fwd``: CTAs
+of 128 query rows, a consumer per 64, the producer streaming K and V) around ``gluon_bwd``'s dQ loop. At
+(1, 32, 32768, 128) causal: 17.6 vs 20.6 ms for the best Triton dQ pass (750 TFLOP/s, session 20). Its key
+tiles are 64 keys: with 128 the consumers spill (192 bytes at d = 128).
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_bwd import _key_tile_start, _load_query_tile, _probs_t, _store_key_rows
-from .gluon_common import LOG2E, _head_origin, _register_operand, _wgmma_layout
+from .gluon_bwd import _key_tile_start, _load_query_tile, _probs_t, _probs_tile
+from .gluon_common import (
+    LOG2E,
+    _head_origin,
+    _o_offsets,
+    _query_program,
+    _register_operand,
+    _row_sum,
+    _store_rows,
+    _wgmma_layout,
+)
+from .gluon_ws_fwd import _stream_key_tiles
 
 HALF = gl.constexpr(64)  # keys per consumer warp group
 
@@ -102,8 +117,8 @@ def _consumer0(k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, read
     register kept across the loop for it made ptxas spill at d = 128)."""
     dk, dv = _consume(0, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, k_start, lo,
                       n_tiles, qk_scale, BM, D, is_causal, STAGES)
-    _store_key_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start, SEQ_MAJOR & 32, D)
-    _store_key_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start, SEQ_MAJOR & 16, D)
+    _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start, SEQ_MAJOR & 32, D)
+    _store_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start, SEQ_MAJOR & 16, D)
 
 
 @gluon.jit
@@ -112,8 +127,8 @@ def _consumer1(k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, read
                is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
     dk, dv = _consume(1, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, k_start, lo,
                       n_tiles, qk_scale, BM, D, is_causal, STAGES)
-    _store_key_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start + HALF, SEQ_MAJOR & 32, D)
-    _store_key_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start + HALF, SEQ_MAJOR & 16, D)
+    _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start + HALF, SEQ_MAJOR & 32, D)
+    _store_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start + HALF, SEQ_MAJOR & 16, D)
 
 
 @gluon.jit
@@ -121,7 +136,7 @@ def flash_bwd_dkdv_ws_kernel(
     q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, dK_ptr, dV_ptr,
     H, N_QUERIES, N_KEYS, scale,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, is_causal: gl.constexpr, WARPS: gl.constexpr,
-    SEQ_MAJOR: gl.constexpr, STAGES: gl.constexpr,
+    STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr,
 ):
     """``flash_bwd_dkdv_gluon_kernel``'s parameters (the launch's descriptors: Q, dO of [BM, D] boxes, K, V
     of [BN, D], L and D of [BM]), plus the query ring's depth; launch with num_warps = WARPS = 4 (the
@@ -161,4 +176,143 @@ def flash_bwd_dkdv_ws_kernel(
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     mbarrier.invalidate(kv_bar)
+# fmt: on
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The dQ pass
+# ----------------------------------------------------------------------------------------------------------
+
+
+# fmt: off
+@gluon.jit
+def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, bh, H,
+                 N_QUERIES, N_KEYS, q_start, n_tiles, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                 SEQ_MAJOR: gl.constexpr):
+    """One warp: the Q and dO tiles, then the key tiles (as the forward's producer)."""
+    q_row, q_col = _head_origin(bh, H, N_QUERIES, SEQ_MAJOR & 1, D)
+    do_row, do_col = _head_origin(bh, H, N_QUERIES, SEQ_MAJOR & 8, D)
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row + q_start, q_col], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [do_row + q_start, do_col], q_bar, do_smem)
+    _stream_key_tiles(k_desc, v_desc, k_ring, v_ring, ready, empty, bh, H, N_KEYS, n_tiles, BN, D, STAGES,
+                      SEQ_MAJOR)
+
+
+@gluon.jit
+def _dq_consume(c: gl.constexpr, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr,
+                dQ_ptr, stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale,
+                BN: gl.constexpr, D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr,
+                SEQ_MAJOR: gl.constexpr):
+    """Consumer ``c`` (a 4-warp partition): D = rowsum(dO ∘ O) and dQ of query rows [q_start + 64 c,
+    q_start + 64 c + 64). ``gluon_bwd``'s dQ loop: S_j and dP_j are issued with dS_{j-1} K_{j-1}; tile
+    j - 1's slot is released once that is done."""
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = _wgmma_layout(4, BN)
+    acc_layout: gl.constexpr = _wgmma_layout(4, D)
+    ds_layout: gl.constexpr = _register_operand(acc_layout)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    bh = gl.program_id(1)
+    q0 = q_start + c * HALF
+    q_half = q_smem.slice(c * HALF, HALF)
+    do_half = do_smem.slice(c * HALF, HALF)
+    offs_q = q0 + gl.arange(0, HALF, layout=rows_s)
+    stat = bh.to(gl.int64) * N_QUERIES + offs_q
+    # O by pointer (read once) while the tiles load.
+    o = gl.load(O_ptr + _o_offsets(bh, q0, stride_ob, stride_oh, stride_on, H, HALF, D, acc_layout))
+    lse2 = gl.load(L_ptr + stat) * LOG2E
+    mbarrier.wait(q_bar, 0)
+    delta = gl.convert_layout(_row_sum(o.to(gl.float32) * do_half.load(acc_layout).to(gl.float32)), rows_s)
+    gl.store(Delta_ptr + stat, delta)
+
+    zeros_s = gl.zeros([HALF, BN], gl.float32, s_layout)
+    dq = gl.zeros([HALF, D], gl.float32, acc_layout)
+    # Tile 0 alone: no dS K to overlap it with yet.
+    mbarrier.wait(ready.index(0), 0)
+    s = warpgroup_mma(q_half, k_ring.index(0).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_half, v_ring.index(0).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s,))
+    p = _probs_tile(s, lse2, offs_q, q0, 0, qk_scale, BN, is_causal)
+    dp = warpgroup_mma_wait(0, deps=(dp,))
+    ds = (p * (dp - delta[:, None])).to(dtype)
+    for j in range(1, n_tiles):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
+        s = warpgroup_mma(q_half, k_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_half, v_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_ring.index(prev), dq, is_async=True)
+        s = warpgroup_mma_wait(2, deps=(s,))  # S_j is ready; dP_j and dS_{j-1} K_{j-1} run on
+        p = _probs_tile(s, lse2, offs_q, q0, j * BN, qk_scale, BN, is_causal)
+        dp = warpgroup_mma_wait(1, deps=(dp,))  # dP_j is ready; dS_{j-1} K_{j-1} runs on under dS_j
+        ds = (p * (dp - delta[:, None])).to(dtype)
+        dq = warpgroup_mma_wait(0, deps=(dq,))
+        mbarrier.arrive(empty.index(prev), count=1)  # this consumer is done with tile j - 1's K and V
+    last = (n_tiles - 1) % STAGES
+    dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_ring.index(last), dq, is_async=True)
+    dq = warpgroup_mma_wait(0, deps=(dq,))
+    _store_rows(dQ_ptr, dq * scale, bh, H, N_QUERIES, q0, SEQ_MAJOR & 16, D)
+
+
+@gluon.jit
+def _dq_consumer0(q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr, stride_ob,
+                  stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN: gl.constexpr,
+                  D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
+    _dq_consume(0, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
+                stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D, is_causal,
+                STAGES, SEQ_MAJOR)
+
+
+@gluon.jit
+def _dq_consumer1(q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr, stride_ob,
+                  stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN: gl.constexpr,
+                  D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
+    _dq_consume(1, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
+                stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D, is_causal,
+                STAGES, SEQ_MAJOR)
+
+
+@gluon.jit
+def flash_bwd_dq_ws_kernel(
+    q_desc, k_desc, v_desc, O_ptr, do_desc, L_ptr, Delta_ptr, dQ_ptr,
+    stride_ob, stride_oh, stride_on, H, N_QUERIES, N_KEYS, scale,
+    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, is_causal: gl.constexpr, WARPS: gl.constexpr,
+    STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr,
+):
+    """``flash_bwd_dq_gluon_kernel``'s parameters plus ``SEQ_MAJOR`` (Q, K, V, dO, dQ: bits 0-4), one CTA per
+    query tile of BM = 128 rows, as the warp-specialized forward: consumers of 64 rows each and a producer
+    warp that copies the Q and dO tiles once and streams K and V. Launch with num_warps = WARPS = 4."""
+    gl.static_assert(WARPS == 4, "the default partition is one warp group: launch with num_warps=4")
+    gl.static_assert(BM == 2 * HALF, "two consumer warp groups of 64 query rows")
+    dtype: gl.constexpr = q_desc.dtype
+    bh, q_start, n_tiles = _query_program(N_QUERIES, N_KEYS, BM, BN, is_causal)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+    qk_scale = scale * LOG2E
+    gl.warp_specialize([
+        (_dq_consumer0, (q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
+                         stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D,
+                         is_causal, STAGES, SEQ_MAJOR)),
+        (_dq_consumer1, (q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
+                         stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D,
+                         is_causal, STAGES, SEQ_MAJOR)),
+        (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, bh,
+                        H, N_QUERIES, N_KEYS, q_start, n_tiles, BN, D, STAGES, SEQ_MAJOR)),
+    ], [4, 1], [240, 24])
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 # fmt: on

@@ -22,7 +22,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .configs import TileConfig, bucket
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
-from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel
+from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
+from .gluon_ws_fwd import flash_fwd_ws_kernel
 from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
 
@@ -90,29 +91,29 @@ def _tiles(c: TileConfig, d: int, is_causal: bool, tma: bool) -> dict[str, Any]:
     )
 
 
-def _gluon_constexprs(c: TileConfig, d: int, is_causal: bool, ring: bool) -> dict[str, Any]:
-    extra = {"STAGES": c.num_stages} if ring else {}  # the forward's and dQ's K/V ring depth
-    return dict(D=d, BM=c.q_tile, BN=c.k_tile, is_causal=is_causal, WARPS=c.num_warps, **extra)
+def _gluon_constexprs(
+    c: TileConfig, d: int, is_causal: bool, seq_major: int | None, ring: bool = True
+) -> dict[str, Any]:
+    """The Gluon kernels' constexprs, in their parameter order (a plan passes them by position): STAGES,
+    the depth of a tile ring; SEQ_MAJOR, for the kernels that read either layout, which tensors are
+    seq-major (bit i: Q, K, V, dO, then the gradients)."""
+    constexprs = dict(D=d, BM=c.q_tile, BN=c.k_tile, is_causal=is_causal, WARPS=c.num_warps)
+    if ring:
+        constexprs["STAGES"] = c.num_stages
+    if seq_major is not None:
+        constexprs["SEQ_MAJOR"] = seq_major
+    return constexprs
 
 
 def fwd_launch(c: TileConfig, is_causal: bool, q, k, v, o, lse) -> Launch:
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     if c.gluon and gluon_supported("fwd", c, q, k, v, stats=(lse,), o=o):
-        args = (
-            *_gluon_rows((q, c.q_tile), (k, c.k_tile), (v, c.k_tile)),
-            o,
-            lse,
-            *_o_strides(o),
-            *_tail(q, k),
-        )
-        return Launch(
-            flash_fwd_gluon_kernel,
-            (n_q // c.q_tile, batch * heads),
-            args,
-            _gluon_constexprs(c, d, is_causal, True),
-            c,
-        )
+        descs, seq_major = _gluon_rows((q, c.q_tile), (k, c.k_tile), (v, c.k_tile))
+        args = (*descs, o, lse, *_o_strides(o), *_tail(q, k))
+        fn = flash_fwd_ws_kernel if c.ws else flash_fwd_gluon_kernel
+        constexprs = _gluon_constexprs(c, d, is_causal, seq_major if c.ws else None)
+        return Launch(fn, (n_q // c.q_tile, batch * heads), args, constexprs, c)
     tma = c.tma and tma_ok(q, k, v, o)
     args = (
         _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma), _rows(o, c.q_tile, tma), lse,
@@ -130,15 +131,12 @@ def dq_launch(c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dq) ->
     n_k = k.shape[2]
     qt, kt = c.q_tile, c.k_tile
     if c.gluon and gluon_supported("dq", c, q, k, v, do, dq, stats=(lse, delta), o=o):
-        q_d, k_d, v_d, do_d = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
+        (q_d, k_d, v_d, do_d), seq_major = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
+        seq_major |= bool(_seq_major(dq)) << 4
         args = (q_d, k_d, v_d, o, do_d, lse, delta, dq, *_o_strides(o), *_tail(q, k))
-        return Launch(
-            flash_bwd_dq_gluon_kernel,
-            (n_q // qt, batch * heads),
-            args,
-            _gluon_constexprs(c, d, is_causal, True),
-            c,
-        )
+        fn = flash_bwd_dq_ws_kernel if c.ws else flash_bwd_dq_gluon_kernel
+        constexprs = _gluon_constexprs(c, d, is_causal, seq_major if c.ws else None)
+        return Launch(fn, (n_q // qt, batch * heads), args, constexprs, c)
     tma = c.tma and tma_ok(q, k, v, do, dq)
     args = (
         _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma), lse, delta,
@@ -156,13 +154,11 @@ def dkdv_launch(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv)
     qt, kt = c.q_tile, c.k_tile
     if c.gluon and gluon_supported("dkdv", c, q, k, v, do, dk, dv, stats=(lse, delta)):
         vector = lambda t: _gluon_descriptor(t, [qt])  # L and D, by the copy engine too
-        rows = [_head_rows(t, tile) for t, tile in ((q, qt), (k, kt), (v, kt), (do, qt))]
-        majors = [major for _, major in rows] + [bool(_seq_major(t)) for t in (dk, dv)]
-        seq_major = sum(major << i for i, major in enumerate(majors))
-        args = (*(desc for desc, _ in rows), vector(lse), vector(delta), dk, dv, heads, *_tail(q, k))
-        constexprs = dict(_gluon_constexprs(c, d, is_causal, False), SEQ_MAJOR=seq_major)
-        if c.ws:
-            constexprs["STAGES"] = c.num_stages
+        descs, seq_major = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
+        seq_major |= bool(_seq_major(dk)) << 4 | bool(_seq_major(dv)) << 5
+        args = (*descs, vector(lse), vector(delta), dk, dv, heads, *_tail(q, k))
+        # (the non-specialized dK/dV pass's query ring has a fixed depth)
+        constexprs = _gluon_constexprs(c, d, is_causal, seq_major, ring=c.ws)
         fn = flash_bwd_dkdv_ws_kernel if c.ws else flash_bwd_dkdv_gluon_kernel
         return Launch(fn, (n_k // kt, batch * heads), args, constexprs, c)
     tma = c.tma and tma_ok(q, k, v, do, dk, dv)
@@ -190,15 +186,18 @@ def gluon_supported(
     ``o``, read or written by pointer, needs only a contiguous d axis) whose sequence lengths are multiples
     of the tiles (a descriptor's rows then never cross a head), and for dK/dV, diagonal tiles that line up
     with the query steps. The tensors are contiguous, except that the dK/dV pass takes each in either
-    layout of :func:`_seq_major` (the model's V and dO are seq-major views, and dV is laid out as V)."""
+    layout of :func:`_seq_major` (the model's V and dO are seq-major views, and dV is laid out as V), and so
+    do the warp-specialized passes."""
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, *others)):
         return False
-    if kernel == "dkdv":  # dK, dV by pointer: dense rows of either layout
-        if any(_seq_major(t) is None for t in (q, k, *others[:2])) or not all(map(_dense_rows, others[2:])):
+    n_in = 1 if kernel == "fwd" else 2  # V (and dO) among ``others``; then the gradients
+    inputs, outputs = (q, k, *others[:n_in]), others[n_in:]
+    if kernel == "dkdv" or c.ws:  # gradients by pointer: dense rows of either layout
+        if any(_seq_major(t) is None for t in inputs) or not all(map(_dense_rows, outputs)):
             return False
-    elif not all(t.is_contiguous() for t in (q, k, *others)):
+    elif not all(t.is_contiguous() for t in (*inputs, *outputs)):
         return False
     if any(t.dtype != torch.float32 or not t.is_contiguous() for t in stats):
         return False
@@ -249,9 +248,11 @@ def _head_rows(t: torch.Tensor, tile: int) -> tuple[GluonTensorDescriptor, bool]
     return _gluon_descriptor(t, [tile, d], shape, [t.stride(2), 1]), seq_major
 
 
-def _gluon_rows(*tensors: tuple[torch.Tensor, int]) -> tuple[GluonTensorDescriptor, ...]:
-    """[tile, d] boxes over the rows of each contiguous (batch, heads, seq, d) tensor."""
-    return tuple(_head_rows(t, tile)[0] for t, tile in tensors)
+def _gluon_rows(*tensors: tuple[torch.Tensor, int]) -> tuple[list[GluonTensorDescriptor], int]:
+    """[tile, d] boxes over the rows of each (batch, heads, seq, d) tensor, and which are seq-major (bit i
+    for the i-th tensor)."""
+    rows = [_head_rows(t, tile) for t, tile in tensors]
+    return [desc for desc, _ in rows], sum(major << i for i, (_, major) in enumerate(rows))
 
 
 def _tail(q: torch.Tensor, k: torch.Tensor) -> tuple:
