@@ -50,6 +50,35 @@ def _probs_tile(s, lse2, offs_q, q_start, start_k, qk_scale, BN: gl.constexpr, i
 
 
 @gluon.jit
+def _dq_first(q, do, k_tile, v_tile, zeros_s, lse2, delta, offs_q, q_start, qk_scale, BN: gl.constexpr,
+              is_causal: gl.constexpr):
+    """Key tile 0 of the dQ loop, alone (no dS K to overlap it with yet): dS_0, in Q's dtype."""
+    s = warpgroup_mma(q, k_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do, v_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s,))
+    p = _probs_tile(s, lse2, offs_q, q_start, 0, qk_scale, BN, is_causal)
+    dp = warpgroup_mma_wait(0, deps=(dp,))
+    return (p * (dp - delta[:, None])).to(k_tile.dtype)
+
+
+@gluon.jit
+def _dq_step(q, do, k_tile, v_tile, k_prev, ds, dq, zeros_s, lse2, delta, offs_q, q_start, start_k, qk_scale,
+             BN: gl.constexpr, is_causal: gl.constexpr):
+    """One key tile of the dQ loop: S_j and dP_j are issued with the previous tile's dQ += dS K; P_j runs
+    under dP_j and dS_j under that dS K. Returns dS_j (in Q's dtype) and dQ."""
+    ds_layout: gl.constexpr = _register_operand(dq.type.layout)
+    s = warpgroup_mma(q, k_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do, v_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+    dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_prev, dq, is_async=True)
+    s = warpgroup_mma_wait(2, deps=(s,))  # S_j is ready; dP_j and dS_{j-1} K_{j-1} run on
+    p = _probs_tile(s, lse2, offs_q, q_start, start_k, qk_scale, BN, is_causal)
+    dp = warpgroup_mma_wait(1, deps=(dp,))  # dP_j is ready; dS_{j-1} K_{j-1} runs on under dS_j
+    ds = (p * (dp - delta[:, None])).to(k_tile.dtype)
+    dq = warpgroup_mma_wait(0, deps=(dq,))
+    return ds, dq
+
+
+@gluon.jit
 def flash_bwd_dq_gluon_kernel(
     q_desc, k_desc, v_desc, O_ptr, do_desc, L_ptr, Delta_ptr, dQ_ptr,
     stride_ob, stride_oh, stride_on, H, N_QUERIES, N_KEYS, scale,
@@ -96,25 +125,14 @@ def flash_bwd_dq_gluon_kernel(
     qk_scale = scale * LOG2E
     zeros_s = gl.zeros([BM, BN], gl.float32, s_layout)
     dq = gl.zeros([BM, D], gl.float32, acc_layout)
-    # Tile 0 alone: no dS K to overlap it with yet.
     mbarrier.wait(bars.index(0), 0)
-    s = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-    dp = warpgroup_mma(do_a, v_ring.index(0).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s,))
-    p = _probs_tile(s, lse2, offs_q, q_start, 0, qk_scale, BN, is_causal)
-    dp = warpgroup_mma_wait(0, deps=(dp,))
-    ds = (p * (dp - delta[:, None])).to(dtype)
+    ds = _dq_first(q, do_a, k_ring.index(0), v_ring.index(0), zeros_s, lse2, delta, offs_q, q_start, qk_scale, BN,
+                   is_causal)
     for j in range(1, n_tiles):
         stage, prev = _wait_key_tile(bars, j, STAGES)
         start_k = j * BN
-        s = warpgroup_mma(q, k_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        dp = warpgroup_mma(do_a, v_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_ring.index(prev), dq, is_async=True)
-        s = warpgroup_mma_wait(2, deps=(s,))  # S_j is ready; dP_j and dS_{j-1} K_{j-1} run on
-        p = _probs_tile(s, lse2, offs_q, q_start, start_k, qk_scale, BN, is_causal)
-        dp = warpgroup_mma_wait(1, deps=(dp,))  # dP_j is ready; dS_{j-1} K_{j-1} runs on under dS_j
-        ds = (p * (dp - delta[:, None])).to(dtype)
-        dq = warpgroup_mma_wait(0, deps=(dq,))
+        ds, dq = _dq_step(q, do_a, k_ring.index(stage), v_ring.index(stage), k_ring.index(prev), ds, dq, zeros_s,
+                          lse2, delta, offs_q, q_start, start_k, qk_scale, BN, is_causal)
         # Tile j - 1's K and V are read: refill its slot with tile j - 1 + STAGES.
         nxt = j - 1 + STAGES
         _load_key_tile(k_desc, v_desc, k_row0 + nxt * BN, bars.index(prev), k_ring, v_ring, prev,

@@ -51,6 +51,21 @@ def _softmax_tile(s, m_i, l_i, offs_q, q_start, start_k, qk_scale, BN: gl.conste
 
 
 @gluon.jit
+def _fwd_step(q, k_tile, v_prev, p, acc, m_i, l_i, zeros_s, offs_q, q_start, start_k, qk_scale, BN: gl.constexpr,
+              is_causal: gl.constexpr):
+    """One key tile of the loop: S_j = Q K_j^T is issued with the previous tile's O += P V, and the softmax
+    of S_j runs under that P V. Returns P_j, the running max and sum, the factor that rescales O (not yet
+    applied) and O."""
+    p_layout: gl.constexpr = _register_operand(acc.type.layout)
+    s = warpgroup_mma(q, k_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+    acc = warpgroup_mma(gl.convert_layout(p.to(k_tile.dtype), p_layout), v_prev, acc, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s,))  # S_j is ready; P_{j-1} V_{j-1} runs on under the softmax
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_q, q_start, start_k, qk_scale, BN, is_causal)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    return p, m_i, l_i, alpha, acc
+
+
+@gluon.jit
 def flash_fwd_gluon_kernel(
     q_desc, k_desc, v_desc, O_ptr, L_ptr,
     stride_ob, stride_oh, stride_on, H, N_QUERIES, N_KEYS, scale,
@@ -98,11 +113,8 @@ def flash_fwd_gluon_kernel(
     for j in range(1, n_tiles):
         stage, prev = _wait_key_tile(bars, j, STAGES)
         start_k = j * BN
-        s = warpgroup_mma(q, k_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_ring.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s,))  # S_j is ready; P_{j-1} V_{j-1} runs on under the softmax
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_q, q_start, start_k, qk_scale, BN, is_causal)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        p, m_i, l_i, alpha, acc = _fwd_step(q, k_ring.index(stage), v_ring.index(prev), p, acc, m_i, l_i, zeros_s,
+                                            offs_q, q_start, start_k, qk_scale, BN, is_causal)
         # Tile j - 1's K and V are read: refill its slot with tile j - 1 + STAGES.
         nxt = j - 1 + STAGES
         _load_key_tile(k_desc, v_desc, k_row0 + nxt * BN, bars.index(prev), k_ring, v_ring, prev,

@@ -26,7 +26,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_bwd import _key_tile_start, _load_query_tile, _probs_t, _probs_tile
+from .gluon_bwd import _dq_first, _dq_step, _key_tile_start, _load_query_tile, _probs_t
 from .gluon_common import (
     LOG2E,
     _head_origin,
@@ -37,7 +37,7 @@ from .gluon_common import (
     _store_rows,
     _wgmma_layout,
 )
-from .gluon_ws_fwd import _stream_key_tiles
+from .gluon_ws_fwd import _invalidate_ring, _key_ring_ws, _stream_key_tiles
 
 HALF = gl.constexpr(64)  # keys per consumer warp group
 
@@ -110,25 +110,15 @@ def _consume(c: gl.constexpr, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, d
 
 
 @gluon.jit
-def _consumer0(k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, dK_ptr, dV_ptr,
-               H, k_start, lo, n_tiles, N_KEYS, scale, qk_scale, BM: gl.constexpr, D: gl.constexpr,
-               is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
-    """The default partition: consumer 0, which stores its own keys (the head from the program id: a
-    register kept across the loop for it made ptxas spill at d = 128)."""
-    dk, dv = _consume(0, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, k_start, lo,
+def _dkdv_consumer(c: gl.constexpr, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty,
+                   dK_ptr, dV_ptr, H, k_start, lo, n_tiles, N_KEYS, scale, qk_scale, BM: gl.constexpr,
+                   D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
+    """Consumer ``c``, which stores its own keys (the head from the program id: a register kept across the
+    loop for it made ptxas spill at d = 128)."""
+    dk, dv = _consume(c, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, k_start, lo,
                       n_tiles, qk_scale, BM, D, is_causal, STAGES)
-    _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start, SEQ_MAJOR & 32, D)
-    _store_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start, SEQ_MAJOR & 16, D)
-
-
-@gluon.jit
-def _consumer1(k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, dK_ptr, dV_ptr,
-               H, k_start, lo, n_tiles, N_KEYS, scale, qk_scale, BM: gl.constexpr, D: gl.constexpr,
-               is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
-    dk, dv = _consume(1, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, k_start, lo,
-                      n_tiles, qk_scale, BM, D, is_causal, STAGES)
-    _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start + HALF, SEQ_MAJOR & 32, D)
-    _store_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start + HALF, SEQ_MAJOR & 16, D)
+    _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start + c * HALF, SEQ_MAJOR & 32, D)
+    _store_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start + c * HALF, SEQ_MAJOR & 16, D)
 
 
 @gluon.jit
@@ -164,10 +154,12 @@ def flash_bwd_dkdv_ws_kernel(
         mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
     qk_scale = scale * LOG2E
     gl.warp_specialize([
-        (_consumer0, (k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, dK_ptr, dV_ptr,
-                      H, k_start, lo, n_tiles, N_KEYS, scale, qk_scale, BM, D, is_causal, STAGES, SEQ_MAJOR)),
-        (_consumer1, (k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, dK_ptr, dV_ptr,
-                      H, k_start, lo, n_tiles, N_KEYS, scale, qk_scale, BM, D, is_causal, STAGES, SEQ_MAJOR)),
+        (_dkdv_consumer, (0, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, dK_ptr,
+                          dV_ptr, H, k_start, lo, n_tiles, N_KEYS, scale, qk_scale, BM, D, is_causal, STAGES,
+                          SEQ_MAJOR)),
+        (_dkdv_consumer, (1, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, dK_ptr,
+                          dV_ptr, H, k_start, lo, n_tiles, N_KEYS, scale, qk_scale, BM, D, is_causal, STAGES,
+                          SEQ_MAJOR)),
         (_producer, (q_desc, do_desc, l_desc, delta_desc, q_ring, do_ring, l_ring, delta_ring, ready, empty, bh, H,
                      N_QUERIES, lo, n_tiles, BM, D, STAGES, SEQ_MAJOR)),
     ], [4, 1], [240, 24])
@@ -207,7 +199,6 @@ def _dq_consume(c: gl.constexpr, q_smem, do_smem, k_ring, v_ring, q_bar, ready, 
     """Consumer ``c`` (a 4-warp partition): D = rowsum(dO ∘ O) and dQ of query rows [q_start + 64 c,
     q_start + 64 c + 64). ``gluon_bwd``'s dQ loop: S_j and dP_j are issued with dS_{j-1} K_{j-1}; tile
     j - 1's slot is released once that is done."""
-    dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = _wgmma_layout(4, BN)
     acc_layout: gl.constexpr = _wgmma_layout(4, D)
     ds_layout: gl.constexpr = _register_operand(acc_layout)
@@ -228,49 +219,20 @@ def _dq_consume(c: gl.constexpr, q_smem, do_smem, k_ring, v_ring, q_bar, ready, 
 
     zeros_s = gl.zeros([HALF, BN], gl.float32, s_layout)
     dq = gl.zeros([HALF, D], gl.float32, acc_layout)
-    # Tile 0 alone: no dS K to overlap it with yet.
     mbarrier.wait(ready.index(0), 0)
-    s = warpgroup_mma(q_half, k_ring.index(0).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-    dp = warpgroup_mma(do_half, v_ring.index(0).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s,))
-    p = _probs_tile(s, lse2, offs_q, q0, 0, qk_scale, BN, is_causal)
-    dp = warpgroup_mma_wait(0, deps=(dp,))
-    ds = (p * (dp - delta[:, None])).to(dtype)
+    ds = _dq_first(q_half, do_half, k_ring.index(0), v_ring.index(0), zeros_s, lse2, delta, offs_q, q0, qk_scale, BN,
+                   is_causal)
     for j in range(1, n_tiles):
         stage = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
-        s = warpgroup_mma(q_half, k_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        dp = warpgroup_mma(do_half, v_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_ring.index(prev), dq, is_async=True)
-        s = warpgroup_mma_wait(2, deps=(s,))  # S_j is ready; dP_j and dS_{j-1} K_{j-1} run on
-        p = _probs_tile(s, lse2, offs_q, q0, j * BN, qk_scale, BN, is_causal)
-        dp = warpgroup_mma_wait(1, deps=(dp,))  # dP_j is ready; dS_{j-1} K_{j-1} runs on under dS_j
-        ds = (p * (dp - delta[:, None])).to(dtype)
-        dq = warpgroup_mma_wait(0, deps=(dq,))
+        ds, dq = _dq_step(q_half, do_half, k_ring.index(stage), v_ring.index(stage), k_ring.index(prev), ds, dq,
+                          zeros_s, lse2, delta, offs_q, q0, j * BN, qk_scale, BN, is_causal)
         mbarrier.arrive(empty.index(prev), count=1)  # this consumer is done with tile j - 1's K and V
     last = (n_tiles - 1) % STAGES
     dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_ring.index(last), dq, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq,))
     _store_rows(dQ_ptr, dq * scale, bh, H, N_QUERIES, q0, SEQ_MAJOR & 16, D)
-
-
-@gluon.jit
-def _dq_consumer0(q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr, stride_ob,
-                  stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN: gl.constexpr,
-                  D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
-    _dq_consume(0, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
-                stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D, is_causal,
-                STAGES, SEQ_MAJOR)
-
-
-@gluon.jit
-def _dq_consumer1(q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr, stride_ob,
-                  stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN: gl.constexpr,
-                  D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
-    _dq_consume(1, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
-                stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D, is_causal,
-                STAGES, SEQ_MAJOR)
 
 
 @gluon.jit
@@ -290,29 +252,18 @@ def flash_bwd_dq_ws_kernel(
 
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
-    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+    k_ring, v_ring, q_bar, ready, empty = _key_ring_ws(k_desc, v_desc, BN, D, STAGES)
     qk_scale = scale * LOG2E
     gl.warp_specialize([
-        (_dq_consumer0, (q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
-                         stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D,
-                         is_causal, STAGES, SEQ_MAJOR)),
-        (_dq_consumer1, (q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
-                         stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D,
-                         is_causal, STAGES, SEQ_MAJOR)),
+        (_dq_consume, (0, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
+                       stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D,
+                       is_causal, STAGES, SEQ_MAJOR)),
+        (_dq_consume, (1, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, Delta_ptr, dQ_ptr,
+                       stride_ob, stride_oh, stride_on, H, N_QUERIES, q_start, n_tiles, scale, qk_scale, BN, D,
+                       is_causal, STAGES, SEQ_MAJOR)),
         (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_ring, v_ring, q_bar, ready, empty, bh,
                         H, N_QUERIES, N_KEYS, q_start, n_tiles, BN, D, STAGES, SEQ_MAJOR)),
     ], [4, 1], [240, 24])
 
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
+    _invalidate_ring(q_bar, ready, empty, STAGES)
 # fmt: on

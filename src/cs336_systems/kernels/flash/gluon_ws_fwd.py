@@ -31,12 +31,37 @@ from .gluon_common import (
     _register_operand,
     _wgmma_layout,
 )
-from .gluon_fwd import _softmax_tile
+from .gluon_fwd import _fwd_step, _softmax_tile
 
 HALF = gl.constexpr(64)  # query rows per consumer warp group
 
 
 # fmt: off
+@gluon.jit
+def _key_ring_ws(k_desc, v_desc, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
+    """The K/V ring of a warp-specialized query-tile program (forward, dQ) and its barriers: ``ready[s]``
+    (the producer's bytes landed) and ``empty[s]`` (both consumers released slot s); and the barrier of the
+    program's own row tiles (Q, or Q and dO)."""
+    k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
+    v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, D], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+    return k_ring, v_ring, q_bar, ready, empty
+
+
+@gluon.jit
+def _invalidate_ring(q_bar, ready, empty, STAGES: gl.constexpr):
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
 @gluon.jit
 def _stream_key_tiles(k_desc, v_desc, k_ring, v_ring, ready, empty, bh, H, N_KEYS, n_tiles, BN: gl.constexpr,
                       D: gl.constexpr, STAGES: gl.constexpr, SEQ_MAJOR: gl.constexpr):
@@ -97,11 +122,8 @@ def _fwd_consume(c: gl.constexpr, q_smem, k_ring, v_ring, q_bar, ready, empty, O
         stage = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
-        s = warpgroup_mma(q_half, k_ring.index(stage).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_ring.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s,))  # S_j is ready; P_{j-1} V_{j-1} runs on under the softmax
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_q, q0, j * BN, qk_scale, BN, is_causal)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        p, m_i, l_i, alpha, acc = _fwd_step(q_half, k_ring.index(stage), v_ring.index(prev), p, acc, m_i, l_i,
+                                            zeros_s, offs_q, q0, j * BN, qk_scale, BN, is_causal)
         mbarrier.arrive(empty.index(prev), count=1)  # this consumer is done with tile j - 1's K and V
         acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
     last = (n_tiles - 1) % STAGES
@@ -114,22 +136,6 @@ def _fwd_consume(c: gl.constexpr, q_smem, k_ring, v_ring, q_bar, ready, empty, O
     gl.store(O_ptr + o_offs, acc.to(dtype))
     # Natural-log units: L is the contract's logsumexp.
     gl.store(L_ptr + bh.to(gl.int64) * N_QUERIES + offs_q, (m_i + gl.log2(l_i)) * LN2)
-
-
-@gluon.jit
-def _fwd_consumer0(q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh, stride_on, H,
-                   N_QUERIES, q_start, n_tiles, qk_scale, BN: gl.constexpr, D: gl.constexpr,
-                   is_causal: gl.constexpr, STAGES: gl.constexpr):
-    _fwd_consume(0, q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh, stride_on,
-                 H, N_QUERIES, q_start, n_tiles, qk_scale, BN, D, is_causal, STAGES)
-
-
-@gluon.jit
-def _fwd_consumer1(q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh, stride_on, H,
-                   N_QUERIES, q_start, n_tiles, qk_scale, BN: gl.constexpr, D: gl.constexpr,
-                   is_causal: gl.constexpr, STAGES: gl.constexpr):
-    _fwd_consume(1, q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh, stride_on,
-                 H, N_QUERIES, q_start, n_tiles, qk_scale, BN, D, is_causal, STAGES)
 
 
 @gluon.jit
@@ -147,27 +153,16 @@ def flash_fwd_ws_kernel(
     bh, q_start, n_tiles = _query_program(N_QUERIES, N_KEYS, BM, BN, is_causal)
 
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
-    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+    k_ring, v_ring, q_bar, ready, empty = _key_ring_ws(k_desc, v_desc, BN, D, STAGES)
     qk_scale = scale * LOG2E
     gl.warp_specialize([
-        (_fwd_consumer0, (q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh,
-                          stride_on, H, N_QUERIES, q_start, n_tiles, qk_scale, BN, D, is_causal, STAGES)),
-        (_fwd_consumer1, (q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh,
-                          stride_on, H, N_QUERIES, q_start, n_tiles, qk_scale, BN, D, is_causal, STAGES)),
+        (_fwd_consume, (0, q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh,
+                        stride_on, H, N_QUERIES, q_start, n_tiles, qk_scale, BN, D, is_causal, STAGES)),
+        (_fwd_consume, (1, q_smem, k_ring, v_ring, q_bar, ready, empty, O_ptr, L_ptr, stride_ob, stride_oh,
+                        stride_on, H, N_QUERIES, q_start, n_tiles, qk_scale, BN, D, is_causal, STAGES)),
         (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, ready, empty, bh, H, N_QUERIES,
                          N_KEYS, q_start, n_tiles, BN, D, STAGES, SEQ_MAJOR)),
     ], [4, 1], [240, 24])
 
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
+    _invalidate_ring(q_bar, ready, empty, STAGES)
 # fmt: on
