@@ -103,6 +103,15 @@ def device() -> torch.device:
 
 
 @pytest.fixture(scope="session")
+def hopper(device: torch.device) -> torch.device:
+    """The device, for tests of the Gluon kernels (built for Hopper's wgmma); skips elsewhere, where their
+    configs run Triton's kernels."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        pytest.skip("the Gluon kernels are built for Hopper (wgmma); elsewhere their configs run Triton's")
+    return device
+
+
+@pytest.fixture(scope="session")
 def presets() -> dict[str, ModelConfig]:
     return PRESETS
 

@@ -983,14 +983,12 @@ def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
 @pytest.mark.gpu
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize(("kernel", "d", "config"), GLUON_CONFIGS, ids=GLUON_IDS)
-def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, device, generator) -> None:
+def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, hopper, generator) -> None:
     # Shapes the Gluon kernels take (contiguous, lengths multiples of the tiles), one with N_q != N_k both
     # ways: every loop phase (diagonal tiles, full tiles, key tiles that no query sees), and one long
     # enough that every ring of tiles wraps several times, taken as 4-D (2 x 4 heads of 1024) for O's layout.
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        pytest.skip("the Gluon kernels are built for Hopper (wgmma); elsewhere their configs run Triton's")
     for shape in ((3, 256, 256, d), (2, 128, 384, d), (2, 384, 128, d), (1, 8192, 8192, d)):
-        q, k, v, do = make_inputs(shape, torch.bfloat16, device, generator)
+        q, k, v, do = make_inputs(shape, torch.bfloat16, hopper, generator)
         if shape[0] == 1:  # as (batch, heads, seq, d): O strided as the plan stores it, heads apart
             q, k, v, do = (
                 t.detach().view(2, 4, -1, d).requires_grad_(t.requires_grad) for t in (q, k, v, do)
@@ -1000,19 +998,17 @@ def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, device,
         assert call.fn is gluon_kernel(kernel, config), "the Gluon kernel must apply here"
         with flash.forced(kernel, config):
             check_against_reference(
-                FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
+                FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, hopper)
             )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize(("kernel", "d", "config"), LAYOUT_GLUON, ids=LAYOUT_IDS)
-def test_gluon_kernels_read_the_model_layout(kernel, d, config, is_causal, device, generator) -> None:
+def test_gluon_kernels_read_the_model_layout(kernel, d, config, is_causal, hopper, generator) -> None:
     # The model's attention (MODEL_LAYOUT): the Gluon kernel reads its views in place.
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        pytest.skip("the Gluon kernels are built for Hopper (wgmma); elsewhere their configs run Triton's")
     batch, heads, n = 2, 4, 1024
-    draw = lambda *shape: torch.randn(*shape, generator=generator).to(device, torch.bfloat16)
+    draw = lambda *shape: torch.randn(*shape, generator=generator).to(hopper, torch.bfloat16)
     qkv = draw(batch, n, 3, heads, d).permute(2, 0, 3, 1, 4)
     q, k = (t.contiguous().requires_grad_() for t in qkv[:2])
     v = qkv[2].detach().requires_grad_()
@@ -1022,7 +1018,7 @@ def test_gluon_kernels_read_the_model_layout(kernel, d, config, is_causal, devic
     assert call.constexprs["SEQ_MAJOR"] == MODEL_LAYOUT[kernel]
     with flash.forced(kernel, config):
         check_against_reference(
-            FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, device)
+            FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, hopper)
         )
 
 
