@@ -131,7 +131,7 @@ def _fwd_consume(c: gl.constexpr, q_smem, k_ring, v_ring, q_bar, ready, empty, O
     acc = warpgroup_mma_wait(0, deps=(acc,))
 
     acc = acc / gl.convert_layout(l_i, rows_o)[:, None]
-    bh = gl.program_id(1)  # from the program id: a register kept across the loop for it costs a spill
+    bh = gl.program_id(1)  # read again here rather than kept across the loop (as the dK/dV consumers do)
     o_offs = _o_offsets(bh, q0, stride_ob, stride_oh, stride_on, H, HALF, D, o_layout)
     gl.store(O_ptr + o_offs, acc.to(dtype))
     # Natural-log units: L is the contract's logsumexp.
