@@ -914,7 +914,15 @@ def _build_for_hopper(kernel: str, d: int, config, is_causal: bool, seq_major: i
     if kernel != "dkdv" or config.ws:  # the ring depth (the non-specialized dK/dV pass's is fixed)
         constexprs["STAGES"] = config.num_stages
     signature = {**_gluon_signature(kernel, d, config), **dict.fromkeys(constexprs, "constexpr")}
-    source = GluonASTSource(gluon_kernel(kernel, config), signature, constexprs)
+    # What Triton's launcher specializes on a GPU: 16-byte aligned pointers, and strides and lengths that are
+    # multiples of 16 (as at the shapes that matter). Without it no global access is wider than an element.
+    multiples = ("stride_ob", "stride_oh", "stride_on", "N_QUERIES", "N_KEYS")
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, kind) in enumerate(signature.items())
+        if kind.startswith("*") or name in multiples
+    }
+    source = GluonASTSource(gluon_kernel(kernel, config), signature, constexprs, attrs)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps)
     )
@@ -950,6 +958,25 @@ def test_gluon_kernels_build_for_hopper_with_overlapped_matmuls(kernel, d, confi
 MODEL_LAYOUT = {"fwd": 0b100, "dq": 0b01100, "dkdv": 0b101100}
 LAYOUT_GLUON = [(kernel, d, c) for kernel, d, c in GLUON_CONFIGS if kernel == "dkdv" or c.ws]
 LAYOUT_IDS = [f"{kernel}-d{d}-{c}" for kernel, d, c in LAYOUT_GLUON]
+
+
+WS_GLUON = [(kernel, d, c) for kernel, d, c in GLUON_CONFIGS if c.ws]
+
+
+@pytest.mark.usefixtures("pristine_triton_language")
+@pytest.mark.parametrize(("kernel", "d", "config"), WS_GLUON, ids=[f"{k}-d{d}-{c}" for k, d, c in WS_GLUON])
+def test_warp_specialized_epilogues_move_16_byte_rows(kernel, d, config) -> None:
+    # The tiles a warp-specialized pass writes (O, dQ, dK and dV) and the O the dQ pass reads go through
+    # global memory in 16-byte row vectors, not in the wgmma accumulator layout's 4-byte pieces (10-16% of a
+    # pass at short sequences). What stays narrower: the L and D vectors, one 4-byte access a row.
+    ptx, _ = _build_for_hopper(kernel, d, config, True, seq_major=MODEL_LAYOUT[kernel])
+    stores, loads = re.findall(r"st\.global\.([\w.]+)", ptx), re.findall(r"ld\.global\.([\w.]+)", ptx)
+    tiles = {"fwd": 1, "dq": 1, "dkdv": 2}[kernel]  # per consumer: O; dQ; dK and dV
+    rows_per_thread = 64 * d * 2 // 16 // 128  # a consumer's 64 rows of d 2-byte elements, 128 threads
+    assert stores.count("v4.b32") == 2 * tiles * rows_per_thread, stores
+    assert [s for s in stores if s != "v4.b32"] == (["b32"] * 4 if kernel != "dkdv" else []), stores
+    if kernel == "dq":  # O, for D = rowsum(dO * O); and L
+        assert sorted(loads) == sorted(["v4.b32"] * 2 * rows_per_thread + ["b32"] * 4), loads
 
 
 @pytest.mark.usefixtures("pristine_triton_language")

@@ -119,6 +119,26 @@ def _o_offsets(bh, q_start, stride_ob, stride_oh, stride_on, H, BM: gl.constexpr
     return base + rows.to(gl.int64)[:, None] * stride_on + cols[None, :]
 
 
+@gluon.constexpr_function
+def _row_vectors(rows, cols, warps):
+    """A layout of 16-byte row vectors of a [rows, cols] tile of 2-byte elements, for the epilogues of the
+    warp-specialized passes: a warp's stores cover whole rows. The wgmma accumulator layout holds 2 adjacent
+    columns a thread, so storing from it takes 4-byte stores, each warp's spread over 8 rows: at short
+    sequences (4-8 tiles a program) that cost 10-16% of a pass (docs/perf-notes.md, session 21)."""
+    lanes = min(cols // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def _restage(x, smem):
+    """``x`` (a [rows, cols] accumulator), cast to ``smem``'s dtype and read back from ``smem`` (a tile of
+    that shape no matmul reads any more) in 16-byte row vectors (:func:`_row_vectors`). For kernels whose
+    shared memory is all taken (the forward's ring), where ``gl.convert_layout`` would need scratch."""
+    layout: gl.constexpr = _row_vectors(x.type.shape[0], x.type.shape[1], gl.num_warps())
+    smem.store(x.to(smem.dtype))
+    return smem.load(layout)
+
+
 @gluon.jit
 def _store_rows(ptr, x, bh, H, N, row0, SEQ_MAJOR: gl.constexpr, D: gl.constexpr):
     """Rows [row0, row0 + len(x)) of head ``bh`` of a dense gradient (dQ, dK, dV): head-major rows of D, or

@@ -20,6 +20,9 @@ The dQ pass (:func:`flash_bwd_dq_ws_kernel`): the warp-specialized forward's lay
 of 128 query rows, a consumer per 64, the producer streaming K and V) around ``gluon_bwd``'s dQ loop. At
 (1, 32, 32768, 128) causal: 17.6 vs 20.6 ms for the best Triton dQ pass (750 TFLOP/s, session 20). Its key
 tiles are 64 keys: with 128 the consumers spill (192 bytes at d = 128).
+
+Both passes store their gradients in 16-byte rows, and the dQ pass reads O so (``gluon_common._row_vectors``):
+0.84-0.90x the time at (32, 8, 512, 128) and (4, 16, 1024, 128), where a program runs 4-8 tiles (session 21).
 """
 
 from triton.experimental import gluon
@@ -33,7 +36,9 @@ from .gluon_common import (
     _o_offsets,
     _query_program,
     _register_operand,
+    _restage,
     _row_sum,
+    _row_vectors,
     _store_rows,
     _wgmma_layout,
 )
@@ -117,8 +122,13 @@ def _dkdv_consumer(c: gl.constexpr, k_smem, v_smem, kv_bar, q_ring, do_ring, l_r
     loop for it made ptxas spill at d = 128)."""
     dk, dv = _consume(c, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, k_start, lo,
                       n_tiles, qk_scale, BM, D, is_causal, STAGES)
+    # In 16-byte row vectors through scratch shared memory: restaged through the K and V halves instead, the
+    # loop scheduled differently and the pass took 1.9% longer at (1, 32, 32768, 128) (0.9% this way).
+    vectors: gl.constexpr = _row_vectors(HALF, D, 4)
+    dv = gl.convert_layout(dv.to(dV_ptr.dtype.element_ty), vectors)
     _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start + c * HALF, SEQ_MAJOR & 32, D)
-    _store_rows(dK_ptr, dk * scale, gl.program_id(1), H, N_KEYS, k_start + c * HALF, SEQ_MAJOR & 16, D)
+    dk = gl.convert_layout((dk * scale).to(dK_ptr.dtype.element_ty), vectors)
+    _store_rows(dK_ptr, dk, gl.program_id(1), H, N_KEYS, k_start + c * HALF, SEQ_MAJOR & 16, D)
 
 
 @gluon.jit
@@ -203,6 +213,7 @@ def _dq_consume(c: gl.constexpr, q_smem, do_smem, k_ring, v_ring, q_bar, ready, 
     acc_layout: gl.constexpr = _wgmma_layout(4, D)
     ds_layout: gl.constexpr = _register_operand(acc_layout)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    vectors: gl.constexpr = _row_vectors(HALF, D, 4)
 
     bh = gl.program_id(1)
     q0 = q_start + c * HALF
@@ -210,11 +221,11 @@ def _dq_consume(c: gl.constexpr, q_smem, do_smem, k_ring, v_ring, q_bar, ready, 
     do_half = do_smem.slice(c * HALF, HALF)
     offs_q = q0 + gl.arange(0, HALF, layout=rows_s)
     stat = bh.to(gl.int64) * N_QUERIES + offs_q
-    # O by pointer (read once) while the tiles load.
-    o = gl.load(O_ptr + _o_offsets(bh, q0, stride_ob, stride_oh, stride_on, H, HALF, D, acc_layout))
+    # O by pointer (read once, in 16-byte row vectors) while the tiles load.
+    o = gl.load(O_ptr + _o_offsets(bh, q0, stride_ob, stride_oh, stride_on, H, HALF, D, vectors))
     lse2 = gl.load(L_ptr + stat) * LOG2E
     mbarrier.wait(q_bar, 0)
-    delta = gl.convert_layout(_row_sum(o.to(gl.float32) * do_half.load(acc_layout).to(gl.float32)), rows_s)
+    delta = gl.convert_layout(_row_sum(o.to(gl.float32) * do_half.load(vectors).to(gl.float32)), rows_s)
     gl.store(Delta_ptr + stat, delta)
 
     zeros_s = gl.zeros([HALF, BN], gl.float32, s_layout)
@@ -232,7 +243,8 @@ def _dq_consume(c: gl.constexpr, q_smem, do_smem, k_ring, v_ring, q_bar, ready, 
     last = (n_tiles - 1) % STAGES
     dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), k_ring.index(last), dq, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq,))
-    _store_rows(dQ_ptr, dq * scale, bh, H, N_QUERIES, q0, SEQ_MAJOR & 16, D)
+    # Out through this consumer's half of the Q tile, which no matmul reads any more.
+    _store_rows(dQ_ptr, _restage(dq * scale, q_half), bh, H, N_QUERIES, q0, SEQ_MAJOR & 16, D)
 
 
 @gluon.jit

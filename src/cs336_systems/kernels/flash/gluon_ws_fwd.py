@@ -16,6 +16,9 @@ Q, K and V are read head-major or seq-major (``SEQ_MAJOR`` bits 0-2, :func:`.glu
 the model's V is a view of its fused projection. Measured on an H100 (session 20): 0.91x the time of the
 best Triton forward at (1, 32, 32768, 128) causal (14.3 vs 15.7 ms, 616 TFLOP/s), with a 3-deep ring; a
 2-deep one is 1.3x slower (the producer waits for a slot that both consumers release only after P V).
+O leaves through the Q tile's shared memory in 16-byte rows (0.88x the time at (32, 8, 512, 128), session 21).
+Tried and dropped (session 21): the consumers taking turns to issue their matmuls (FA3's ping-pong; 0.98-1.02x)
+and programs of 2 or 4 query tiles (0.95x at (32, 8, 512, 128), up to 1.16x elsewhere).
 """
 
 from triton.experimental import gluon
@@ -29,6 +32,7 @@ from .gluon_common import (
     _o_offsets,
     _query_program,
     _register_operand,
+    _restage,
     _wgmma_layout,
 )
 from .gluon_fwd import _fwd_step, _softmax_tile
@@ -130,10 +134,11 @@ def _fwd_consume(c: gl.constexpr, q_smem, k_ring, v_ring, q_bar, ready, empty, O
     acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_ring.index(last), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc,))
 
-    acc = acc / gl.convert_layout(l_i, rows_o)[:, None]
+    # O goes out through this consumer's half of the Q tile, which no matmul reads any more.
+    o = _restage(acc / gl.convert_layout(l_i, rows_o)[:, None], q_half)
+    vectors: gl.constexpr = o.type.layout
     bh = gl.program_id(1)  # read again here rather than kept across the loop (as the dK/dV consumers do)
-    o_offs = _o_offsets(bh, q0, stride_ob, stride_oh, stride_on, H, HALF, D, o_layout)
-    gl.store(O_ptr + o_offs, acc.to(dtype))
+    gl.store(O_ptr + _o_offsets(bh, q0, stride_ob, stride_oh, stride_on, H, HALF, D, vectors), o)
     # Natural-log units: L is the contract's logsumexp.
     gl.store(L_ptr + bh.to(gl.int64) * N_QUERIES + offs_q, (m_i + gl.log2(l_i)) * LN2)
 
