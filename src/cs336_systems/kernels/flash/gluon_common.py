@@ -132,8 +132,9 @@ def _row_vectors(rows, cols, warps):
 @gluon.jit
 def _restage(x, smem):
     """``x`` (a [rows, cols] accumulator), cast to ``smem``'s dtype and read back from ``smem`` (a tile of
-    that shape no matmul reads any more) in 16-byte row vectors (:func:`_row_vectors`). For kernels whose
-    shared memory is all taken (the forward's ring), where ``gl.convert_layout`` would need scratch."""
+    that shape no matmul reads any more) in 16-byte row vectors (:func:`_row_vectors`). Unlike
+    ``gl.convert_layout`` it needs no scratch shared memory, of which the forward's ring leaves none; the dQ
+    pass, which would have room, was measured this way (session 21)."""
     layout: gl.constexpr = _row_vectors(x.type.shape[0], x.type.shape[1], gl.num_warps())
     smem.store(x.to(smem.dtype))
     return smem.load(layout)
