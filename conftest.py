@@ -111,6 +111,32 @@ def hopper(device: torch.device) -> torch.device:
     return device
 
 
+def _language_attributes() -> dict:
+    """The own attributes of the Triton language modules and classes that the interpreter patches."""
+    import triton.language as tl
+
+    owners = (tl, tl.core, tl.math, tl.tensor, tl.core.tensor_descriptor_base)
+    return {(owner, name): value for owner in owners for name, value in vars(owner).items()}
+
+
+# Taken at collection, before any kernel of the session is interpreted.
+_PRISTINE_LANGUAGE = _language_attributes()
+
+
+@pytest.fixture
+def pristine_triton_language(monkeypatch):
+    """triton.language as imported, for the duration of a test. Triton 3.6's interpreter patches it for
+    every device-function call and restores it only after whole kernels (``InterpretedFunction.__call__``),
+    so once any kernel with helpers has been interpreted in this process, compiling for a GPU finds
+    interpreter lambdas where builtins were (``'ir.value' object has no attribute 'dtype'``)."""
+    missing = object()
+    for owner, name in _language_attributes().keys() - _PRISTINE_LANGUAGE.keys():
+        monkeypatch.delattr(owner, name)
+    for (owner, name), value in _PRISTINE_LANGUAGE.items():
+        if vars(owner).get(name, missing) is not value:
+            monkeypatch.setattr(owner, name, value)
+
+
 @pytest.fixture(scope="session")
 def presets() -> dict[str, ModelConfig]:
     return PRESETS

@@ -8,6 +8,8 @@ routing live in ``attention/flash_triton.py``):
 - ``gluon_common``, ``gluon_fwd``, ``gluon_bwd``: their Gluon twins for Hopper, with hand-issued
   asynchronous matmuls; ``gluon_ws_fwd``, ``gluon_ws_bwd``: the warp-specialized forward, dQ and dK/dV
   passes (FA3's producer warp and consumer warp groups), which read the model's layout in place;
+  ``gluon_ws_one_pass``: the warp-specialized one-pass backward (dK/dV and dQ's shares, added by the
+  copy engine into a float32 accumulator; D from ``triton_bwd.flash_bwd_delta_kernel``);
 - ``configs``: tile configs as data (candidates per case class) and tuning keys;
 - ``tuner``: :class:`Tuner`, which chooses a config per key by the metric of the route that launches it;
 - ``tune_table``: the tuning tables shipped per GPU model (``tuned/*.json``, written by
@@ -34,12 +36,24 @@ from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
 from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
 from .gluon_ws_fwd import flash_fwd_ws_kernel
-from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, gluon_supported
+from .gluon_ws_one_pass import flash_bwd_one_pass_ws_kernel
+from .launch import (
+    KernelPlan,
+    Launch,
+    dkdv_launch,
+    dq_launch,
+    fwd_launch,
+    gluon_supported,
+    one_pass_launches,
+    one_pass_supported,
+)
 from .plan import (
     LAUNCHERS,
     PLANS,
     AttentionPlan,
     Launcher,
+    OnePassBackward,
+    SplitBackward,
     as_4d,
     attention_plan,
     chosen_configs,
@@ -52,7 +66,7 @@ from .plan import (
 )
 from .settings import INTERPRET, FlashSettings, configured, flash_settings
 from .traced import flash_backward_traced, flash_forward_traced, tune_ahead
-from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from .triton_bwd import flash_bwd_delta_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
 from .tuner import TUNER, Tuner
 
@@ -115,6 +129,8 @@ __all__ = [
     "KernelPlan",
     "Launch",
     "Launcher",
+    "OnePassBackward",
+    "SplitBackward",
     "TileConfig",
     "Tuner",
     "as_4d",
@@ -130,12 +146,14 @@ __all__ = [
     "dq_launch",
     "flash_backward",
     "flash_backward_traced",
+    "flash_bwd_delta_kernel",
     "flash_bwd_dkdv_gluon_kernel",
     "flash_bwd_dkdv_kernel",
     "flash_bwd_dkdv_ws_kernel",
     "flash_bwd_dq_gluon_kernel",
     "flash_bwd_dq_kernel",
     "flash_bwd_dq_ws_kernel",
+    "flash_bwd_one_pass_ws_kernel",
     "flash_forward",
     "flash_forward_traced",
     "flash_fwd_gluon_kernel",
@@ -148,6 +166,8 @@ __all__ = [
     "gpu_candidates",
     "metric_of",
     "new_output",
+    "one_pass_launches",
+    "one_pass_supported",
     "pick",
     "pointer_configs",
     "tune_ahead",

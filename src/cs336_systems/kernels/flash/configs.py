@@ -2,8 +2,10 @@
 
 The lists come from the H100 sweeps (docs/notes/attention-kernels.md, docs/perf-notes.md); each entry
 that is not the first is there because a measured case chose it. What never won left the lists: the
-one-pass backward (dQ added atomically from the dK/dV pass; never chosen on the attention shapes group,
-1.6-2x slower beyond short sequences) and the 90-config "wide" sweep (its winners are the entries here).
+Triton and non-specialized Gluon one-pass backwards (dQ added atomically from the dK/dV pass; 1.6-2x and
+1.12x slower at long sequences) and the 90-config "wide" sweep (its winners are the entries here). The
+warp-specialized one-pass backward is a dK/dV candidate (``one_pass``): a dK/dV key's candidates are
+timed as whole backwards, so choosing it is choosing the backward.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ class TileConfig:
     # query rows for the forward and dQ, whose q_tile is 128; keys for dK/dV, whose k_tile is 128).
     # num_stages is the depth of its tile ring.
     ws: bool = False
+    # dK/dV with ws: the one-pass backward (``gluon_ws_one_pass``), whose dK/dV pass also adds dQ, so no dQ
+    # pass runs; where it cannot run, its split twin (the same config without one_pass) does.
+    one_pass: bool = False
 
     def __str__(self) -> str:
         tma, gluon, ws = "-tma" if self.tma else "", "-gluon" if self.gluon else "", "-ws" if self.ws else ""
-        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{gluon}{ws}"
+        one_pass = "-1pass" if self.one_pass else ""
+        return f"q{self.q_tile}-k{self.k_tile}-w{self.num_warps}-s{self.num_stages}{tma}{gluon}{ws}{one_pass}"
 
 
 def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
@@ -62,6 +68,11 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     WS = C(64, 128, 4, 2, T, gluon=True, ws=True)
     WS_FWD = C(128, 128, 4, 3, T, gluon=True, ws=True)
     WS_DQ = C(128, 64, 4, 3, T, gluon=True, ws=True)
+    # - one pass (session 22): the whole backward 0.95x the split one at (1, 32, 32768, 128) causal under the
+    #   tuner's metric; at (2, 32, 4096, 128) 1.07x in its short bursts and 0.98x sustained. At d = 64 it is
+    #   0.92-0.94x sustained on (1, 16, 16384) but 1.02-1.09x in the tuner's bursts, which never chose it
+    #   there, so it is listed at d = 128 only.
+    ONE_PASS = replace(WS, one_pass=True)
 
     return {
         ("fwd", False, False): [
@@ -104,6 +115,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 2, T),  # (4, 16, 1024) causal (session 15's grid)
             G(64, 64, 4),  # 32k causal: dK/dV 26.96 vs 30.36 ms (session 10)
             WS,
+            ONE_PASS,
         ],
         ("dkdv", True, False): [C(32, 128, 8, 2, T), C(32, 64, 4, 2, T), C(32, 128, 8, 3, T)],
         ("dkdv", True, True): [C(32, 32, 4, 2), C(16, 64, 4, 2, T), C(32, 32, 4, 2, T)],

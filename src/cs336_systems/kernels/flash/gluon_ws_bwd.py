@@ -122,8 +122,15 @@ def _dkdv_consumer(c: gl.constexpr, k_smem, v_smem, kv_bar, q_ring, do_ring, l_r
     loop for it made ptxas spill at d = 128)."""
     dk, dv = _consume(c, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, k_start, lo,
                       n_tiles, qk_scale, BM, D, is_causal, STAGES)
-    # In 16-byte row vectors through scratch shared memory: restaged through the K and V halves instead, the
-    # loop scheduled differently and the pass took 1.9% longer at (1, 32, 32768, 128) (0.9% this way).
+    _store_key_rows(c, dk, dv, dK_ptr, dV_ptr, H, N_KEYS, k_start, scale, D, SEQ_MAJOR)
+
+
+@gluon.jit
+def _store_key_rows(c: gl.constexpr, dk, dv, dK_ptr, dV_ptr, H, N_KEYS, k_start, scale, D: gl.constexpr,
+                    SEQ_MAJOR: gl.constexpr):
+    """Consumer ``c``'s rows of dV and dK (times the scale). In 16-byte row vectors through scratch shared
+    memory: restaged through the K and V halves instead, the loop scheduled differently and the pass took
+    1.9% longer at (1, 32, 32768, 128) (0.9% this way)."""
     vectors: gl.constexpr = _row_vectors(HALF, D, 4)
     dv = gl.convert_layout(dv.to(dV_ptr.dtype.element_ty), vectors)
     _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start + c * HALF, SEQ_MAJOR & 32, D)
@@ -143,25 +150,10 @@ def flash_bwd_dkdv_ws_kernel(
     default partition; the workers add 4 + 1 warps, padded to 12 in all)."""
     gl.static_assert(WARPS == 4, "the default partition is one warp group: launch with num_warps=4")
     gl.static_assert(BN == 2 * HALF, "two consumer warp groups of 64 keys")
-    dtype: gl.constexpr = q_desc.dtype
-    bh = gl.program_id(1)
-    k_start = gl.program_id(0) * BN
-    if is_causal:  # noqa: SIM108
-        lo = k_start  # query tiles before the key tile see none of its keys
-    else:
-        lo = 0
-    n_tiles = (N_QUERIES - lo) // BM
-
-    k_smem, v_smem, kv_bar = _key_tile_start(k_desc, v_desc, bh, H, N_KEYS, k_start, SEQ_MAJOR, D)
-    q_ring = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
-    do_ring = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
-    l_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM], l_desc.layout)
-    delta_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM], delta_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+    bh, k_start, lo, n_tiles, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring = _key_program_ws(
+        q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, H, N_QUERIES, N_KEYS, BM, BN, D, is_causal, STAGES,
+        SEQ_MAJOR)
+    ready, empty = _ring_barriers(STAGES)
     qk_scale = scale * LOG2E
     gl.warp_specialize([
         (_dkdv_consumer, (0, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, dK_ptr,
@@ -174,10 +166,41 @@ def flash_bwd_dkdv_ws_kernel(
                      N_QUERIES, lo, n_tiles, BM, D, STAGES, SEQ_MAJOR)),
     ], [4, 1], [240, 24])
 
+    _invalidate_ring(kv_bar, ready, empty, STAGES)
+
+
+@gluon.jit
+def _key_program_ws(q_desc, k_desc, v_desc, do_desc, l_desc, delta_desc, H, N_QUERIES, N_KEYS, BM: gl.constexpr,
+                    BN: gl.constexpr, D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr,
+                    SEQ_MAJOR: gl.constexpr):
+    """A warp-specialized key-tile program's start (the dK/dV and one-pass kernels): its head, first key,
+    first query and number of query tiles; K and V in flight; the query ring (Q, dO, L, D)."""
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(1)
+    k_start = gl.program_id(0) * BN
+    if is_causal:  # noqa: SIM108
+        lo = k_start  # query tiles before the key tile see none of its keys
+    else:
+        lo = 0
+    n_tiles = (N_QUERIES - lo) // BM
+    k_smem, v_smem, kv_bar = _key_tile_start(k_desc, v_desc, bh, H, N_KEYS, k_start, SEQ_MAJOR, D)
+    q_ring = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    do_ring = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    l_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM], l_desc.layout)
+    delta_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM], delta_desc.layout)
+    return bh, k_start, lo, n_tiles, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring
+
+
+@gluon.jit
+def _ring_barriers(STAGES: gl.constexpr):
+    """The query ring's barriers: ``ready[s]`` (the producer's copies landed), ``empty[s]`` (both consumers
+    released slot s)."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
-    mbarrier.invalidate(kv_bar)
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+    return ready, empty
 # fmt: on
 
 

@@ -24,7 +24,8 @@ from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
 from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
 from .gluon_ws_fwd import flash_fwd_ws_kernel
-from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from .gluon_ws_one_pass import flash_bwd_one_pass_ws_kernel
+from .triton_bwd import flash_bwd_delta_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
 
 GLUON_HEAD_DIMS = (64, 128)
@@ -171,6 +172,34 @@ def dkdv_launch(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv)
     return Launch(
         flash_bwd_dkdv_kernel, (-(-n_k // kt), batch * heads), args, _tiles(c, d, is_causal, tma), c
     )
+
+
+def one_pass_supported(c: TileConfig, q, k, v, o, do, lse, dk, dv) -> bool:
+    """Whether ``c`` runs the one-pass backward on this call: a one-pass config of 64-query tiles (the M of
+    its dQ = dS K matmul) where the warp-specialized dK/dV pass can run, with O's d axis contiguous."""
+    return (
+        c.one_pass
+        and c.q_tile == 64
+        and o.stride(-1) == 1
+        and gluon_supported("dkdv", c, q, k, v, do, dk, dv, stats=(lse,))
+    )
+
+
+def one_pass_launches(
+    c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dk, dv, dq_acc
+) -> list[Launch]:
+    """The one-pass backward's launches (where :func:`one_pass_supported`): D and the zeroed float32 dQ
+    accumulator ``dq_acc`` ([batch * heads * n_q, d]), then the kernel, which writes dK and dV and adds dQ
+    (scaled) into ``dq_acc``."""
+    batch, heads, n_q, d = q.shape
+    delta_args = (o, do, delta, dq_acc, *o.stride(), *do.stride(), heads, n_q)
+    pre = Launch(
+        flash_bwd_delta_kernel, (n_q // c.q_tile, batch * heads), delta_args, dict(D=d, ROWS=c.q_tile), c
+    )
+    split = dkdv_launch(c, is_causal, q, k, v, do, lse, delta, dk, dv)  # the same leading arguments
+    acc = _gluon_descriptor(dq_acc, [c.q_tile, d // 2], list(dq_acc.shape), [d, 1])
+    args = (*split.args[:8], acc, *split.args[8:])
+    return [pre, Launch(flash_bwd_one_pass_ws_kernel, split.grid, args, split.constexprs, c)]
 
 
 # ----------------------------------------------------------------------------------------------------------

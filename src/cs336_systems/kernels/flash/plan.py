@@ -16,7 +16,15 @@ from typing import Any, Literal
 import torch
 
 from .configs import KERNELS, TileConfig, candidate_configs, pointer_configs, tune_key
-from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch
+from .launch import (
+    KernelPlan,
+    Launch,
+    dkdv_launch,
+    dq_launch,
+    fwd_launch,
+    one_pass_launches,
+    one_pass_supported,
+)
 from .settings import INTERPRET
 from .tuner import TUNER, Metric
 
@@ -111,6 +119,32 @@ class SplitBackward:
         self.dkdv(stream, q, k, v, do, lse, delta, dk, dv)
 
 
+class OnePassBackward:
+    """D and a zeroed float32 dQ accumulator, then the one-pass kernel (dK, dV, and dQ's shares added by the
+    copy engine), then dQ cast from the accumulator. The shares are added in no fixed order, so dQ may
+    differ in its last bits from run to run (dK and dV do not); under
+    ``torch.use_deterministic_algorithms(True)`` the split backward runs instead."""
+
+    __slots__ = ("delta", "one_pass")
+
+    def __init__(self, delta: KernelPlan, one_pass: KernelPlan):
+        self.delta, self.one_pass = delta, one_pass
+
+    def __call__(self, stream: int, q, k, v, o, do, lse, dq, dk, dv) -> None:
+        delta = torch.empty_like(lse)
+        acc = _dq_accumulator(q)
+        self.delta(stream, o, do, delta, acc)
+        self.one_pass(stream, q, k, v, do, lse, delta, dk, dv, acc)
+        dq.copy_(acc.view(q.shape))
+
+
+def _dq_accumulator(q: torch.Tensor) -> torch.Tensor:
+    """The one-pass backward's float32 dQ, head-major rows [batch * heads * n_q, d] (zeroed by its first
+    launch)."""
+    batch, heads, n_q, d = q.shape
+    return torch.empty((batch * heads * n_q, d), dtype=torch.float32, device=q.device)
+
+
 class AttentionPlan:
     """The tuned configs and compiled kernels of one call signature: the forward's, and the backward's per
     (O, dO, L) layout. Tensors have any rank >= 2, (..., seq, d), as (batch, heads, seq, d) inside;
@@ -133,7 +167,7 @@ class AttentionPlan:
                 f"call torch.cuda.set_device({self.device}) (or run inside `with torch.cuda.device({self.device})`)"
             )
         self.fwd: KernelPlan | None = None
-        self.bwd: dict[tuple, SplitBackward] = {}
+        self.bwd: dict[tuple, SplitBackward | OnePassBackward] = {}
         # (shape, strides) of O and of dQ, dK, dV (empty_like's dense layouts), allocated per call with one
         # empty_strided each. Worked out on meta tensors: no memory.
         qm, km, vm = (
@@ -189,7 +223,7 @@ class AttentionPlan:
     def backward(self, q, k, v, o, do, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """dQ, dK, dV (input dtype, the inputs' layouts)."""
         grads = dq, dk, dv = self._empty(1), self._empty(2), self._empty(3)
-        key = layout_key(o, do, lse)
+        key = (*layout_key(o, do, lse), torch.are_deterministic_algorithms_enabled())
         if not self.four_d:
             q, k, v, o, do, dq, dk, dv = map(as_4d, (q, k, v, o, do, dq, dk, dv))
         tensors = (q, k, v, o, do, lse, dq, dk, dv)
@@ -204,16 +238,35 @@ class AttentionPlan:
             run(self._stream(), *tensors)
         return grads
 
-    def _tuned_backward(self, tensors: tuple) -> SplitBackward:
-        """The dQ pass is tuned first (it writes D, which every dK/dV launch reads), then the dK/dV pass."""
+    def _tuned_backward(self, tensors: tuple) -> SplitBackward | OnePassBackward:
+        """The dQ pass is tuned first (it writes D, which every split dK/dV launch reads), then the dK/dV
+        pass, whose candidates are timed as whole backwards: a split one runs after the chosen dQ pass, a
+        one-pass one (:func:`one_pass_launches`) alone."""
         q, k, v, o, do, lse, dq, dk, dv = tensors
         causal = self.is_causal
         delta = torch.empty_like(lse)
         dq_tensors = (q, k, v, o, do, lse, delta, dq)
         dq_plan = self._tuned("dq", dq_tensors, lambda c: [dq_launch(c, causal, *dq_tensors)])
         dkdv_tensors = (q, k, v, do, lse, delta, dk, dv)
-        dkdv_plan = self._tuned("dkdv", dkdv_tensors, lambda c: [dkdv_launch(c, causal, *dkdv_tensors)])
-        return SplitBackward(dq_plan, dkdv_plan)
+        one_pass_ok = not torch.are_deterministic_algorithms_enabled()
+        acc: list[torch.Tensor] = []  # the accumulator, allocated if a one-pass candidate runs
+
+        def calls(c: TileConfig) -> list[Launch]:
+            if one_pass_ok and one_pass_supported(c, q, k, v, o, do, lse, dk, dv):
+                if not acc:
+                    acc.append(_dq_accumulator(q))
+                return one_pass_launches(c, causal, q, k, v, o, do, lse, delta, dk, dv, acc[0])
+            return [dkdv_launch(c, causal, *dkdv_tensors)]
+
+        def build(c: TileConfig) -> SplitBackward | OnePassBackward:
+            """The plan of candidate ``c``, whose construction computes the gradients once."""
+            plans = [KernelPlan(call) for call in calls(c)]
+            if len(plans) == 1:
+                return SplitBackward(dq_plan, plans[0])
+            dq.copy_(acc[0].view(q.shape))
+            return OnePassBackward(*plans)
+
+        return self._tuned("dkdv", tensors, calls, build)
 
     def _empty(self, which: int) -> torch.Tensor:
         shape, stride = self.layouts[which]

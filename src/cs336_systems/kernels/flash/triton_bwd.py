@@ -1,8 +1,10 @@
 """The Triton backward of FlashAttention-2 (handout Algorithm 2, equations 13-19) in two launches and no
 atomics, so the gradients are the same bit for bit on every run: a dQ pass over key tiles that also
 computes D = rowsum(dO ∘ O) for its rows and stores it, then a dK/dV pass over query tiles that reads D.
-Each recomputes P from L. (A one-pass backward that added dQ's shares atomically from the dK/dV pass
-lost beyond short sequences and was removed: docs/perf-notes.md, session 16.)"""
+Each recomputes P from L. (A one-pass backward in Triton, adding dQ's shares atomically from the dK/dV
+pass, lost beyond short sequences and was removed: docs/perf-notes.md, session 16. The warp-specialized
+Gluon one-pass backward, ``gluon_ws_one_pass``, takes its D and zeroed accumulator from
+:func:`flash_bwd_delta_kernel`.)"""
 
 import triton
 import triton.language as tl
@@ -172,5 +174,30 @@ def flash_bwd_dkdv_kernel(
                 N_KEYS, k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
     store_rows(dV_ptr, dv, head_offset(bh, H, stride_dvb, stride_dvh), stride_dvk, stride_dvd, bh, H, N_KEYS,
                 k_start, D, K_TILE_SIZE, BLOCK_D, USE_TMA)
+
+
+
+@triton.jit
+def flash_bwd_delta_kernel(
+    O_ptr, dO_ptr, Delta_ptr, dQ_acc_ptr,
+    stride_ob, stride_oh, stride_oq, stride_od,
+    stride_dob, stride_doh, stride_doq, stride_dod,
+    H, N_QUERIES,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """What the one-pass backward needs first, for ROWS query rows (grid (N_QUERIES / ROWS, batch *
+    heads)): D = rowsum(dO ∘ O) into ``Delta`` ((batch, heads, N) float32), and zeros into the same rows of
+    the float32 dQ accumulator (head-major rows [batch * heads * N, D]), which the one-pass kernel adds
+    into. One launch: both are memory-bound and the accumulator has no other writer before it."""
+    bh = tl.program_id(1)
+    start = tl.program_id(0) * ROWS
+    o = load_rows(O_ptr, head_offset(bh, H, stride_ob, stride_oh), stride_oq, stride_od, bh, H, N_QUERIES,
+                  start, D, ROWS, D, False, False)
+    do = load_rows(dO_ptr, head_offset(bh, H, stride_dob, stride_doh), stride_doq, stride_dod, bh, H, N_QUERIES,
+                   start, D, ROWS, D, False, False)
+    rows = bh.to(tl.int64) * N_QUERIES + start + tl.arange(0, ROWS)
+    tl.store(Delta_ptr + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1))
+    tl.store(dQ_acc_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], tl.zeros((ROWS, D), tl.float32))
 
 # fmt: on
