@@ -112,7 +112,8 @@ def _consume(c: gl.constexpr, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, d
     DQ_COLS: gl.constexpr = D // 2
     k_half, v_half, key_end, offs_k, dk, dv, zeros_s = _consumer_start(c, k_smem, v_smem, k_start, BM, D)
     k_cols = k_smem.slice(c * DQ_COLS, DQ_COLS, dim=1)  # dQ's B operand: all keys, this consumer's columns
-    zeros_dq = gl.zeros([BM, DQ_COLS], gl.float32, _wgmma_layout(4, DQ_COLS))
+    dq_layout: gl.constexpr = _wgmma_layout(4, DQ_COLS)
+    zeros_dq = gl.zeros([BM, DQ_COLS], gl.float32, dq_layout)
     mbarrier.wait(kv_bar, 0)
     for i in range(n_tiles):
         stage = i % STAGES
