@@ -2,8 +2,9 @@
 
 ``FlashAttentionTriton.apply(Q, K, V, is_causal=False)``: Triton forward, Triton backward (two launches,
 no atomics; on Hopper, where the tuner chose it, the one-pass backward, whose dQ is added up in no fixed
-order: ``torch.use_deterministic_algorithms(True)`` gets the split one). ``FlashAttentionTritonCompiledBackward`` has the same forward and the torch.compile'd PyTorch
-backward of :mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.shape[:-1], i.e.
+order: ``torch.use_deterministic_algorithms(True)`` gets the split one).
+``FlashAttentionTritonCompiledBackward`` has the same forward and the torch.compile'd PyTorch backward of
+:mod:`flash_pytorch` (D10). Both save L, Q, K, V, O; L has shape Q.shape[:-1], i.e.
 (batch, n_queries) for (batch, seq, d) inputs. Inputs may also be (batch, heads, seq, d) with any strides
 (passed to the kernels as they are: no copies), with n_queries != n_keys.
 

@@ -8,9 +8,9 @@ the split pass does. Then:
 
 - each consumer puts its dS^T (64 keys x BM queries) into its half of a shared [BN, BM] buffer, double
   buffered by the tile's parity, and the two wait for each other at an mbarrier;
-- consumer c computes dQ[:, 64 c : 64 c + 64] = dS (all BN keys, the buffer's transposed view) K[:, 64 c :
-  64 c + 64]: the warp groups split dQ's columns, so its accumulator is 32 registers a thread beside dK's
-  and dV's 64 + 64;
+- consumer c computes dQ's columns [c d/2, (c + 1) d/2) = dS (all BN keys, the buffer's transposed view)
+  times the same columns of K: the warp groups split dQ's columns, so at d = 128 its accumulator is 32
+  registers a thread beside dK's and dV's 64 + 64;
 - the share, scaled, goes through shared memory and is added into the accumulator by the copy engine
   (``cp.reduce.async.bulk.tensor``), which finishes it under the next tile's matmuls.
 
@@ -107,7 +107,7 @@ def _dkdv_tile(k_half, v_half, q_buf, do_buf, l_buf, delta_buf, dk, dv, zeros_s,
 def _consume(c: gl.constexpr, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, delta_ring, ready, empty, ds_smem,
              ds_bar, dq_smem, dq_acc_desc, dq_row0, k_start, lo, n_tiles, scale, qk_scale, BM: gl.constexpr,
              D: gl.constexpr, is_causal: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer ``c``: dK, dV of keys [k_start + 64 c, + 64) (unscaled), and dQ's columns [64 c, + 64) of
+    """Consumer ``c``: dK, dV of keys [k_start + 64 c, + 64) (unscaled), and dQ's columns [c D/2, + D/2) of
     each query tile added into the accumulator."""
     DQ_COLS: gl.constexpr = D // 2
     k_half, v_half, key_end, offs_k, dk, dv, zeros_s = _consumer_start(c, k_smem, v_smem, k_start, BM, D)
@@ -125,8 +125,8 @@ def _consume(c: gl.constexpr, k_smem, v_smem, kv_bar, q_ring, do_ring, l_ring, d
         # This consumer's rows of dS^T, then the other's: dQ needs all BN keys.
         buf = ds_smem.index(i % 2)
         buf.slice(c * HALF, HALF).store(ds_t)
-        fence_async_shared()
-        gl.thread_barrier()
+        fence_async_shared()  # visible to the matmuls (the async proxy)
+        gl.thread_barrier()  # from all of this warp group's threads before its one arrival
         mbarrier.arrive(ds_bar.index(i % 2), count=1)
         mbarrier.wait(ds_bar.index(i % 2), (i // 2) & 1)
         dq = warpgroup_mma(buf.permute((1, 0)), k_cols, zeros_dq, use_acc=False, is_async=True)
