@@ -14,7 +14,7 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     tests)  # GPU-marked tests outside the attention kernels (those: `tests-attention`)
-      python3 -m pytest tests -p no:cacheprovider -q -m gpu --ignore=tests/test_flash_attention.py --ignore=tests/test_flash_gluon.py 2>-m gpu --ignore=tests/test_flash_attention.py 2>&11 | tail -15 ;;
+      python3 -m pytest tests -p no:cacheprovider -q -m gpu --ignore=tests/test_flash_attention.py --ignore=tests/test_flash_gluon.py 2>&1 | tail -15 ;;
     tests-attention)  # the FlashAttention and weighted-sum tests
       python3 -m pytest tests/test_flash_attention.py tests/test_flash_gluon.py tests/test_weighted_sum.py tests/test_flash_tune_table.py -p no:cacheprovider -q -n 4 2>&1 | tail -8 ;;
     memory)  # issue 16: the fused kernels' tests on the GPU, then D22 checkpointing, fused loss, fused AdamW
