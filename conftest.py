@@ -8,7 +8,7 @@ Markers (declared in pyproject.toml):
 - ``hook(name, ...)``: a contract test of these grading hooks (``tests/contract/``).
 - ``adapters_row``: a bench case of the adapters' implementation, dropped unless ``--adapters`` is given.
 
-Option (here because pytest reads ``pytest_addoption`` only from the rootdir conftest and plugins):
+Options (``cs336_systems.grading.pytest_plugin``, loaded by ``-p`` before any conftest):
 ``--adapters PATH`` (or ``CS336_ADAPTERS``) points the contract tests at any adapters file (default:
 ``tests/adapters.py``) and adds an ``adapters`` row to the attention, leaderboard, DDP and sharding
 benches.
@@ -33,6 +33,7 @@ if not torch.cuda.is_available():
         torch.set_num_threads(1)
 
 from cs336_systems.distributed.launch import find_free_port, spawn
+from cs336_systems.grading.pytest_plugin import requested_adapters, unimplemented
 from cs336_systems.harness import adapters as adapters_hooks
 from cs336_systems.model import PRESETS, ModelConfig
 
@@ -41,22 +42,7 @@ def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("cs336 adapters").addoption(
-        adapters_hooks.OPTION,
-        default=None,
-        metavar="PATH",
-        help=f"an adapters file to grade and benchmark (env {adapters_hooks.ENV_VAR}); the contract "
-        "tests default to tests/adapters.py, the benches add an 'adapters' row only when it is given",
-    )
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "hook(*names): a contract test of these grading hooks")
-    # Here, not in tests/contract/conftest.py: an xdist controller never loads that one, and the
-    # per-hook summary is printed by the controller.
-    if not config.pluginmanager.has_plugin(adapters_hooks.SUMMARY_PLUGIN):
-        config.pluginmanager.register(adapters_hooks.HookSummary(), adapters_hooks.SUMMARY_PLUGIN)
     config.addinivalue_line(
         "markers", f"{adapters_hooks.MARKER}: a bench case of the adapters file, run only with --adapters"
     )
@@ -64,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def adapters_path(config: pytest.Config) -> Path | None:
     """The adapters file given by --adapters or CS336_ADAPTERS, else None."""
-    return adapters_hooks.requested_path(config.getoption(adapters_hooks.OPTION))
+    return requested_adapters(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -76,7 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [i for i in items if i.get_closest_marker(adapters_hooks.MARKER) is None]
     for item in items:
         row = item.get_closest_marker(adapters_hooks.MARKER)
-        reason = row and adapters_hooks.unimplemented(path, row.args)
+        reason = row and unimplemented(config, row.args)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
     available = cuda_count()

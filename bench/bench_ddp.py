@@ -30,11 +30,12 @@ CS336_DDP_PROFILE_STEPS, CS336_DDP_WORLD_SIZES (default 2), CS336_DDP_DTYPES (fp
 
 from __future__ import annotations
 
-from pathlib import Path
+import statistics
 
 import pytest
+import torch
 
-from cs336_systems.harness.adapters import IMPL, row_marks
+from cs336_systems.harness.adapters import IMPL, row_marks, timed, workload
 from cs336_systems.harness.distributed import (
     GroupedRuns,
     run_train_case,
@@ -59,9 +60,6 @@ VARIANTS: list[tuple[str, int | None]] = [
     ("individual", None),
     *(("bucketed", b) for b in BUCKETS_MB),
     *(("torch_ddp", b) for b in BUCKETS_MB),
-    # --adapters PATH: the adapters' DDP (per parameter, then bucketed), absent otherwise
-    ("adapters", None),
-    *(("adapters", b) for b in BUCKETS_MB),
 ]
 CTX = settings().ddp_ctx
 CASES = [
@@ -73,7 +71,6 @@ CASES = [
         variant,
         bucket,
         id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}" + (f"-{bucket}MB" if bucket else ""),
-        marks=row_marks(variant, *(ADAPTERS_BUCKETED if bucket else ADAPTERS_INDIVIDUAL)),
     )
     for size in settings().ddp_size
     for dtype in settings().ddp_dtypes
@@ -82,15 +79,13 @@ CASES = [
 ]
 
 
-def case_of(variant: str, bucket_mb: int | None, adapters_file: Path | None) -> TrainCase:
-    return TrainCase(variant, bucket_mb, adapters=str(adapters_file) if variant == IMPL else None)
+def case_of(variant: str, bucket_mb: int | None) -> TrainCase:
+    return TrainCase(variant, bucket_mb)
 
 
 @pytest.fixture(scope="module")
-def ddp_runs(request: pytest.FixtureRequest, adapters_file: Path | None) -> GroupedRuns:
-    return train_runs(
-        request, lambda p: case_of(p["variant"], p["bucket_mb"], adapters_file), SPAWN_TIMEOUT_S
-    )
+def ddp_runs(request: pytest.FixtureRequest) -> GroupedRuns:
+    return train_runs(request, lambda p: case_of(p["variant"], p["bucket_mb"]), SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.distributed
@@ -99,7 +94,6 @@ def ddp_runs(request: pytest.FixtureRequest, adapters_file: Path | None) -> Grou
 def test_ddp_step(
     benchmark,
     ddp_runs,
-    adapters_file: Path | None,
     size: str,
     ctx: int,
     dtype: str,
@@ -107,7 +101,7 @@ def test_ddp_step(
     variant: str,
     bucket_mb: int | None,
 ) -> None:
-    case = case_of(variant, bucket_mb, adapters_file)
+    case = case_of(variant, bucket_mb)
     result, info = run_train_case(benchmark, ddp_runs, "ddp", case, size, ctx, dtype, world_size)
     group = (size, ctx, dtype, world_size)
     info.update(variant=variant, bucket_mb=bucket_mb, optimizer="adamw")
@@ -119,3 +113,47 @@ def test_ddp_step(
         info["overhead_ms"] = result["mean_ms"] - local["mean_ms"]
     record_times(benchmark, result["times_ms"], **info)
     assert result["mean_ms"] > 0
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(SPAWN_TIMEOUT_S)
+@pytest.mark.parametrize(
+    "world_size", [int(ws) for ws in settings().ddp_world_sizes], ids=lambda ws: f"ws{ws}"
+)
+@pytest.mark.parametrize(
+    "bucket_mb",
+    [
+        pytest.param(None, id="adapters", marks=row_marks(IMPL, *ADAPTERS_INDIVIDUAL)),
+        *(
+            pytest.param(b, id=f"adapters-{b}MB", marks=row_marks(IMPL, *ADAPTERS_BUCKETED))
+            for b in BUCKETS_MB
+        ),
+    ],
+)
+def test_adapters_ddp_step(
+    benchmark, pytestconfig: pytest.Config, world_size: int, bucket_mb: int | None
+) -> None:
+    """The adapters' DDP (per parameter, or bucketed at each size) in ranks of its own code, beside
+    torch's DDP on the same workload in the same ranks (``harness.adapters.workload``)."""
+    on_gpu = torch.cuda.device_count() >= world_size
+    args = {
+        **workload(on_gpu),
+        "bucket_mb": bucket_mb,
+        "warmup": 3,
+        "steps": 10,
+        "backend": "nccl" if on_gpu else "gloo",
+    }
+    result = timed(pytestconfig, "ddp", args, world_size, args["backend"])
+    torch_ms = statistics.fmean(result["torch_ddp_ms"])
+    record_times(
+        benchmark,
+        result["adapters_ms"],
+        deliverable="D17" if bucket_mb else "D16",
+        variant=IMPL,
+        bucket_mb=bucket_mb,
+        world_size=world_size,
+        workload=f"MLP {args['layers']} x ({args['d_model']} -> 4d -> d), batch {args['batch']}",
+        num_params=result["params"],
+        torch_ddp_same_workload_ms=torch_ms,
+        ratio_vs_torch_ddp=statistics.fmean(result["adapters_ms"]) / torch_ms,
+    )

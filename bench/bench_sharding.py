@@ -5,7 +5,8 @@ Setup as the DDP bench (``bench_ddp.py``): xl, context 512, global batch 4 (2 pe
 on nccl (tiny on gloo on a CPU-only machine); gradients averaged by our ``DDPBucketed`` (100 MB
 buckets) in every case, so only the optimizer differs. Variants: ``unsharded`` (torch.optim.AdamW),
 ``sharded`` (ShardedOptimizer(params, torch.optim.AdamW)), ``torch_zero``; with ``--adapters PATH`` also
-``adapters`` (that file's ``get_sharded_optimizer(params, torch.optim.AdamW)``).
+``adapters``: that file's ``get_sharded_optimizer(params, torch.optim.AdamW)``, in ranks of its own code
+beside ZeroRedundancyOptimizer and AdamW on one workload (``harness.adapters.workload``).
 
 extra_info (max over ranks): ``peak_after_init_mib`` (torch.cuda.max_memory_allocated after building
 model, DDP wrapper and optimizer), ``peak_before_step_mib`` / ``peak_after_step_mib`` (peak within one
@@ -22,11 +23,12 @@ mean / unsharded mean (goal <= 1.10). Memory figures are None on CPU.
 
 from __future__ import annotations
 
-from pathlib import Path
+import statistics
 
 import pytest
+import torch
 
-from cs336_systems.harness.adapters import IMPL, row_marks
+from cs336_systems.harness.adapters import IMPL, row_marks, timed, workload
 from cs336_systems.harness.distributed import (
     GroupedRuns,
     run_train_case,
@@ -38,7 +40,7 @@ from cs336_systems.harness.train_step import TrainCase
 
 SPAWN_TIMEOUT_S = 900.0
 BUCKET_MB = 100
-OPTIMIZER_OF = {"unsharded": "adamw", "sharded": "sharded", "torch_zero": "zero", IMPL: "adapters"}
+OPTIMIZER_OF = {"unsharded": "adamw", "sharded": "sharded", "torch_zero": "zero"}
 CTX = settings().ddp_ctx
 CASES = [
     pytest.param(
@@ -48,7 +50,6 @@ CASES = [
         int(ws),
         variant,
         id=f"{size}-ctx{CTX}-{dtype}-ws{ws}-{variant}",
-        marks=row_marks(variant, "get_sharded_optimizer"),
     )
     for size in settings().ddp_size
     for dtype in settings().ddp_dtypes
@@ -57,17 +58,14 @@ CASES = [
 ]
 
 
-def case_of(variant: str, adapters_file: Path | None = None) -> TrainCase:
-    adapters = str(adapters_file) if variant == IMPL else None
-    return TrainCase("bucketed", BUCKET_MB, OPTIMIZER_OF[variant], adapters=adapters)
+def case_of(variant: str) -> TrainCase:
+    return TrainCase("bucketed", BUCKET_MB, OPTIMIZER_OF[variant])
 
 
 @pytest.fixture(scope="module")
-def sharding_runs(request: pytest.FixtureRequest, adapters_file: Path | None) -> GroupedRuns:
+def sharding_runs(request: pytest.FixtureRequest) -> GroupedRuns:
     # The optimizer step is what differs; no profiled step needed here.
-    return train_runs(
-        request, lambda p: case_of(p["variant"], adapters_file), SPAWN_TIMEOUT_S, profile_steps=0
-    )
+    return train_runs(request, lambda p: case_of(p["variant"]), SPAWN_TIMEOUT_S, profile_steps=0)
 
 
 @pytest.mark.distributed
@@ -76,14 +74,13 @@ def sharding_runs(request: pytest.FixtureRequest, adapters_file: Path | None) ->
 def test_sharding_step(
     benchmark,
     sharding_runs,
-    adapters_file: Path | None,
     size: str,
     ctx: int,
     dtype: str,
     world_size: int,
     variant: str,
 ) -> None:
-    case = case_of(variant, adapters_file)
+    case = case_of(variant)
     result, info = run_train_case(benchmark, sharding_runs, "sharding", case, size, ctx, dtype, world_size)
     group = (size, ctx, dtype, world_size)
     info.update(variant=variant, optimizer=OPTIMIZER_OF[variant], ddp="bucketed", bucket_mb=BUCKET_MB)
@@ -97,3 +94,33 @@ def test_sharding_step(
         info["step_ratio"] = result["mean_ms"] / baseline["mean_ms"]
     record_times(benchmark, result["times_ms"], **info)
     assert result["optim_state_mib"] > 0
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(SPAWN_TIMEOUT_S)
+@pytest.mark.parametrize(
+    "world_size", [int(ws) for ws in settings().ddp_world_sizes], ids=lambda ws: f"ws{ws}"
+)
+@pytest.mark.parametrize("variant", [pytest.param(IMPL, marks=row_marks(IMPL, "get_sharded_optimizer"))])
+def test_adapters_sharding_step(
+    benchmark, pytestconfig: pytest.Config, world_size: int, variant: str
+) -> None:
+    """The adapters' sharded AdamW step in ranks of its own code, beside torch's ZeRO and AdamW."""
+    on_gpu = torch.cuda.device_count() >= world_size
+    args = {**workload(on_gpu), "warmup": 3, "steps": 10, "backend": "nccl" if on_gpu else "gloo"}
+    result = timed(pytestconfig, "sharded", args, world_size, args["backend"])
+    unsharded = statistics.fmean(result["unsharded_ms"])
+    record_times(
+        benchmark,
+        result["adapters_ms"],
+        deliverable="D20",
+        variant=IMPL,
+        world_size=world_size,
+        workload=f"MLP {args['layers']} x ({args['d_model']} -> 4d -> d)",
+        num_params=result["params"],
+        torch_zero_same_workload_ms=statistics.fmean(result["torch_zero_ms"]),
+        unsharded_same_workload_ms=unsharded,
+        step_ratio=statistics.fmean(result["adapters_ms"]) / unsharded,
+        optim_state_mib=result["adapters_state_mib"],
+        optim_state_share=result["adapters_state_mib"] / result["unsharded_state_mib"],
+    )

@@ -1,6 +1,7 @@
-"""The adapters loader itself (``cs336_systems.harness.adapters``): which hooks count as not
-implemented (a NotImplementedError raised deep inside a student's code is a bug to report, not a
-blank hook to skip), and the benches' adapters rows (absent without ``--adapters``)."""
+"""Calling hooks (``cs336_systems.grading.worker.hooks``): which count as not implemented (a
+NotImplementedError raised deep inside a student's code is a bug to report, not a blank hook to skip),
+the guard against grading the suite's own code, and the benches' adapters rows (absent without
+``--adapters``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.harness.adapters import ENV_VAR, HookNotImplemented, blank_hook, call_hook, load_adapters
+from cs336_systems.grading.pytest_plugin import ENV_VAR
+from cs336_systems.grading.roots import SUITE_PACKAGE
+from cs336_systems.grading.worker.hooks import HookNotImplemented, Hooks, SuiteCodeGraded, blank_hook, call_hook
+from cs336_systems.grading.worker.isolate import AdaptersError, load_adapters
 
 SOURCE = '''
 def blank():
@@ -40,7 +44,7 @@ def done(x):
 def module(tmp_path: Path):
     path = tmp_path / "my_adapters.py"
     path.write_text(SOURCE)
-    return load_adapters(path)
+    return load_adapters(str(path))
 
 
 def test_blank_and_missing_hooks_are_not_implemented(module) -> None:
@@ -59,8 +63,20 @@ def test_deep_not_implemented_error_propagates(module) -> None:
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no adapters file"):
-        load_adapters(tmp_path / "nope.py")
+    with pytest.raises(AdaptersError, match="no adapters file"):
+        load_adapters(str(tmp_path / "nope.py"))
+
+
+def test_guard_refuses_the_suites_own_code(module) -> None:
+    """A hook answered by a class from the suite's package is refused, not graded (what shadowing
+    did); the same hook is fine when the suite grades itself (no forbidden folder)."""
+    from cs336_systems.grading.worker.course_layers import Linear
+
+    module.suite_class = lambda: Linear
+    with pytest.raises(SuiteCodeGraded, match="inside the grading suite's own package"):
+        Hooks(module, str(SUITE_PACKAGE)).suite_class()
+    assert Hooks(module, None).suite_class() is Linear
+    assert Hooks(module, str(SUITE_PACKAGE)).done(1) == 2
 
 
 def _pytest(*args: str) -> str:

@@ -21,10 +21,11 @@ Per timed step (all on the device timeline, read after the step's final synchron
   communication).
 
 Variants: local (no communication), naive, flat, individual, bucketed, torch_ddp, fsdp / fsdp_blocks
-(ours per Linear / per Transformer block), torch_fsdp2 / torch_fsdp2_blocks (fully_shard alike), adapters
-(the DDP hooks of the adapters file ``TrainCase.adapters``: bucketed with a bucket size, else per
-parameter); optimizers: adamw (torch.optim.AdamW), sharded (our ShardedOptimizer over AdamW), zero (torch's
-ZeroRedundancyOptimizer over AdamW), adapters (the adapters' ``get_sharded_optimizer`` over AdamW).
+(ours per Linear / per Transformer block), torch_fsdp2 / torch_fsdp2_blocks (fully_shard alike);
+optimizers: adamw (torch.optim.AdamW), sharded (our ShardedOptimizer over AdamW), zero (torch's
+ZeroRedundancyOptimizer over AdamW). Another implementation's DDP and sharded optimizer (the benches'
+``adapters`` rows) never run here: they run in grading workers of their own code
+(``cs336_systems.grading.worker.timing``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_factory import make_ddp
 from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
-from cs336_systems.harness.adapters import AdaptersDDP, held_optimizers, sharded_optimizer
+from cs336_systems.grading.worker.hooks import held_optimizers
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
 from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.memory import free_device_memory
@@ -61,10 +62,10 @@ from cs336_systems.training.loop import train_step
 from cs336_systems.units import MIB
 
 SHARDED = ("fsdp", "torch_fsdp2", "fsdp_blocks", "torch_fsdp2_blocks")  # bf16: cast weights, not autocast
-VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", *SHARDED, "adapters")
+VARIANTS = ("local", "naive", "flat", "individual", "bucketed", "torch_ddp", *SHARDED)
 NO_SYNC_STEP = ("local", "torch_ddp", "torch_fsdp2", "torch_fsdp2_blocks")  # nothing to finish after backward
 BUCKETED = ("bucketed", "torch_ddp")
-OPTIMIZERS = ("adamw", "sharded", "zero", "adapters")
+OPTIMIZERS = ("adamw", "sharded", "zero")
 
 
 @dataclass(frozen=True)
@@ -91,16 +92,13 @@ class TrainCase:
     variant: str = "bucketed"
     bucket_mb: float | None = None
     optimizer: str = "adamw"
-    adapters: str | None = None  # the adapters file of the "adapters" variant / optimizer
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown DDP variant {self.variant!r}; choose one of {VARIANTS}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
-        if "adapters" in (self.variant, self.optimizer) and self.adapters is None:
-            raise ValueError("the 'adapters' variant / optimizer needs TrainCase.adapters, an adapters file")
-        if self.variant != "adapters" and (self.variant in BUCKETED) != (self.bucket_mb is not None):
+        if (self.variant in BUCKETED) != (self.bucket_mb is not None):
             raise ValueError(
                 f"variant {self.variant!r}: bucket_mb is required for {BUCKETED} and only for them"
             )
@@ -123,8 +121,6 @@ def wrap_model(
 ) -> nn.Module:
     if case.variant == "local":
         return model
-    if case.variant == "adapters":
-        return AdaptersDDP(case.adapters, model, case.bucket_mb)
     if case.variant in ("fsdp", "fsdp_blocks"):
         from cs336_systems.distributed.fsdp import FSDP
 
@@ -154,13 +150,11 @@ def wrap_model(
     )
 
 
-def make_optimizer(params: Any, name: str, lr: float, adapters: str | None = None) -> torch.optim.Optimizer:
+def make_optimizer(params: Any, name: str, lr: float) -> torch.optim.Optimizer:
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
     if name == "sharded":
         return ShardedOptimizer(params, torch.optim.AdamW, lr=lr)
-    if name == "adapters":
-        return sharded_optimizer(adapters, params, torch.optim.AdamW, lr=lr)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
@@ -219,9 +213,7 @@ def run_ddp_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> di
     sharded = case.variant in SHARDED
     compute_dtype = torch.bfloat16 if setup.dtype == "bf16" and sharded else None
     ddp = wrap_model(model, case, device, compute_dtype)
-    optimizer = make_optimizer(ddp.parameters(), case.optimizer, setup.lr, case.adapters)
-    if isinstance(ddp, AdaptersDDP):
-        ddp.optimizer = optimizer  # the adapters' hooks receive it
+    optimizer = make_optimizer(ddp.parameters(), case.optimizer, setup.lr)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
         if setup.dtype == "bf16" and not sharded
@@ -241,7 +233,7 @@ def run_ddp_case(setup: TrainSetup, case: TrainCase, device: torch.device) -> di
     marks = StepMarks(device)
 
     def loss() -> torch.Tensor:
-        if isinstance(ddp, DataParallel | AdaptersDDP):
+        if isinstance(ddp, DataParallel):
             ddp.on_train_batch_start()
         with autocast:  # forward and loss only: backward runs outside autocast, as torch recommends
             return cross_entropy(ddp(x), y)

@@ -1,0 +1,218 @@
+"""Timing a student's FlashAttention in its own process, for the benches' ``adapters`` rows.
+
+``leaderboard``: the 2025 leaderboard's protocol exactly: ``q, k, v = torch.randn(3, 16, 16384, 64)``
+in bf16 (one leaf, unpacked), ``flash = torch.compile(apply)``, ``flash(q, k, v, True).sum().backward()``
+timed by ``triton.testing.do_bench(rep=10000, warmup=1000)``, the mean, gradients never zeroed. When
+compiling fails, the eager ``apply`` is timed instead and the row says why.
+``attention``: forward and backward times of one (batch, seq, d) case, as the D6 grid times its rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from .attention import compile_failure
+from .hooks import HookNotImplemented, Hooks
+
+TRITON_HOOK = "get_flashattention_autograd_function_triton"
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def leaderboard(hooks: Hooks, args: dict[str, Any]) -> dict:
+    from triton.testing import do_bench
+
+    try:
+        fn = getattr(hooks, TRITON_HOOK)()
+    except HookNotImplemented as exc:
+        return {"skip": exc.skip_reason}
+    heads, seq, d = args.get("shape", (16, 16384, 64))
+    q, k, v = torch.randn(3, heads, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    result: dict[str, Any] = {"compiled": True, "compile_error": None}
+    torch._dynamo.reset()
+    flash = torch.compile(fn.apply)
+    try:
+        flash(q, k, v, True).sum().backward()
+    except Exception as exc:
+        result.update(compiled=False, compile_error=compile_failure(exc))
+        flash = fn.apply
+    try:
+        times = do_bench(
+            lambda: flash(q, k, v, True).sum().backward(),
+            rep=args.get("rep", 10000),
+            warmup=args.get("warmup", 1000),
+            return_mode="all",
+        )
+    except Exception as exc:
+        return {**result, "error": ("oom: " if _is_oom(exc) else "") + compile_failure(exc).split(": ", 1)[1]}
+    return {**result, "mean_ms": statistics.fmean(times), "times_ms": list(times)}
+
+
+def attention(hooks: Hooks, args: dict[str, Any]) -> dict:
+    """Per-pass forward and backward wall times (synchronized) and the memory held before backward."""
+    try:
+        fn = getattr(hooks, TRITON_HOOK)()
+    except HookNotImplemented as exc:
+        return {"skip": exc.skip_reason}
+    batch, seq, d = args["batch"], args["seq"], args["d"]
+    fwd, bwd, phase, mem = [], [], "inputs", None
+    try:
+        q, k, v = (
+            torch.randn(batch, seq, d, device="cuda", dtype=DTYPES[args["dtype"]], requires_grad=True)
+            for _ in range(3)
+        )
+        dout = torch.randn_like(q)
+        for i in range(args["warmup"] + args["passes"]):
+            q.grad = k.grad = v.grad = None
+            phase = "fwd"
+            start = time.perf_counter()
+            out = fn.apply(q, k, v, args["causal"])
+            torch.cuda.synchronize()
+            mid = time.perf_counter()
+            mem = torch.cuda.memory_allocated() / 2**20
+            phase = "bwd"
+            out.backward(dout)
+            torch.cuda.synchronize()
+            if i >= args["warmup"]:
+                fwd.append((mid - start) * 1e3)
+                bwd.append((time.perf_counter() - mid) * 1e3)
+    except Exception as exc:
+        if _is_oom(exc):
+            return {"oom": True, "phase": phase, "mem_before_bwd_mib": mem}
+        raise
+    return {"fwd_ms": fwd, "bwd_ms": bwd, "mem_before_bwd_mib": mem}
+
+
+# -- data-parallel steps: the student's wrapper beside torch's, on one workload, in the same ranks ----
+
+
+def _mlp(d_model: int, layers: int, device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    blocks = [
+        torch.nn.Sequential(
+            torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(), torch.nn.Linear(4 * d_model, d_model)
+        )
+        for _ in range(layers)
+    ]
+    return torch.nn.Sequential(*blocks).to(device)
+
+
+def _device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def _timed_steps(step, warmup: int, steps: int, device: torch.device) -> list[float]:
+    import torch.distributed as dist
+
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _slowest_rank(times: list[float]) -> list[float]:
+    from .dist import gather
+
+    return [max(ts) for ts in zip(*gather(times), strict=True)]
+
+
+def ddp(hooks: Hooks, args: dict[str, Any]) -> dict:
+    """Training steps (forward, backward, the after-backward hook, AdamW) of an MLP of
+    ``layers`` x (d -> 4d -> d) with the adapters' DDP (bucketed when ``bucket_mb`` is given) and with
+    ``torch.nn.parallel.DistributedDataParallel`` (the same bucket size), slowest rank per step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = _device(args["backend"])
+    bucket_mb = args.get("bucket_mb")
+    names = (
+        ("get_ddp_bucketed", "ddp_bucketed_on_train_batch_start", "ddp_bucketed_on_after_backward")
+        if bucket_mb
+        else None
+    )
+    try:
+        if names is None:
+            individual = (
+                "get_ddp_individual_parameters"
+                if hasattr(hooks.module, "get_ddp_individual_parameters")
+                else "get_ddp"
+            )
+            after = (
+                "ddp_individual_parameters_on_after_backward"
+                if individual != "get_ddp"
+                else "ddp_on_after_backward"
+            )
+            ours = getattr(hooks, individual)(_mlp(args["d_model"], args["layers"], device))
+        else:
+            ours = getattr(hooks, names[0])(_mlp(args["d_model"], args["layers"], device), bucket_mb)
+            after = names[2]
+    except HookNotImplemented as exc:
+        return {"skip": exc.skip_reason}
+    theirs = DistributedDataParallel(
+        _mlp(args["d_model"], args["layers"], device), bucket_cap_mb=bucket_mb or 25
+    )
+    x = torch.randn(args["batch"], args["d_model"], device=device)
+    result = {"params": sum(p.numel() for p in ours.parameters())}
+    for name, model in (("adapters", ours), ("torch_ddp", theirs)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(model=model, opt=opt) -> None:
+            opt.zero_grad(set_to_none=True)
+            if model is ours and names is not None:
+                getattr(hooks, names[1])(model, opt)
+            model(x).square().mean().backward()
+            if model is ours:
+                getattr(hooks, after)(model, opt)
+            opt.step()
+
+        result[f"{name}_ms"] = _slowest_rank(_timed_steps(step, args["warmup"], args["steps"], device))
+    return result
+
+
+def sharded(hooks: Hooks, args: dict[str, Any]) -> dict:
+    """Optimizer steps of the adapters' ``get_sharded_optimizer(params, AdamW)`` beside torch's
+    ``ZeroRedundancyOptimizer`` and plain AdamW on the same MLP (gradients given): step time and the
+    optimizer state each rank holds."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from .hooks import held_optimizers
+
+    device = _device(args["backend"])
+    model = _mlp(args["d_model"], args["layers"], device)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    makers = {
+        "adapters": lambda ps: hooks.get_sharded_optimizer(ps, torch.optim.AdamW, lr=1e-4),
+        "torch_zero": lambda ps: ZeroRedundancyOptimizer(ps, optimizer_class=torch.optim.AdamW, lr=1e-4),
+        "unsharded": lambda ps: torch.optim.AdamW(ps, lr=1e-4),
+    }
+    result: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
+    for name, make in makers.items():
+        try:
+            opt = make(list(model.parameters()))
+        except HookNotImplemented as exc:
+            return {"skip": exc.skip_reason}
+        result[f"{name}_ms"] = _slowest_rank(_timed_steps(opt.step, args["warmup"], args["steps"], device))
+        state = sum(
+            v.numel() * v.element_size()
+            for o in held_optimizers(opt)
+            for s in o.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor)
+        )
+        result[f"{name}_state_mib"] = state / 2**20
+    return result

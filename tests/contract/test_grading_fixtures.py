@@ -1,0 +1,108 @@
+"""Grading student-like repositories (``tests/data/students/``, see its README) the way a grader does:
+each graded in worker processes of its own, with its own ``cs336_systems`` and ``cs336_basics``, never
+the suite's; and an adapters file that cannot load stops the run with one line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .grading_run import DATA, ROOT, grade
+
+STUDENTS = DATA / "students"
+pytestmark = [pytest.mark.timeout(420), pytest.mark.usefixtures("suite_self_check")]
+
+
+@pytest.mark.parametrize("equals_form", [False, True], ids=["space", "equals"])
+def test_student_modules_at_the_suites_paths_are_graded_not_shadowed(equals_form: bool) -> None:
+    """The planted bug in the student's ``cs336_systems/distributed/sharded_optimizer.py`` fails the
+    hook: the suite's correct optimizer at the same module path would have passed."""
+    run = grade(
+        STUDENTS / "shadow/tests/adapters.py",
+        "-k",
+        "course and (sharded or ddp2026)",
+        equals_form=equals_form,
+    )
+    assert run.hooks["get_sharded_optimizer"]["verdict"] == "FAIL", run.output[-3000:]
+    assert "ranks hold different weights" in run.failures("get_sharded_optimizer")
+    assert run.hooks["get_ddp"]["verdict"] == "ok", run.output[-3000:]
+    assert run.returncode == 1, "a course failure fails the run"
+    assert "tests.conftest" not in run.output
+
+
+def test_a_raise_planted_in_the_students_module_reaches_the_grader(tmp_path: Path) -> None:
+    repo = shutil.copytree(STUDENTS / "shadow", tmp_path / "shadow")
+    module = repo / "cs336_systems/distributed/sharded_optimizer.py"
+    module.write_text('raise RuntimeError("planted in the student module")\n' + module.read_text())
+    run = grade(repo / "tests/adapters.py", "-k", "sharded")
+    assert "planted in the student module" in run.output and "Traceback" not in run.output, run.output[-2000:]
+    assert run.returncode != 0
+
+
+def test_src_layout_with_metadata_call_and_own_basics() -> None:
+    """``src/cs336_systems`` whose ``__init__`` calls ``importlib.metadata.version`` (nothing installed),
+    ``cs336_basics`` found through ``[tool.uv.sources]``: graded, course tier passes, exit 0."""
+    run = grade(STUDENTS / "src_layout/tests/adapters.py", "-k", "pytorch and course")
+    assert run.hooks["get_flashattention_autograd_function_pytorch"]["verdict"] == "ok", run.output[-3000:]
+    assert run.returncode == 0, run.output[-3000:]
+
+
+def test_kernel_that_refuses_cpu_tensors_skips_on_the_cpu() -> None:
+    run = grade(STUDENTS / "gpu_only/tests/adapters.py", "-k", "triton and course")
+    hook = run.hooks["get_flashattention_autograd_function_triton"]
+    assert hook["verdict"] == "needs a GPU: skipped here" and not hook["course"].get("failed"), run.output[
+        -3000:
+    ]
+    assert "refuses CPU tensors" in run.output
+
+
+def test_blank_2026_template_lists_its_own_hooks_only() -> None:
+    run = grade(DATA / "blank_adapters_26_1_1.py", "-k", "course")
+    assert run.returncode == 0, run.output[-2000:]
+    assert set(run.hooks) >= {"get_fsdp", "get_ddp", "get_sharded_optimizer"}
+    assert "get_ddp_bucketed" not in run.hooks
+    assert all(h["verdict"] == "not implemented" for h in run.hooks.values()), run.hooks
+
+
+BROKEN = {
+    "missing": (None, "no adapters file"),
+    "directory": ("dir", "is a directory"),
+    "syntax": ("def get_ddp(:\n", "does not parse"),
+    "dependency": (
+        "import jaxtyping_not_installed_here\n",
+        "missing dependency 'jaxtyping_not_installed_here'",
+    ),
+    "student-module": ("from cs336_systems.nowhere import X\n", "no module named 'cs336_systems.nowhere'"),
+}
+
+
+@pytest.mark.parametrize("kind", BROKEN)
+def test_broken_adapters_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    content, expected = BROKEN[kind]
+    path = tmp_path / "repo" / "tests" / "adapters.py"
+    path.parent.mkdir(parents=True)
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_text(content)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/contract",
+        "--adapters",
+        str(path),
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "0",
+        "-q",
+    ]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode not in (0, 1) and expected in out, out[-2000:]
+    assert "Traceback" not in out and len(out.strip().splitlines()) <= 3, out[-2000:]
