@@ -85,6 +85,8 @@ def test_broken_adapters_file_is_one_line(tmp_path: Path, kind: str) -> None:
     content, expected = BROKEN[kind]
     path = tmp_path / "repo" / "tests" / "adapters.py"
     path.parent.mkdir(parents=True)
+    (tmp_path / "repo" / "cs336_systems").mkdir()
+    (tmp_path / "repo" / "cs336_systems" / "__init__.py").write_text("")
     if content == "dir":
         path.mkdir()
     elif content is not None:
