@@ -344,7 +344,7 @@ def test_graph_time_metric_leaves_out_host_time(device) -> None:
     # The traced path's metric replays the launches from a CUDA graph: a launch that spends 2 ms on the
     # host around a microseconds kernel measures microseconds, where the eager launch metric counts the
     # host time. The bound is a quarter of the host time, not the kernel's microseconds: on a loaded host
-    # (the course suite beside this file, H100, session 17) a replay measured 0.28 ms.
+    # (the course suite beside this file, H100, 2026-11-25) a replay measured 0.28 ms.
     import time
 
     from cs336_systems.kernels.flash.tuner import graph_time_ms, launch_time_ms

@@ -97,7 +97,7 @@ def _cuda_graphed() -> bool:
 
 # Under CUDA graphs the traced bodies emit the op with graphed plans: in the compiled xl model (H100) the
 # traced kernels took 4.33 ms per step, cuDNN's 4.23 and the graphed ones 3.97 (docs/perf-notes.md,
-# session 14).
+# H100, 2026-11-24).
 @torch.library.triton_op("cs336_systems::flash_attention_fwd_traced", mutates_args=())
 def _flash_fwd_traced(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool

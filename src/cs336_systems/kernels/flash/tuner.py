@@ -5,9 +5,9 @@ Why not ``@triton.autotune``: a key's candidates span two kernel families (Trito
 launches take different arguments) and a whole backward; what a call pays differs by route (an eager
 call pays our launcher's host time, which autotune's do_bench leaves out, while a compiled or CUDA-graphed
 launch pays device time only); and the candidates compile side by side before any is timed (2.07x faster
-cold tuning of the grid, session 8). Candidates are timed in interleaved rounds with the order rotated per
+cold tuning of the grid, H100, 2026-11-24). Candidates are timed in interleaved rounds with the order rotated per
 round and each one's median round counts: timed one after the other, near-ties went whichever way the
-clocks drifted (session 7).
+clocks drifted (H100, 2026-11-24).
 """
 
 from __future__ import annotations
