@@ -31,6 +31,7 @@ from typing import Any
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources, PTXASError
 
+from . import compat  # checks the Triton and torch versions before any private hook is imported
 from .configs import KERNELS, TileConfig, candidate_configs, gpu_candidates, pointer_configs, tune_key
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
@@ -140,6 +141,7 @@ __all__ = [
     "chosen_configs",
     "clear_plans",
     "clear_tuning_cache",
+    "compat",
     "config_sources",
     "configured",
     "dkdv_launch",

@@ -7,7 +7,7 @@ constexpr arguments and which arguments are tensors, never on which tensors they
 cache. The compiled xl step (48 layers, 144 launches per graph) ran the analysis 480 times, 49 s of its
 66 s of cold start over SDPA's (H100, 2026-11-25, docs/perf-notes.md). :func:`memoize_analysis` wraps
 torch's analysis so that our kernels are analysed once per signature; other kernels pass through.
-``kernels/flash/traced.py`` installs it on import, before anything is compiled.
+``compat.install_analysis_memo`` installs it when the traced path first compiles (``traced.py``).
 """
 
 from __future__ import annotations

@@ -25,10 +25,8 @@ non-specialized one-pass kernels lost (1.12x at 32k): there every shared-memory 
 barrier; here each consumer synchronizes within its own warp group, and with the other only at dS.
 """
 
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -37,21 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .compat import reduce_add_async as _reduce_add_async
 from .gluon_bwd import _probs_t
 from .gluon_common import LOG2E, _register_operand, _wgmma_layout
 from .gluon_ws_bwd import HALF, _key_program_ws, _producer, _ring_barriers, _store_key_rows
 from .gluon_ws_fwd import _invalidate_ring
-
-
-@builtin
-def _reduce_add_async(tensor_desc, coord, src, _semantic=None):
-    """Add a shared-memory tile into global memory at ``coord`` by the copy engine
-    (cp.reduce.async.bulk.tensor); wait with ``tma.store_wait`` before overwriting ``src``. Gluon 3.6 has
-    the op only on its builder (Triton's ``desc.atomic_add`` lowers to it)."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(
-        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
-    )
 
 
 # fmt: off

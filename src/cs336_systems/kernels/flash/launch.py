@@ -19,6 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import compat
 from .configs import TileConfig, bucket
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
@@ -299,15 +300,6 @@ def _o_strides(o: torch.Tensor) -> tuple:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _descriptor(base: torch.Tensor, box: tuple) -> TensorDescriptor:
-    """A tensor descriptor of a layout its plan checked once (``TensorDescriptor``'s own checks cost more
-    host time than the launch)."""
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.padding = base, "zero"
-    desc.shape, desc.strides, desc.block_shape = box
-    return desc
-
-
 class KernelPlan:
     """One kernel compiled for one call signature (shapes, strides, dtypes, alignment, config): a launch
     hands only the call's device addresses (and descriptors) to the compiled kernel's launcher. Triton's JIT
@@ -334,25 +326,11 @@ class KernelPlan:
             else functools.partial(call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages)
         )
         self.launch, self.prefix, self.tma_meta, self.encoded = None, (), None, ()
-        run = getattr(k, "run", None)
-        if (
-            run is not None
-            and getattr(run, "global_scratch_size", 1) == 0
-            and getattr(run, "profile_scratch_size", 1) == 0
-        ):
+        entry = compat.c_launcher(k)
+        if entry is not None:
             # The launcher's C entry point: its Python wrapper builds scratch-allocation closures on every
             # call, for kernels that have no scratch.
-            self.launch = run.launch
-            self.prefix = (
-                run.launch_cooperative_grid,
-                run.launch_pdl,
-                None,
-                None,
-                k.packed_metadata,
-                None,
-                None,
-                None,
-            )
+            self.launch, self.prefix = entry
             self._bypass_descriptor_encoding(k)
 
     def _bypass_descriptor_encoding(self, k: Any) -> None:
@@ -364,32 +342,28 @@ class KernelPlan:
         if self.boxes is None:
             return
         metas = getattr(k.metadata, "tensordesc_meta", None)
-        closure = getattr(self.launch, "__closure__", None) or ()
-        cells = dict(
-            zip(getattr(getattr(self.launch, "__code__", None), "co_freevars", ()), closure, strict=False)
-        )
-        raw = cells.get("launcher")
+        raw = compat.raw_launcher(self.launch)
         if not metas or raw is None or any(m is None for m in metas):
-            return  # descriptors lowered without TMA, or another Triton: keep its wrapper
-        self.launch = raw.cell_contents
+            return  # descriptors lowered without TMA: keep the wrapper
+        self.launch = raw
         self.tma_meta = tuple(metas)
         self.encoded = tuple({} for _ in metas)
 
     def _encode(self, slot: int, t: torch.Tensor, box: tuple) -> list:
         """The launcher arguments of descriptor ``slot`` for ``t``: its tensor map, shape and strides."""
-        from triton.backends.nvidia.driver import make_tensordesc_arg
-
         cache = self.encoded[slot]
         if len(cache) >= 64:  # addresses a long run no longer uses
             cache.clear()
-        args = cache[t.data_ptr()] = make_tensordesc_arg(_descriptor(t, box), self.tma_meta[slot])
+        desc = compat.unchecked_descriptor(t, box)
+        args = cache[t.data_ptr()] = compat.encode_descriptor(desc, self.tma_meta[slot])
         return args
 
     def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
         if self.compiled is None:
             if self.boxes is not None:
                 tensors = tuple(
-                    t if b is None else _descriptor(t, b) for t, b in zip(tensors, self.boxes, strict=True)
+                    t if b is None else compat.unchecked_descriptor(t, b)
+                    for t, b in zip(tensors, self.boxes, strict=True)
                 )
             self.launch_jit(*tensors, *self.tail)
             return
@@ -399,7 +373,7 @@ class KernelPlan:
             args = [t.data_ptr() for t in tensors]
         elif self.tma_meta is None:
             args = [
-                t.data_ptr() if b is None else _descriptor(t, b)
+                t.data_ptr() if b is None else compat.unchecked_descriptor(t, b)
                 for t, b in zip(tensors, self.boxes, strict=True)
             ]
         else:

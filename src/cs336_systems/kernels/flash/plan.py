@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from . import compat
 from .configs import KERNELS, TileConfig, candidate_configs, pointer_configs, tune_key
 from .launch import (
     KernelPlan,
@@ -179,7 +180,7 @@ class AttentionPlan:
         self.lse_shape, self.dtype, self.torch_device = q.shape[:-1], q.dtype, q.device
 
     def _stream(self) -> int:
-        return 0 if INTERPRET else torch._C._cuda_getCurrentRawStream(self.device)
+        return 0 if INTERPRET else compat.current_raw_stream(self.device)
 
     def _tuned(
         self, kernel: str, tensors: tuple, calls: Callable[[TileConfig], list[Launch]], build=None
