@@ -304,11 +304,17 @@ def test_traced_and_graphed_launches_tune_by_device_time_under_keys_of_their_own
 
 def test_traced_launches_take_block_pointers_only() -> None:
     # A traced graph has no data pointers to build descriptors from: even a forced TMA or Gluon config
-    # runs its tiles with block pointers there, while a CUDA graph records our launcher, which may use both.
+    # runs its tiles with block pointers there (the choice records why), while a CUDA graph records our
+    # launcher, which may use both.
     assert all(not (c.tma or c.gluon) for c in flash.tune_space("fwd", "traced", CASE)[1])
-    with flash.forced("fwd", flash.TileConfig(64, 64, tma=True, gluon=True)):
-        assert flash.pick("fwd", "graphed", CASE, None) == flash.TileConfig(64, 64, tma=True, gluon=True)
-        assert flash.pick("fwd", "traced", CASE, None) == flash.TileConfig(64, 64)
+    forced = flash.TileConfig(64, 64, tma=True, gluon=True)
+    with flash.forced("fwd", forced):
+        assert flash.pick("fwd", "graphed", CASE, None) == forced
+        choice = flash.resolve(
+            "fwd", flash.pick("fwd", "traced", CASE, None), flash.Case(*CASE), None, "traced"
+        )
+        assert choice.config == flash.TileConfig(64, 64) and choice.kernel == "flash_fwd_kernel"
+        assert choice.requested == forced and choice.refused[0].startswith("traced: ")
     with pytest.raises(ValueError, match="launcher must be one of"):
         flash.AttentionPlan(*(torch.zeros(1, 8, 16) for _ in range(3)), True, "inductor")
 

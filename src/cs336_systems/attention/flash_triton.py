@@ -25,8 +25,6 @@ docs/architecture.md:
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from cs336_systems.attention.flash_pytorch import (
@@ -36,23 +34,26 @@ from cs336_systems.attention.flash_pytorch import (
 )
 from cs336_systems.kernels import flash
 from cs336_systems.kernels.flash import as_4d
+from cs336_systems.kernels.flash.select import Route
 
 INTERPRET = flash.INTERPRET
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = flash.MAX_HEAD_DIM
 
-Route = Literal["plan", "op", "traced"]
-
 
 def route(q: torch.Tensor, k: torch.Tensor) -> Route:
-    """The route of a call with 4-D ``q``, ``k`` (see the module docstring). Eager calls take their plan;
-    under a Python dispatch mode the op; while compiling, small CUDA cases are traced (under Triton's CPU
-    interpreter ``wrap_triton`` returns the plain kernel, which cannot be traced) and large ones the op."""
-    if torch.compiler.is_compiling():
-        batch, heads, n_q, d = q.shape
-        small = batch * heads * n_q * k.shape[2] * d <= flash.flash_settings().traced_max_work
-        return "traced" if q.is_cuda and small else "op"
-    return "op" if flash.compat.dispatch_mode_active() else "plan"
+    """The route of a call with 4-D ``q``, ``k`` (see the module docstring): :func:`flash.route_for`, the
+    rule docs/architecture.md tables (under Triton's CPU interpreter ``wrap_triton`` returns the plain
+    kernel, which cannot be traced: CPU cases never take the traced route)."""
+    batch, heads, n_q, d = q.shape
+    return flash.route_for(
+        compiling=torch.compiler.is_compiling(),
+        dispatch_mode=flash.compat.dispatch_mode_active(),
+        cuda=q.is_cuda,
+        work=batch * heads * n_q * k.shape[2] * d,
+        traced_max_work=flash.flash_settings().traced_max_work,
+        cuda_graphs=False,  # known only while lowering (the traced bodies ask)
+    )[0]
 
 
 @torch.library.custom_op("cs336_systems::flash_attention_fwd", mutates_args=())

@@ -11,6 +11,9 @@ routing live in ``attention/flash_triton.py``):
   ``gluon_ws_one_pass``: the warp-specialized one-pass backward (dK/dV and dQ's shares, added by the
   copy engine into a float32 accumulator; D from ``triton_bwd.flash_bwd_delta_kernel``);
 - ``configs``: tile configs as data (candidates per case class) and tuning keys;
+- ``select``: :func:`select.select`, the one pure function that decides which kernel runs each pass (every
+  gate: Gluon, descriptors, the one-pass backward, determinism, the traced route), and the routing rule;
+- ``compat``: every private Triton and torch hook, for the versions pinned in pyproject.toml;
 - ``tuner``: :class:`Tuner`, which chooses a config per key by the metric of the route that launches it;
 - ``tune_table``: the tuning tables shipped per GPU model (``tuned/*.json``, written by
   ``python -m cs336_systems.cli.flash_tune``), whose keys take their config untimed;
@@ -38,17 +41,9 @@ from .gluon_fwd import flash_fwd_gluon_kernel
 from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
 from .gluon_ws_fwd import flash_fwd_ws_kernel
 from .gluon_ws_one_pass import flash_bwd_one_pass_ws_kernel
-from .launch import (
-    KernelPlan,
-    Launch,
-    dkdv_launch,
-    dq_launch,
-    fwd_launch,
-    gluon_supported,
-    one_pass_launches,
-    one_pass_supported,
-)
+from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, one_pass_launches
 from .plan import (
+    LAUNCHED,
     LAUNCHERS,
     PLANS,
     AttentionPlan,
@@ -60,11 +55,14 @@ from .plan import (
     chosen_configs,
     flash_backward,
     flash_forward,
+    launched,
+    launched_info,
     metric_of,
     new_output,
     pick,
     tune_space,
 )
+from .select import Case, KernelChoice, PassChoice, layouts_of, resolve, route_for, select
 from .settings import INTERPRET, FlashSettings, configured, flash_settings
 from .traced import flash_backward_traced, flash_forward_traced, tune_ahead
 from .triton_bwd import flash_bwd_delta_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
@@ -82,8 +80,10 @@ def clear_plans() -> None:
 
 
 def clear_tuning_cache() -> None:
+    """Forget plans, tuning results and what ran."""
     clear_plans()
     TUNER.clear()
+    LAUNCHED.clear()
 
 
 @contextmanager
@@ -121,16 +121,20 @@ __all__ = [
     "BUILD_ERRORS",
     "INTERPRET",
     "KERNELS",
+    "LAUNCHED",
     "LAUNCHERS",
     "MAX_HEAD_DIM",
     "PLANS",
     "TUNER",
     "AttentionPlan",
+    "Case",
     "FlashSettings",
+    "KernelChoice",
     "KernelPlan",
     "Launch",
     "Launcher",
     "OnePassBackward",
+    "PassChoice",
     "SplitBackward",
     "TileConfig",
     "Tuner",
@@ -164,14 +168,18 @@ __all__ = [
     "flash_settings",
     "forced",
     "fwd_launch",
-    "gluon_supported",
     "gpu_candidates",
+    "launched",
+    "launched_info",
+    "layouts_of",
     "metric_of",
     "new_output",
     "one_pass_launches",
-    "one_pass_supported",
     "pick",
     "pointer_configs",
+    "resolve",
+    "route_for",
+    "select",
     "tune_ahead",
     "tune_key",
     "tune_space",

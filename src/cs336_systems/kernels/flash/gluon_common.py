@@ -6,7 +6,7 @@ issuing it, so the tensor cores idle while the exponentials and elementwise prod
 Gluon kernels (``gluon_fwd``, ``gluon_bwd``) keep a matmul running under them (FA3's intra-warpgroup
 overlap, without its producer warps). No accumulator is left in flight across a loop's back edge: ptxas
 then serializes every wgmma of the kernel (C7514). Tiles stream through a TMA ring with mbarriers.
-Constraints (:func:`launch.gluon_supported`): Hopper, bf16/fp16, head dim 64 or 128, contiguous (batch,
+Constraints (:func:`select.gluon_refusal`): Hopper, bf16/fp16, head dim 64 or 128, contiguous (batch,
 heads, seq, d) tensors whose lengths are multiples of the tiles, so that 2-D descriptors over (batch *
 heads * seq, d) rows never cross a head (the dK/dV and the warp-specialized passes also take seq-major
 tensors, :func:`_head_origin`); elsewhere the Triton kernel with the same tiles runs.

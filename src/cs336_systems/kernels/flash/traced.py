@@ -9,7 +9,8 @@ import torch
 from . import compat
 from .configs import KERNELS, TileConfig
 from .launch import dkdv_launch, dq_launch, fwd_launch
-from .plan import AttentionPlan, Launcher, new_output, pick, tune_space
+from .plan import AttentionPlan, Launcher, new_output, pick, record, tune_space
+from .select import Case, Layouts, resolve
 from .settings import INTERPRET, flash_settings
 from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
@@ -57,13 +58,19 @@ def tune_ahead(
 
 
 def _traced_config(kernel: str, q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> TileConfig:
-    """The block-pointer config :func:`tune_ahead` chose (or the default, with tuning off)."""
+    """The block-pointer config :func:`tune_ahead` chose (or the default, with tuning off), as
+    :func:`select.resolve` lets it run (a forced descriptor or Gluon config: its tiles by block pointers,
+    recorded with the reason)."""
 
     def untuned(c: TileConfig) -> None:
         raise RuntimeError(f"{kernel}: traced configs are tuned by tune_ahead, before tracing launches")
 
     batch, heads, n_q, d = q.shape
-    return pick(kernel, "traced", (batch * heads, n_q, k.shape[2], d, is_causal, q.dtype), untuned)
+    case = Case(batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
+    # The traced route's gate refuses every feature that reads tensor facts, so none are needed.
+    choice = resolve(kernel, pick(kernel, "traced", case, untuned), case, Layouts(False, {}), "traced")
+    record(case, "traced", {kernel: choice}, False)
+    return choice.config
 
 
 def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
