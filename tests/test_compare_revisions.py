@@ -15,9 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "compare_revisions.py"
 
 
-def _parent() -> str:
-    """HEAD~1, or the revision CS336_COMPARE_REV names; skips where there is no git history."""
-    rev = os.environ.get("CS336_COMPARE_REV", "HEAD~1")
+def _parent(rev: str = "HEAD~1") -> str:
+    """``rev`` as a commit; skips where there is no git history."""
     probe = subprocess.run(
         ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True
     )
