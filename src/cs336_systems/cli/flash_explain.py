@@ -56,7 +56,7 @@ def _config(
     suffix = {"eager": "", "traced": "-traced", "graphed": "-graphed"}[launcher]
     key = tune_key(kernel + suffix, *case)
     candidates = gpu_candidate_configs(kernel, case.d, case.dtype, pointers_only=launcher == "traced")
-    metric = flash.metric_of(launcher, kernel)
+    metric = flash.metric_of(launcher)
     live = f"live tuning at the first call ({len(candidates)} candidates by {metric} time; shown: the first)"
     if not gpu:
         return key_str(key), candidates[0], "no GPU: the first candidate, untuned"

@@ -71,7 +71,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     # - one pass (H100, 2026-11-26): the whole backward 0.95x the split one at (1, 32, 32768, 128) causal; at
     #   (2, 32, 4096, 128) 1.07x in short bursts and 0.98x sustained. At d = 64 0.92-0.94x sustained on
     #   (1, 16, 16384) (the leaderboard case: 3.22 vs 3.50 ms by do_bench) but 1.02-1.09x in short bursts:
-    #   listed at both head dims, and dK/dV keys are timed sustained (plan.metric_of).
+    #   listed at both head dims; eager keys are timed sustained (plan.metric_of).
     ONE_PASS = replace(WS, one_pass=True)
 
     return {

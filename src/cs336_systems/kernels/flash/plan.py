@@ -23,7 +23,7 @@ from .select import Case, KernelChoice, Layouts, PassChoice, is_hopper, layouts_
 from .settings import INTERPRET
 from .tuner import TUNER, Metric, Tuner
 
-# - "eager": our launcher on every call (host time counts: tuned by launch time; any config);
+# - "eager": our launcher on every call (host time counts: tuned by sustained time; any config);
 # - "traced": the code of a compiled graph (device time; block pointers only: a descriptor is built
 #   from a data pointer, which a traced graph does not have);
 # - "graphed": our launcher once, while a CUDA graph records it, then replays (device time; any config).
@@ -70,14 +70,10 @@ def tune_space(kernel: str, launcher: Launcher, case: tuple) -> tuple[tuple, tup
     return tune_key(name, *case), candidates
 
 
-def metric_of(launcher: Launcher, kernel: str = "fwd") -> Metric:
-    """What a launcher's configs are timed by: host time counts only where our launcher runs per call.
-    An eager dK/dV key's candidates are whole backwards, timed sustained: at (1, 16, 16384, 64) short bursts
-    ranked the split backward first (3.23 vs 3.32 ms) and do_bench's sustained timing, which the
-    leaderboard uses, the one-pass one (3.22 vs 3.50 ms; H100, 2026-11-26)."""
-    if launcher == "eager":
-        return "sustained" if kernel == "dkdv" else "launch"
-    return "graph"
+def metric_of(launcher: Launcher) -> Metric:
+    """What a launcher's configs are timed by: host time counts only where our launcher runs per call
+    (sustained: what do_bench's long runs and a training loop see; tuner.sustained_time_ms)."""
+    return "sustained" if launcher == "eager" else "graph"
 
 
 def pick(
@@ -91,7 +87,7 @@ def pick(
     """``kernel``'s requested config for ``case`` = (batch * heads, n_q, n_k, d, causal, dtype) under
     ``launcher`` (what runs: :func:`select.resolve`)."""
     key, candidates = tune_space(kernel, launcher, case)
-    return (tuner or TUNER).choose(kernel, key, candidates, launch, calls, metric_of(launcher, kernel))
+    return (tuner or TUNER).choose(kernel, key, candidates, launch, calls, metric_of(launcher))
 
 
 # What ran, per (case, launcher): the latest plan's choice (bench rows and flash_explain read it).

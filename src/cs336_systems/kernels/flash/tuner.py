@@ -30,11 +30,11 @@ from .configs import TileConfig, key_str, parse_key
 from .settings import INTERPRET, flash_settings
 from .tune_table import TuneTable, device_table
 
-# "launch": ms per launch of back-to-back launches, event time plus the host's enqueue time (what an
-# eager, host-bound call pays); "graph": device time of launches replayed from a CUDA graph (what a
-# compiled graph's or a CUDA graph's launch pays); "sustained": event time per launch over ~0.3 s of
-# back-to-back launches after ~0.1 s of the same (what do_bench's long runs and a training loop see).
-Metric = Literal["launch", "graph", "sustained"]
+# "sustained": event time per launch over ~0.3 s of back-to-back launches after ~0.1 s of the same: what
+# an eager call pays in a loop (a host-bound call's events wait for the host) and what do_bench's long runs
+# see; "graph": device time of launches replayed from a CUDA graph (what a compiled graph's or a CUDA
+# graph's launch pays).
+Metric = Literal["sustained", "graph"]
 Timer = Callable[[Callable[[], None]], float]
 
 
@@ -42,33 +42,12 @@ class Compilable(Protocol):
     def warmup(self) -> None: ...
 
 
-def launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float:
-    """Per launch of ~``budget_ms`` of back-to-back launches: their CUDA-event time per launch plus the
-    host's enqueue time per launch. A short case's call is host-bound as a whole, so a launch's host cost
-    counts even where one kernel alone looks device-bound; for long cases it is noise next to
-    milliseconds of kernel. (do_bench would flush L2 between launches and let the host catch up.)"""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    launch()
-    end.record()
-    end.synchronize()
-    reps = max(1, min(20, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
-    start.record()
-    host_start = time.perf_counter()
-    for _ in range(reps):
-        launch()
-    host_ms = (time.perf_counter() - host_start) * 1e3
-    end.record()
-    end.synchronize()
-    return (start.elapsed_time(end) + host_ms) / reps
-
-
 def sustained_time_ms(launch: Callable[[], None], budget_ms: float = 300.0, warm_ms: float = 100.0) -> float:
-    """Per launch of ~``budget_ms`` of back-to-back launches, after ~``warm_ms`` of them untimed. Short
-    bursts and sustained runs rank whole backwards differently: at (1, 16, 16384, 64) the split backward
-    read 3.23 ms against the one-pass one's 3.32 in 5 ms bursts, and 3.50 against 3.22 by do_bench (H100,
-    2026-11-26; not established why: clocks under sustained load are the first suspect). On a host-bound
-    case the events wait for the host, so its time counts as it does in a loop."""
+    """Per launch of ~``budget_ms`` of back-to-back launches, after ~``warm_ms`` of them untimed. On a
+    host-bound case the events wait for the host, so its time counts as in a loop. It replaced 5 ms bursts
+    of event plus host enqueue time, which ranked whole backwards otherwise than do_bench: at (1, 16,
+    16384, 64) the split backward 3.23 ms against the one-pass one's 3.32 in bursts, 3.50 against 3.22 by
+    do_bench (H100, 2026-11-26; not established why: sustained clocks are the first suspect)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     launch()
@@ -143,9 +122,7 @@ class Tuner:
         can_time: bool = not INTERPRET,
         table: Callable[[], TuneTable] = device_table,
     ):
-        self.timers = dict(
-            timers or {"launch": launch_time_ms, "graph": graph_time_ms, "sustained": sustained_time_ms}
-        )
+        self.timers = dict(timers or {"sustained": sustained_time_ms, "graph": graph_time_ms})
         self.warm_up, self.can_time, self.table = warm_up, can_time, table
         self.cache: dict[tuple, TileConfig] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
@@ -162,7 +139,7 @@ class Tuner:
         candidates: Sequence[TileConfig],
         launch: Callable[[TileConfig], None],
         calls: Callable[[TileConfig], Sequence[Compilable]] | None = None,
-        metric: Metric = "launch",
+        metric: Metric = "sustained",
     ) -> TileConfig:
         """The config for ``key``: forced, cached, the first candidate (tuning off, the interpreter, one
         candidate), or the fastest by ``metric``. Every candidate is built (``launch(c)`` compiles and
