@@ -25,7 +25,8 @@ def test_a_refused_gate_is_recorded_and_the_row_names_the_kernel_that_ran(device
     # Gluon and the one-pass backward forced on a ragged length (100: no tile multiple) on a machine
     # where they cannot run: the Triton kernels run, and what the plan records (and a bench row copies)
     # names them, the configs as they ran, the reasons, and a dQ pass (the split backward runs).
-    # Break tried: launching the requested config without resolve() -> the recorded kernel differs.
+    # Breaks tried: resolve() not recording the refusal -> fails; the plan launching the requested config
+    # instead of the resolved one -> the Gluon launch fails on the CPU.
     flash.clear_tuning_cache()  # (forgets what ran, too)
     q, k, v, do = make_inputs((2, 100, 100, 64), torch.float32, device, generator)
     with flash.forced("fwd", GLUON_FWD), flash.forced("dkdv", ONE_PASS_DKDV):
@@ -132,3 +133,26 @@ def test_the_pasted_flash_explain_matches_the_code(name: str) -> None:
         block.group(1).strip()
         == explain(shape, torch.bfloat16, "NVIDIA H100 80GB HBM3", compile=True).strip()
     )
+
+
+def test_a_plan_takes_its_tuner_and_the_tuner_its_settings(device, generator) -> None:
+    # Explicit objects instead of module globals: a plan given a tuner chooses through it (a config forced
+    # there, not in the process's TUNER, runs), and a tuner given settings ignores the ones in force (tuning
+    # off there: no timer is called although tuning is on in force; on a GPU, where a key has several
+    # candidates).
+    flash.clear_tuning_cache()
+    q, k, v, _ = make_inputs((1, 64, 64, 32), torch.float32, device, generator)
+
+    def no_timing(step):
+        raise AssertionError("the tuner timed despite its own settings")
+
+    tuner = flash.Tuner(
+        timers={"sustained": no_timing, "graph": no_timing}, warm_up=lambda s: None, can_time=True,
+        settings=flash.FlashSettings(autotune=False),
+    )  # fmt: skip
+    with flash.configured(autotune=True), tuner.forcing("fwd", C(16, 16)):
+        plan = flash.AttentionPlan(q, k, v, True, tuner=tuner)
+        o, lse = plan.forward(q, k, v)
+        plan.backward(q, k, v, o, torch.ones_like(o), lse)
+    assert flash.launched(plan.case).fwd.config == C(16, 16) and not flash.TUNER.forced
+    flash.clear_tuning_cache()

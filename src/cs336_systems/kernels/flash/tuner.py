@@ -27,7 +27,7 @@ import torch
 import triton
 
 from .configs import TileConfig, key_str, parse_key
-from .settings import INTERPRET, flash_settings
+from .settings import INTERPRET, FlashSettings, flash_settings
 from .tune_table import TuneTable, device_table
 
 # "sustained": event time per launch over ~0.3 s of back-to-back launches after ~0.1 s of the same: what
@@ -111,7 +111,7 @@ class Tuner:
     """Chosen configs by tuning key, with the timings behind each choice, where each came from and why
     candidates failed. ``timers`` (by metric) and ``warm_up`` are the GPU clock, ``can_time`` says whether
     there is one (not under Triton's CPU interpreter), ``table`` gives the shipped tuning table; tests pass
-    their own."""
+    their own. ``settings``: fixed settings instead of the ones in force (:func:`configured`)."""
 
     ROUNDS = 3
 
@@ -121,9 +121,10 @@ class Tuner:
         warm_up: Callable[[Callable[[], None]], None] = warm_clocks,
         can_time: bool = not INTERPRET,
         table: Callable[[], TuneTable] = device_table,
+        settings: FlashSettings | None = None,
     ):
         self.timers = dict(timers or {"sustained": sustained_time_ms, "graph": graph_time_ms})
-        self.warm_up, self.can_time, self.table = warm_up, can_time, table
+        self.warm_up, self.can_time, self.table, self.settings = warm_up, can_time, table, settings
         self.cache: dict[tuple, TileConfig] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
         self.sources: dict[tuple, str] = {}  # "tuned", "tune cache" (the settings' file) or "table"
@@ -147,7 +148,7 @@ class Tuner:
         side first."""
         if kernel in self.forced:
             return self.forced[kernel]
-        settings = flash_settings()
+        settings = self.settings or flash_settings()
         known = self.lookup(key, candidates)
         if known is not None:
             return known
@@ -172,7 +173,7 @@ class Tuner:
     def lookup(self, key: tuple, candidates: Sequence[TileConfig]) -> TileConfig | None:
         """The config ``key`` already has, untimed: chosen in this process, in the settings' tune cache, or
         (tuning on) in this GPU's shipped table while still one of ``candidates``; else None."""
-        settings = flash_settings()
+        settings = self.settings or flash_settings()
         self._load(settings.tune_cache)
         if key in self.cache:
             return self.cache[key]
