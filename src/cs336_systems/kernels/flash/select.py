@@ -22,19 +22,14 @@ from .configs import TileConfig
 Pass = Literal["fwd", "dq", "dkdv"]
 Route = Literal["plan", "op", "traced"]
 GLUON_HEAD_DIMS = (64, 128)
-# The entry kernel of each pass per family (the one-pass backward's D comes from flash_bwd_delta_kernel).
-KERNEL_NAMES = {
-    ("fwd", "ws"): "flash_fwd_ws_kernel",
-    ("fwd", "gluon"): "flash_fwd_gluon_kernel",
-    ("fwd", "triton"): "flash_fwd_kernel",
-    ("dq", "ws"): "flash_bwd_dq_ws_kernel",
-    ("dq", "gluon"): "flash_bwd_dq_gluon_kernel",
-    ("dq", "triton"): "flash_bwd_dq_kernel",
-    ("dkdv", "one_pass"): "flash_bwd_one_pass_ws_kernel",
-    ("dkdv", "ws"): "flash_bwd_dkdv_ws_kernel",
-    ("dkdv", "gluon"): "flash_bwd_dkdv_gluon_kernel",
-    ("dkdv", "triton"): "flash_bwd_dkdv_kernel",
-}
+_PREFIX = {"fwd": "flash_fwd", "dq": "flash_bwd_dq", "dkdv": "flash_bwd_dkdv"}
+
+
+def kernel_name(pass_: Pass, c: TileConfig) -> str:
+    """The entry kernel that ``c`` (as resolved) launches for ``pass_``."""
+    if c.one_pass:
+        return "flash_bwd_one_pass_ws_kernel"  # (after flash_bwd_delta_kernel)
+    return f"{_PREFIX[pass_]}{'_ws' if c.ws else '_gluon' if c.gluon else ''}_kernel"
 
 
 class Case(NamedTuple):
@@ -231,8 +226,7 @@ def resolve(
     if run.tma and not run.gluon and not all(layouts.tensors[n].tma for n in _TMA[pass_]):
         refused.append("tma: strides or base not 16-byte aligned for a descriptor")
         run = replace(run, tma=False)
-    family = "one_pass" if run.one_pass else "ws" if run.ws else "gluon" if run.gluon else "triton"
-    return PassChoice(pass_, c, run, KERNEL_NAMES[pass_, family], tuple(refused))
+    return PassChoice(pass_, c, run, kernel_name(pass_, run), tuple(refused))
 
 
 def select(
