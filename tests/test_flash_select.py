@@ -156,3 +156,16 @@ def test_a_plan_takes_its_tuner_and_the_tuner_its_settings(device, generator) ->
         plan.backward(q, k, v, o, torch.ones_like(o), lse)
     assert flash.launched(plan.case).fwd.config == C(16, 16) and not flash.TUNER.forced
     flash.clear_tuning_cache()
+
+
+def test_an_expanded_grad_output_is_made_readable(device, generator) -> None:
+    # out.sum().backward() hands the backward an expanded dO (every stride 0), eager and compiled alike,
+    # which no descriptor reads: without a copy the TMA (and on Hopper the Gluon and one-pass) gates refuse
+    # for the leaderboard's own call. Break tried: without the copy, dK/dV's TMA is refused here.
+    flash.clear_tuning_cache()
+    q, k, v, _ = make_inputs((2, 64, 64, 32), torch.float32, device, generator)
+    with flash.forced("dkdv", C(16, 32, tma=True)):
+        FlashAttentionTriton.apply(q, k, v, True).sum().backward()
+    ran = flash.launched((2, 64, 64, 32, True, torch.float32)).dkdv
+    assert ran.config.tma and not ran.refused, ran
+    flash.clear_tuning_cache()

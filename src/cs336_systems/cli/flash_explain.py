@@ -6,7 +6,8 @@
 this GPU model, the tune cache). A GPU model's name (``--device "NVIDIA H100 80GB HBM3"``) works without
 one: the choice that GPU would make from its shipped table, the rest marked as tuned live at the first
 call (a GPU run confirms it). Inputs are taken as the handout passes them: contiguous (batch, heads, seq,
-d) Q, K, V; O in the plan's layout; dO contiguous (compiled: AOTAutograd's tangents) or in O's layout.
+d) Q, K, V; O in the plan's layout; dO contiguous when compiled (the leaderboard's ``.sum()`` gradient
+arrives expanded and the plan copies it) or, eager, in O's layout (the model's).
 """
 
 from __future__ import annotations

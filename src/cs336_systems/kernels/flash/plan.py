@@ -271,6 +271,11 @@ class AttentionPlan:
         out the one-pass backward, whose dQ is added up in no fixed order."""
         if deterministic is None:
             deterministic = torch.are_deterministic_algorithms_enabled()
+        if any(s == 0 and n > 1 for s, n in zip(do.stride(), do.shape, strict=True)):
+            # An expanded dO (a sum's gradient, eager and compiled alike): no descriptor reads it, so the
+            # Gluon, one-pass and TMA gates would refuse; a copy (~25 µs for the leaderboard's 32 MiB) lets
+            # them run.
+            do = do.contiguous()
         grads = dq, dk, dv = self._empty(1), self._empty(2), self._empty(3)
         key = (*layout_key(o, do, lse), deterministic)
         if not self.four_d:
