@@ -44,7 +44,9 @@ measures all of its selected impls and passes at once:
 - fwd and fwd_bwd are also replayed from a CUDA graph (``graph_ms``, ``do_bench_cudagraph``: no host
   work between calls, L2 not flushed): the device time alone, what a CUDA-graphed step pays.
 Our rows carry ``ratio_to_<backend>`` (median of the per-round ratios: host drift between rounds
-cancels), ``ratio_to_best_sdpa``, ``graph_ratio_to_<backend>``, the configs the tuner chose, where each came
+cancels), ``ratio_to_best_sdpa``, ``graph_ratio_to_<backend>``, the configs as they ran and ``launched`` (per launcher and
+pass: the kernel, its config, and any gate that refused the requested one; also on the leaderboard and
+sweep rows), where each config came
 from (``config_source``: "tuned", or "table" for the tuning table shipped for this GPU model, which
 ``CS336_FLASH_TUNE_TABLE=0`` turns off) and ``tune_seconds_so_far`` (a cold run's last shape holds the
 whole grid's tuning cost). Backends that
@@ -197,6 +199,8 @@ def test_leaderboard(benchmark, device: torch.device, pytestconfig: pytest.Confi
                 rep_ms=settings().leaderboard_rep_ms,
             )
             info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
+            if impl == "flash_triton":  # what ran, per pass
+                info.update(flash.launched_info((LB_HEADS, LB_SEQ, LB_SEQ, LB_D, True, torch.bfloat16)))
             times = run_benchmark(
                 benchmark,
                 flash_forward_backward,
@@ -306,6 +310,8 @@ def test_flash_sweep(
                 grad_to_none=step.grads,
             )
             info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
+            if impl == "flash_triton":  # what ran, per pass
+                info.update(flash.launched_info((D11_BATCH, seq, seq, d, True, as_dtype(dtype))))
             times = run_benchmark(
                 benchmark,
                 step,
@@ -492,7 +498,8 @@ def _build_steps(
         steps.update({(impl, pass_): step for pass_, step in impl_steps.items()})
         if impl == "flash_triton":
             case = (b * h, nq, nk, d, causal, torch.bfloat16)
-            r.extra["configs"] = flash.chosen_configs(case)
+            r.extra["configs"] = flash.chosen_configs(case)  # as they ran (no dQ under the one-pass backward)
+            r.extra.update(flash.launched_info(case))  # kernels and configs per pass, and gates that refused
             r.extra["tuning_ms"] = flash.candidate_timings(case)  # empty for a shipped table's keys
             r.extra["config_source"] = flash.config_sources(case)
             # Seconds spent tuning (compiles included) in this process so far: the last row of a cold

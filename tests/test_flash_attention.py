@@ -233,7 +233,7 @@ def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(fake_tu
         log.append(("timed", c))
         return true_ms[c] * (1 - 0.05 * next(clock))
 
-    tuner = fake_tuner(launch=fake_launch_time)
+    tuner = fake_tuner(sustained=fake_launch_time)
     chosen = tuner.choose("fwd", KEY, list(true_ms), lambda c: log.append(("launch", c)))
     assert log[:3] == [("launch", c) for c in true_ms], "every candidate is built before any is timed"
     timed = [c for what, c in log if what == "timed"]
@@ -268,7 +268,7 @@ def test_tuning_compiles_the_candidates_side_by_side_before_building_any(fake_tu
             mode.submit(str(self.c), compile_, lambda kernel: None)
 
     candidates = [flash.TileConfig(16 * 2**i, 16) for i in range(4)]
-    tuner = fake_tuner(launch=lambda step: step() or 1.0)
+    tuner = fake_tuner(sustained=lambda step: step() or 1.0)
     with flash.configured(compile_threads=4):
         tuner.choose("fwd", KEY, candidates, lambda c: log.append(("built", c)), lambda c: [FakeCall(c)])
     assert [e[0] for e in log[: len(candidates)]] == ["compiled"] * len(candidates), log
@@ -279,15 +279,15 @@ def test_tuning_compiles_the_candidates_side_by_side_before_building_any(fake_tu
 
 def test_traced_and_graphed_launches_tune_by_device_time_under_keys_of_their_own(fake_tuner) -> None:
     # A compiled graph launches the traced kernels itself, and a CUDA graph replays the graphed ones, so
-    # our launcher's host time, which the eager "launch" metric counts, is never paid there: both are
+    # our launcher's host time, which the eager "sustained" metric counts, is never paid there: both are
     # timed by the CUDA-graph metric, under keys apart from the eager ones and from each other's (their
     # candidates differ). Here the host-heavy candidate is the faster one on the device: it must win by
-    # the graph metric and lose by the launch metric.
+    # the graph metric and lose by the sustained one.
     C = flash.TileConfig
     light, heavy = C(16, 16), C(32, 32)
     last = [light]
     tuner = fake_tuner(
-        launch=lambda step: step() or {light: 1.0, heavy: 1.5}[last[0]],
+        sustained=lambda step: step() or {light: 1.0, heavy: 1.5}[last[0]],
         graph=lambda step: step() or {light: 1.0, heavy: 0.5}[last[0]],
     )
     chosen = {}
@@ -304,11 +304,17 @@ def test_traced_and_graphed_launches_tune_by_device_time_under_keys_of_their_own
 
 def test_traced_launches_take_block_pointers_only() -> None:
     # A traced graph has no data pointers to build descriptors from: even a forced TMA or Gluon config
-    # runs its tiles with block pointers there, while a CUDA graph records our launcher, which may use both.
+    # runs its tiles with block pointers there (the choice records why), while a CUDA graph records our
+    # launcher, which may use both.
     assert all(not (c.tma or c.gluon) for c in flash.tune_space("fwd", "traced", CASE)[1])
-    with flash.forced("fwd", flash.TileConfig(64, 64, tma=True, gluon=True)):
-        assert flash.pick("fwd", "graphed", CASE, None) == flash.TileConfig(64, 64, tma=True, gluon=True)
-        assert flash.pick("fwd", "traced", CASE, None) == flash.TileConfig(64, 64)
+    forced = flash.TileConfig(64, 64, tma=True, gluon=True)
+    with flash.forced("fwd", forced):
+        assert flash.pick("fwd", "graphed", CASE, None) == forced
+        choice = flash.resolve(
+            "fwd", flash.pick("fwd", "traced", CASE, None), flash.Case(*CASE), None, "traced"
+        )
+        assert choice.config == flash.TileConfig(64, 64) and choice.kernel == "flash_fwd_kernel"
+        assert choice.requested == forced and choice.refused[0].startswith("traced: ")
     with pytest.raises(ValueError, match="launcher must be one of"):
         flash.AttentionPlan(*(torch.zeros(1, 8, 16) for _ in range(3)), True, "inductor")
 
@@ -342,12 +348,12 @@ def test_flash_settings_come_from_the_environment_and_name_bad_values() -> None:
 @pytest.mark.gpu
 def test_graph_time_metric_leaves_out_host_time(device) -> None:
     # The traced path's metric replays the launches from a CUDA graph: a launch that spends 2 ms on the
-    # host around a microseconds kernel measures microseconds, where the eager launch metric counts the
+    # host around a microseconds kernel measures microseconds, where the eager sustained metric counts the
     # host time. The bound is a quarter of the host time, not the kernel's microseconds: on a loaded host
-    # (the course suite beside this file, H100, session 17) a replay measured 0.28 ms.
+    # (the course suite beside this file, H100, 2026-11-25) a replay measured 0.28 ms.
     import time
 
-    from cs336_systems.kernels.flash.tuner import graph_time_ms, launch_time_ms
+    from cs336_systems.kernels.flash.tuner import graph_time_ms, sustained_time_ms
 
     x = torch.zeros(1024, device=device)
 
@@ -356,7 +362,7 @@ def test_graph_time_metric_leaves_out_host_time(device) -> None:
         x.add_(1)
 
     assert graph_time_ms(launch) < 0.5
-    assert launch_time_ms(launch) > 1.5
+    assert sustained_time_ms(launch, budget_ms=20, warm_ms=5) > 1.5
     assert x.sum().item() > 0
 
 

@@ -201,18 +201,24 @@ def test_gluon_kernels_build_for_the_model_layout(kernel, d, config) -> None:
 
 
 def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
-    """``kernel``'s launch for these 4-D tensors (scratch outputs: only the chosen function is read)."""
+    """``kernel``'s launch for these 4-D tensors as :func:`flash.resolve` lets ``config`` run (scratch
+    outputs: only the chosen function is read), and that choice."""
     lse = torch.empty(q.shape[:-1], device=q.device)
     o = flash.new_output(q)  # the plan's layout: (batch, seq, heads, d) underneath
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    hopper = q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
+    facts = flash.layouts_of(hopper, q=q, k=k, v=v, o=o, do=do, lse=lse, dq=dq, dk=dk, dv=dv)
+    case = flash.Case(q.shape[0] * q.shape[1], q.shape[2], k.shape[2], q.shape[3], is_causal, q.dtype)
+    choice = flash.resolve(kernel, config, case, facts, "eager")
+    c = choice.config
     if kernel == "fwd":
-        return flash.fwd_launch(config, is_causal, q, k, v, o, lse)
+        return flash.fwd_launch(c, is_causal, q, k, v, o, lse), choice
     if kernel == "dq":
-        return flash.dq_launch(config, is_causal, q, k, v, o, do, lse, lse, torch.empty_like(q))
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    if flash.one_pass_supported(config, q, k, v, o, do, lse, dk, dv):
+        return flash.dq_launch(c, is_causal, q, k, v, o, do, lse, lse, dq), choice
+    if c.one_pass:
         acc = q.new_empty(q.numel() // q.shape[-1], q.shape[-1], dtype=torch.float32)
-        return flash.one_pass_launches(config, is_causal, q, k, v, o, do, lse, lse, dk, dv, acc)[1]
-    return flash.dkdv_launch(config, is_causal, q, k, v, do, lse, lse, dk, dv)
+        return flash.one_pass_launches(c, is_causal, q, k, v, o, do, lse, lse, dk, dv, acc)[1], choice
+    return flash.dkdv_launch(c, is_causal, q, k, v, do, lse, lse, dk, dv), choice
 
 
 @pytest.mark.gpu
@@ -229,8 +235,9 @@ def test_gluon_kernels_match_the_reference(kernel, d, config, is_causal, hopper,
                 t.detach().view(2, 4, -1, d).requires_grad_(t.requires_grad) for t in (q, k, v, do)
             )
         q4, k4, v4, do4 = (flash.as_4d(t.detach()) for t in (q, k, v, do))
-        call = _calls(kernel, config, is_causal, q4, k4, v4, do4)
-        assert call.fn is gluon_kernel(kernel, config), "the Gluon kernel must apply here"
+        call, choice = _calls(kernel, config, is_causal, q4, k4, v4, do4)
+        assert call.fn is gluon_kernel(kernel, config), f"the Gluon kernel must apply here: {choice.refused}"
+        assert choice.kernel == call.fn.fn.__name__
         with flash.forced(kernel, config):
             check_against_reference(
                 FlashAttentionTriton.apply, q, k, v, do, is_causal, tolerance(torch.bfloat16, hopper)
@@ -248,8 +255,8 @@ def test_gluon_kernels_read_the_model_layout(kernel, d, config, is_causal, hoppe
     q, k = (t.contiguous().requires_grad_() for t in qkv[:2])
     v = qkv[2].detach().requires_grad_()
     do = draw(batch, n, heads, d).transpose(1, 2)
-    call = _calls(kernel, config, is_causal, q.detach(), k.detach(), v.detach(), do)
-    assert call.fn is gluon_kernel(kernel, config)
+    call, choice = _calls(kernel, config, is_causal, q.detach(), k.detach(), v.detach(), do)
+    assert call.fn is gluon_kernel(kernel, config), choice.refused
     assert call.constexprs["SEQ_MAJOR"] == MODEL_LAYOUT[kernel]
     with flash.forced(kernel, config):
         check_against_reference(
@@ -259,7 +266,8 @@ def test_gluon_kernels_read_the_model_layout(kernel, d, config, is_causal, hoppe
 
 def test_gluon_descriptor_layouts() -> None:
     # Which (batch, heads, seq, d) layouts a 2-D descriptor of [tile, d] boxes can read in place.
-    seq_major = flash.launch._seq_major
+    from cs336_systems.kernels.flash.select import seq_major
+
     x = torch.empty(2, 4, 64, 32, dtype=torch.bfloat16)
     assert seq_major(x) is False  # contiguous: head-major rows
     assert seq_major(torch.empty(2, 64, 4, 32, dtype=torch.bfloat16).transpose(1, 2)) is True  # O's layout
@@ -274,16 +282,19 @@ def test_gluon_descriptor_layouts() -> None:
 
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv"])
 def test_gluon_configs_fall_back_to_triton_where_gluon_cannot_run(kernel, device, generator) -> None:
-    # Ragged lengths (and CPU tensors, and non-Hopper GPUs): the same tiles through the Triton kernel.
+    # Ragged lengths (and CPU tensors, and non-Hopper GPUs): the same tiles through the Triton kernel, and
+    # the choice says so, with the reason.
     config = next(c for name, _, c in GLUON_CONFIGS if name == kernel)
     q, k, v, do = (
         flash.as_4d(t.detach()) for t in make_inputs((2, 100, 100, 64), torch.bfloat16, device, generator)
     )
-    call = _calls(kernel, config, True, q, k, v, do)
+    call, choice = _calls(kernel, config, True, q, k, v, do)
     triton_kernel = {"fwd": flash.flash_fwd_kernel, "dq": flash.flash_bwd_dq_kernel}.get(
         kernel, flash.flash_bwd_dkdv_kernel
     )
     assert call.fn is triton_kernel
+    assert choice.kernel == triton_kernel.fn.__name__ and not choice.config.gluon
+    assert choice.requested == config and any(r.startswith("gluon: ") for r in choice.refused)
     # So every Gluon config's tiles must be ones the Triton kernel takes.
     for name, _, c in GLUON_CONFIGS:
         steps = (c.k_tile, c.q_tile) if name == "dkdv" else (c.q_tile, c.k_tile)

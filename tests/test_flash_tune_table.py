@@ -58,7 +58,7 @@ def table_tuner():
     table = TuneTable({KEY: C(64, 64, 4, 3)}, path="test")
     with flash.configured(autotune=True, tune_cache=None, tune_table=True):
         tuner = flash.Tuner(
-            timers={"launch": lambda step: step() or 1.0},
+            timers={"sustained": lambda step: step() or 1.0},
             warm_up=lambda step: None,
             can_time=True,
             table=lambda: table,

@@ -25,10 +25,7 @@ docs/architecture.md:
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from cs336_systems.attention.flash_pytorch import (
     check_attention_inputs,
@@ -37,23 +34,26 @@ from cs336_systems.attention.flash_pytorch import (
 )
 from cs336_systems.kernels import flash
 from cs336_systems.kernels.flash import as_4d
+from cs336_systems.kernels.flash.select import Route
 
 INTERPRET = flash.INTERPRET
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = flash.MAX_HEAD_DIM
 
-Route = Literal["plan", "op", "traced"]
-
 
 def route(q: torch.Tensor, k: torch.Tensor) -> Route:
-    """The route of a call with 4-D ``q``, ``k`` (see the module docstring). Eager calls take their plan;
-    under a Python dispatch mode the op; while compiling, small CUDA cases are traced (under Triton's CPU
-    interpreter ``wrap_triton`` returns the plain kernel, which cannot be traced) and large ones the op."""
-    if torch.compiler.is_compiling():
-        batch, heads, n_q, d = q.shape
-        small = batch * heads * n_q * k.shape[2] * d <= flash.flash_settings().traced_max_work
-        return "traced" if q.is_cuda and small else "op"
-    return "op" if _get_current_dispatch_mode() is not None else "plan"
+    """The route of a call with 4-D ``q``, ``k`` (see the module docstring): :func:`flash.route_for`, the
+    rule docs/architecture.md tables (under Triton's CPU interpreter ``wrap_triton`` returns the plain
+    kernel, which cannot be traced: CPU cases never take the traced route)."""
+    batch, heads, n_q, d = q.shape
+    return flash.route_for(
+        compiling=torch.compiler.is_compiling(),
+        dispatch_mode=flash.compat.dispatch_mode_active(),
+        cuda=q.is_cuda,
+        work=batch * heads * n_q * k.shape[2] * d,
+        traced_max_work=flash.flash_settings().traced_max_work,
+        cuda_graphs=False,  # known only while lowering (the traced bodies ask)
+    )[0]
 
 
 @torch.library.custom_op("cs336_systems::flash_attention_fwd", mutates_args=())
@@ -87,22 +87,14 @@ def _(q, k, v, o, do, lse, is_causal, graphed=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _cuda_graphed() -> bool:
-    """Whether the graph being lowered will be replayed from CUDA graphs (inductor's ``triton.cudagraphs``,
-    which ``mode="reduce-overhead"`` sets while the graph is lowered, when a triton_op's body runs)."""
-    from torch._inductor import config
-
-    return bool(config.triton.cudagraphs)
-
-
 # Under CUDA graphs the traced bodies emit the op with graphed plans: in the compiled xl model (H100) the
 # traced kernels took 4.33 ms per step, cuDNN's 4.23 and the graphed ones 3.97 (docs/perf-notes.md,
-# session 14).
+# H100, 2026-11-24).
 @torch.library.triton_op("cs336_systems::flash_attention_fwd_traced", mutates_args=())
 def _flash_fwd_traced(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if _cuda_graphed():
+    if flash.compat.lowering_for_cuda_graphs():
         flash.tune_ahead(q, k, v, is_causal, "graphed")
         return _flash_fwd_op(q, k, v, is_causal, True)
     return flash.flash_forward_traced(q, k, v, is_causal)
@@ -118,7 +110,7 @@ def _flash_bwd_traced(
     lse: torch.Tensor,
     is_causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if _cuda_graphed():
+    if flash.compat.lowering_for_cuda_graphs():
         flash.tune_ahead(q, k, v, is_causal, "graphed")
         return _flash_bwd_op(q, k, v, o, do, lse, is_causal, True)
     return flash.flash_backward_traced(q, k, v, o, do, lse, is_causal)
@@ -142,7 +134,7 @@ def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
 def _forward(ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool) -> torch.Tensor:
     check_is_causal(is_causal)
     ctx.plan = None
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+    if torch.compiler.is_compiling() or flash.compat.dispatch_mode_active():
         _check_triton_inputs(Q, K, V, is_causal)
         q, k, v = as_4d(Q), as_4d(K), as_4d(V)
         op = _flash_fwd_traced if route(q, k) == "traced" else _flash_fwd_op

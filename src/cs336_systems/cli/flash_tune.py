@@ -38,7 +38,7 @@ def tune_case(shape: Shape, launcher: flash.Launcher, dtype: torch.dtype) -> Non
     contiguous (batch, heads, seq, d) tensors (the attention bench's and the handout's), or for the model's
     traced keys heads-major views of (batch, seq, heads, d) tensors. The layout matters: the Gluon kernels
     need contiguous tensors, and a Gluon config runs as its Triton twin otherwise, so a table tuned on
-    views never picks Gluon (session 19: up to 1.05x the grid's time with such a table)."""
+    views never picks Gluon (H100, 2026-11-25: up to 1.05x the grid's time with such a table)."""
     batch, heads, n_q, n_k, d, causal = shape
     if launcher == "traced":
         q, k, v = (

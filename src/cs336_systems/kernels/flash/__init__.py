@@ -1,3 +1,4 @@
+# ruff: noqa: F401  (this module re-exports the package's public names)
 """FlashAttention-2 in Triton (and Gluon on Hopper): kernels, launches, plans and tuning.
 
 Layout (FlashAttention's ``hopper/`` split of kernel, launch and interface; the autograd function and the
@@ -11,6 +12,9 @@ routing live in ``attention/flash_triton.py``):
   ``gluon_ws_one_pass``: the warp-specialized one-pass backward (dK/dV and dQ's shares, added by the
   copy engine into a float32 accumulator; D from ``triton_bwd.flash_bwd_delta_kernel``);
 - ``configs``: tile configs as data (candidates per case class) and tuning keys;
+- ``select``: :func:`select.select`, the one pure function that decides which kernel runs each pass (every
+  gate: Gluon, descriptors, the one-pass backward, determinism, the traced route), and the routing rule;
+- ``compat``: every private Triton and torch hook, for the versions pinned in pyproject.toml;
 - ``tuner``: :class:`Tuner`, which chooses a config per key by the metric of the route that launches it;
 - ``tune_table``: the tuning tables shipped per GPU model (``tuned/*.json``, written by
   ``python -m cs336_systems.cli.flash_tune``), whose keys take their config untimed;
@@ -31,23 +35,16 @@ from typing import Any
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources, PTXASError
 
+from . import compat  # checks the Triton and torch versions before any private hook is imported
 from .configs import KERNELS, TileConfig, candidate_configs, gpu_candidates, pointer_configs, tune_key
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
 from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
 from .gluon_ws_fwd import flash_fwd_ws_kernel
 from .gluon_ws_one_pass import flash_bwd_one_pass_ws_kernel
-from .launch import (
-    KernelPlan,
-    Launch,
-    dkdv_launch,
-    dq_launch,
-    fwd_launch,
-    gluon_supported,
-    one_pass_launches,
-    one_pass_supported,
-)
+from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, one_pass_launches
 from .plan import (
+    LAUNCHED,
     LAUNCHERS,
     PLANS,
     AttentionPlan,
@@ -59,11 +56,14 @@ from .plan import (
     chosen_configs,
     flash_backward,
     flash_forward,
+    launched,
+    launched_info,
     metric_of,
     new_output,
     pick,
     tune_space,
 )
+from .select import Case, KernelChoice, PassChoice, layouts_of, resolve, route_for, select
 from .settings import INTERPRET, FlashSettings, configured, flash_settings
 from .traced import flash_backward_traced, flash_forward_traced, tune_ahead
 from .triton_bwd import flash_bwd_delta_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
@@ -81,8 +81,10 @@ def clear_plans() -> None:
 
 
 def clear_tuning_cache() -> None:
+    """Forget plans, tuning results and what ran."""
     clear_plans()
     TUNER.clear()
+    LAUNCHED.clear()
 
 
 @contextmanager
@@ -114,64 +116,3 @@ def candidate_timings(case: tuple, launcher: Launcher = "eager") -> dict[str, di
     """The tuner's ms per candidate of each kernel for ``case`` = (batch * heads, n_q, n_k, d, causal,
     dtype); empty where it did not tune in this process (a disk-cache hit, a forced config, tuning off)."""
     return {kernel: dict(TUNER.timings.get(tune_space(kernel, launcher, case)[0], {})) for kernel in KERNELS}
-
-
-__all__ = [
-    "BUILD_ERRORS",
-    "INTERPRET",
-    "KERNELS",
-    "LAUNCHERS",
-    "MAX_HEAD_DIM",
-    "PLANS",
-    "TUNER",
-    "AttentionPlan",
-    "FlashSettings",
-    "KernelPlan",
-    "Launch",
-    "Launcher",
-    "OnePassBackward",
-    "SplitBackward",
-    "TileConfig",
-    "Tuner",
-    "as_4d",
-    "attention_plan",
-    "candidate_configs",
-    "candidate_timings",
-    "chosen_configs",
-    "clear_plans",
-    "clear_tuning_cache",
-    "config_sources",
-    "configured",
-    "dkdv_launch",
-    "dq_launch",
-    "flash_backward",
-    "flash_backward_traced",
-    "flash_bwd_delta_kernel",
-    "flash_bwd_dkdv_gluon_kernel",
-    "flash_bwd_dkdv_kernel",
-    "flash_bwd_dkdv_ws_kernel",
-    "flash_bwd_dq_gluon_kernel",
-    "flash_bwd_dq_kernel",
-    "flash_bwd_dq_ws_kernel",
-    "flash_bwd_one_pass_ws_kernel",
-    "flash_forward",
-    "flash_forward_traced",
-    "flash_fwd_gluon_kernel",
-    "flash_fwd_kernel",
-    "flash_fwd_ws_kernel",
-    "flash_settings",
-    "forced",
-    "fwd_launch",
-    "gluon_supported",
-    "gpu_candidates",
-    "metric_of",
-    "new_output",
-    "one_pass_launches",
-    "one_pass_supported",
-    "pick",
-    "pointer_configs",
-    "tune_ahead",
-    "tune_key",
-    "tune_space",
-    "tuning_report",
-]

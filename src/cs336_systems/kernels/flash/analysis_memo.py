@@ -5,9 +5,9 @@ answers by running Triton's front end to TTIR and walking the IR: at each call s
 passes (functionalization, inductor's lowering). The answer depends on the kernel, its scalar and
 constexpr arguments and which arguments are tensors, never on which tensors they are; but torch keeps no
 cache. The compiled xl step (48 layers, 144 launches per graph) ran the analysis 480 times, 49 s of its
-66 s of cold start over SDPA's (H100, session 17, docs/perf-notes.md). :func:`memoize_analysis` wraps
+66 s of cold start over SDPA's (H100, 2026-11-25, docs/perf-notes.md). :func:`memoize_analysis` wraps
 torch's analysis so that our kernels are analysed once per signature; other kernels pass through.
-``kernels/flash/traced.py`` installs it on import, before anything is compiled.
+``compat.install_analysis_memo`` installs it when the traced path first compiles (``traced.py``).
 """
 
 from __future__ import annotations

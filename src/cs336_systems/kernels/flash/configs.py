@@ -58,7 +58,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     def G(q: int, k: int, w: int, s: int = 2) -> TileConfig:  # Gluon (Triton's q-k-w-s-tma elsewhere)
         return C(q, k, w, s, T, gluon=True)
 
-    # The warp-specialized Gluon passes (sessions 19, 20; docs/perf-notes.md):
+    # The warp-specialized Gluon passes (H100, 2026-11-25; docs/perf-notes.md):
     # - dK/dV: 0.86-0.88x the time of G(64, 128, 8) at d = 128 on (1, 32, 32768), (2, 32, 4096) causal,
     #   0.86-0.90x at (1, 4, 1024), which it replaced;
     # - forward: 0.91x the best listed forward at (1, 32, 32768, 128) causal, in the model's layout too,
@@ -68,10 +68,10 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     WS = C(64, 128, 4, 2, T, gluon=True, ws=True)
     WS_FWD = C(128, 128, 4, 3, T, gluon=True, ws=True)
     WS_DQ = C(128, 64, 4, 3, T, gluon=True, ws=True)
-    # - one pass (session 22): the whole backward 0.95x the split one at (1, 32, 32768, 128) causal under the
-    #   tuner's metric; at (2, 32, 4096, 128) 1.07x in its short bursts and 0.98x sustained. At d = 64 it is
-    #   0.92-0.94x sustained on (1, 16, 16384) but 1.02-1.09x in the tuner's bursts, which never chose it
-    #   there, so it is listed at d = 128 only.
+    # - one pass (H100, 2026-11-26): the whole backward 0.95x the split one at (1, 32, 32768, 128) causal; at
+    #   (2, 32, 4096, 128) 1.07x in short bursts and 0.98x sustained. At d = 64 0.92-0.94x sustained on
+    #   (1, 16, 16384) (the leaderboard case: 3.22 vs 3.50 ms by do_bench) but 1.02-1.09x in short bursts:
+    #   listed at both head dims; eager keys are timed sustained (plan.metric_of).
     ONE_PASS = replace(WS, one_pass=True)
 
     return {
@@ -81,7 +81,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 4, 4, T),
             C(64, 64, 4, 3),
             # Gluon, S_j issued with P_{j-1} V_{j-1}: chosen for non-causal (2, 16, 8192), (1, 1, 16384)
-            # and (32, 16, 128) (session 15's grid); at d = 128 it lost everywhere (session 10).
+            # and (32, 16, 128) (the H100 grid run of 2026-11-24); at d = 128 it lost everywhere (H100, 2026-11-24).
             G(64, 64, 4, 3),
             WS_FWD,
         ],
@@ -90,7 +90,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 8, 3, T),
             C(64, 64, 4, 4, T),
             C(128, 32, 4, 3, T),
-            C(128, 128, 8, 3, T),  # (2, 32, 4096) and 32k causal (session 15's grid)
+            C(128, 128, 8, 3, T),  # (2, 32, 4096) and 32k causal (the H100 grid run of 2026-11-24)
             WS_FWD,
         ],
         ("fwd", True, False): [C(128, 32, 8, 3, T), C(128, 64, 8, 2, T), C(64, 32, 4, 3, T)],
@@ -101,10 +101,11 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(32, 64, 4, 3, T),
             C(32, 128, 4, 3, T),
             # Gluon, S^T/dP^T issued together and the exponentials under dP^T: dK/dV 2.04 vs 2.34 ms at
-            # (1, 16, 16384); chosen on every long grid shape (session 15).
+            # (1, 16, 16384); chosen on every long grid shape (H100, 2026-11-24).
             G(64, 64, 4),
             G(32, 64, 4),
             WS,  # not yet measured at d = 64
+            ONE_PASS,
         ],
         ("dkdv", False, True): [
             C(32, 64, 4, 3, T),
@@ -112,8 +113,8 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(32, 64, 4, 4, T),
             C(32, 128, 4, 3, T),  # the Triton tutorial's dK/dV tiles
             C(64, 128, 8, 3, T),  # 32k causal: backward -2.8 ms vs q32-k64-w4-s3 (issue 17)
-            C(64, 64, 4, 2, T),  # (4, 16, 1024) causal (session 15's grid)
-            G(64, 64, 4),  # 32k causal: dK/dV 26.96 vs 30.36 ms (session 10)
+            C(64, 64, 4, 2, T),  # (4, 16, 1024) causal (the H100 grid run of 2026-11-24)
+            G(64, 64, 4),  # 32k causal: dK/dV 26.96 vs 30.36 ms (H100, 2026-11-24)
             WS,
             ONE_PASS,
         ],
@@ -125,7 +126,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 8, 3, T),
             C(64, 32, 4, 3, T),
             # Gluon, S_j and dP_j issued with dS_{j-1} K_{j-1}: 0.83x the best Triton dQ at (1, 2, 16384),
-            # chosen at (4, 25, 512) and (256, 1, 512) too; at d = 128 it lost everywhere (session 10).
+            # chosen at (4, 25, 512) and (256, 1, 512) too; at d = 128 it lost everywhere (H100, 2026-11-24).
             G(64, 64, 4, 3),
         ],
         ("dq", False, True): [

@@ -6,7 +6,7 @@ issuing it, so the tensor cores idle while the exponentials and elementwise prod
 Gluon kernels (``gluon_fwd``, ``gluon_bwd``) keep a matmul running under them (FA3's intra-warpgroup
 overlap, without its producer warps). No accumulator is left in flight across a loop's back edge: ptxas
 then serializes every wgmma of the kernel (C7514). Tiles stream through a TMA ring with mbarriers.
-Constraints (:func:`launch.gluon_supported`): Hopper, bf16/fp16, head dim 64 or 128, contiguous (batch,
+Constraints (:func:`select.gluon_refusal`): Hopper, bf16/fp16, head dim 64 or 128, contiguous (batch,
 heads, seq, d) tensors whose lengths are multiples of the tiles, so that 2-D descriptors over (batch *
 heads * seq, d) rows never cross a head (the dK/dV and the warp-specialized passes also take seq-major
 tensors, :func:`_head_origin`); elsewhere the Triton kernel with the same tiles runs.
@@ -124,7 +124,7 @@ def _row_vectors(rows, cols, warps):
     """A layout of 16-byte row vectors of a [rows, cols] tile of 2-byte elements, for the epilogues of the
     warp-specialized passes: a warp's stores cover whole rows. The wgmma accumulator layout holds 2 adjacent
     columns a thread, so storing from it takes 4-byte stores, each warp's spread over 8 rows: at short
-    sequences (4-8 tiles a program) that cost 10-16% of a pass (docs/perf-notes.md, session 21)."""
+    sequences (4-8 tiles a program) that cost 10-16% of a pass (H100, 2026-11-26, docs/perf-notes.md)."""
     lanes = min(cols // 8, 32)
     return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
 
@@ -134,7 +134,7 @@ def _restage(x, smem):
     """``x`` (a [rows, cols] accumulator), cast to ``smem``'s dtype and read back from ``smem`` (a tile of
     that shape no matmul reads any more) in 16-byte row vectors (:func:`_row_vectors`). Unlike
     ``gl.convert_layout`` it needs no scratch shared memory, of which the forward's ring leaves none; the dQ
-    pass, which would have room, was measured this way (session 21)."""
+    pass, which would have room, was measured this way (H100, 2026-11-26)."""
     layout: gl.constexpr = _row_vectors(x.type.shape[0], x.type.shape[1], gl.num_warps())
     smem.store(x.to(smem.dtype))
     return smem.load(layout)

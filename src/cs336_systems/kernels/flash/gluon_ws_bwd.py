@@ -12,17 +12,17 @@ The dK/dV pass: one CTA per key tile of BN = 128 keys (grid (N_KEYS / BN, batch 
 Why: in the non-specialized kernel the two warp groups share every barrier (7 CTA-wide ``bar.sync`` per
 query tile), so each waits for the other's exponentials; here each consumer synchronizes only within its
 own 128 threads (2 barriers per tile) and the copies are the producer's alone. Measured on an H100
-(session 19): 0.86x the time of the non-specialized pass at (1, 32, 32768, 128) causal, 24.7 vs 28.7 ms,
+(H100, 2026-11-25): 0.86x the time of the non-specialized pass at (1, 32, 32768, 128) causal, 24.7 vs 28.7 ms,
 bitwise equal gradients (the same loop body, in the same order). Ordering the consumers' matmul bursts
 (ping-pong, by mbarrier turn-passing) lost: 0.93x.
 
 The dQ pass (:func:`flash_bwd_dq_ws_kernel`): the warp-specialized forward's layout (``gluon_ws_fwd``: CTAs
 of 128 query rows, a consumer per 64, the producer streaming K and V) around ``gluon_bwd``'s dQ loop. At
-(1, 32, 32768, 128) causal: 17.6 vs 20.6 ms for the best Triton dQ pass (750 TFLOP/s, session 20). Its key
+(1, 32, 32768, 128) causal: 17.6 vs 20.6 ms for the best Triton dQ pass (750 TFLOP/s, H100, 2026-11-25). Its key
 tiles are 64 keys: with 128 the consumers spill (192 bytes at d = 128).
 
 Both passes store their gradients in 16-byte rows, and the dQ pass reads O so (``gluon_common._row_vectors``):
-0.84-0.90x the time at (32, 8, 512, 128) and (4, 16, 1024, 128), where a program runs 4-8 tiles (session 21).
+0.84-0.90x the time at (32, 8, 512, 128) and (4, 16, 1024, 128), where a program runs 4-8 tiles (H100, 2026-11-26).
 """
 
 from triton.experimental import gluon

@@ -18,17 +18,15 @@ A buffer of parity b is rewritten two tiles later only after both consumers pass
 mbarrier, which each reaches after waiting for its own dQ matmul of this tile: no other barrier is needed.
 
 D and the zeroed accumulator come from ``triton_bwd.flash_bwd_delta_kernel``; the plan casts dQ from the
-accumulator (``plan.OnePassBackward``). Measured on an H100 (session 22, docs/perf-notes.md): the whole
+accumulator (``plan.OnePassBackward``). Measured on an H100 (2026-11-26, docs/perf-notes.md): the whole
 backward 0.94-0.95x the split one at (1, 32, 32768, 128) causal, 40.3 ms against cuDNN's 40.5-42.4, and
-1.07x at (4, 16, 1024) and (32, 8, 512), where the tuner keeps the split one. Sessions 11-12's
+1.07x at (4, 16, 1024) and (32, 8, 512), where the tuner keeps the split one. The 2026-11-24
 non-specialized one-pass kernels lost (1.12x at 32k): there every shared-memory hand-off was a CTA-wide
 barrier; here each consumer synchronizes within its own warp group, and with the other only at dS.
 """
 
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -37,21 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .compat import reduce_add_async as _reduce_add_async
 from .gluon_bwd import _probs_t
 from .gluon_common import LOG2E, _register_operand, _wgmma_layout
 from .gluon_ws_bwd import HALF, _key_program_ws, _producer, _ring_barriers, _store_key_rows
 from .gluon_ws_fwd import _invalidate_ring
-
-
-@builtin
-def _reduce_add_async(tensor_desc, coord, src, _semantic=None):
-    """Add a shared-memory tile into global memory at ``coord`` by the copy engine
-    (cp.reduce.async.bulk.tensor); wait with ``tma.store_wait`` before overwriting ``src``. Gluon 3.6 has
-    the op only on its builder (Triton's ``desc.atomic_add`` lowers to it)."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(
-        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
-    )
 
 
 # fmt: off
@@ -75,7 +63,7 @@ def _dkdv_tile(k_half, v_half, q_buf, do_buf, l_buf, delta_buf, dk, dv, zeros_s,
     """One query tile's dK/dV work: S^T and dP^T issued together, P^T under dP^T, dS^T under dV += P^T dO.
     Returns dK and dV with their matmuls (dV += P^T dO, dK += dS^T Q) still in flight, and dS^T in Q's
     dtype. The same steps as the split pass's loop (``gluon_ws_bwd._consume``), kept apart: calling this
-    from there changed that kernel's SASS and cost it 2.0% at (1, 32, 32768, 128) (session 22), while
+    from there changed that kernel's SASS and cost it 2.0% at (1, 32, 32768, 128) (H100, 2026-11-26), while
     this kernel ran 1.3% faster with it than with the loop written out."""
     dtype: gl.constexpr = q_buf.dtype
     BM: gl.constexpr = q_buf.type.shape[0]

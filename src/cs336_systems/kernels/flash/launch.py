@@ -1,7 +1,8 @@
-"""Launches: one kernel call's arguments (:class:`Launch`), built for a config by :func:`fwd_launch`,
-:func:`dq_launch` and :func:`dkdv_launch` (the Gluon kernel where it can run, else the Triton one with the
-same tiles, with tensor descriptors where strides allow), and :class:`KernelPlan`, a launch compiled once
-for a call signature and replayed at the cost of the launcher's C call.
+"""Launches: one kernel call's arguments (:class:`Launch`), built by :func:`fwd_launch`, :func:`dq_launch`,
+:func:`dkdv_launch` and :func:`one_pass_launches` for a config as :func:`select.resolve` left it (its
+flags say which kernel: Gluon, warp-specialized, one-pass, Triton with or without descriptors; no gate
+here), and :class:`KernelPlan`, a launch compiled once for a call signature and replayed at the cost of
+the launcher's C call.
 
 Every kernel takes (batch, heads, seq, d) tensors of any strides and a grid (tiles, batch * heads), so no
 input is copied.
@@ -19,16 +20,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import compat
 from .configs import TileConfig, bucket
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
 from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
 from .gluon_ws_fwd import flash_fwd_ws_kernel
 from .gluon_ws_one_pass import flash_bwd_one_pass_ws_kernel
+from .select import seq_major
 from .triton_bwd import flash_bwd_delta_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
-
-GLUON_HEAD_DIMS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,6 @@ class Launch:
         return fn[self.grid](*self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
-def tma_ok(*tensors: torch.Tensor) -> bool:
-    """Tensor descriptors need 16-byte aligned bases and row strides and a unit last stride."""
-    for t in tensors:
-        size = t.element_size()
-        if t.data_ptr() % 16 or t.stride(3) != 1:
-            return False
-        if any((t.stride(i) * size) % 16 for i in range(3)):
-            return False
-    return True
-
-
 def _rows(t: torch.Tensor, rows: int, use_tma: bool):
     """What a Triton kernel gets for a (batch, heads, N, d) tensor: a descriptor of [1, 1, rows, BLOCK_D]
     boxes, or the tensor itself."""
@@ -93,7 +83,7 @@ def _tiles(c: TileConfig, d: int, is_causal: bool, tma: bool) -> dict[str, Any]:
 
 
 def _gluon_constexprs(
-    c: TileConfig, d: int, is_causal: bool, seq_major: int | None, ring: bool = True
+    c: TileConfig, d: int, is_causal: bool, major: int | None, ring: bool = True
 ) -> dict[str, Any]:
     """The Gluon kernels' constexprs, in their parameter order (a plan passes them by position): STAGES,
     the depth of a tile ring; SEQ_MAJOR, for the kernels that read either layout, which tensors are
@@ -101,21 +91,21 @@ def _gluon_constexprs(
     constexprs = dict(D=d, BM=c.q_tile, BN=c.k_tile, is_causal=is_causal, WARPS=c.num_warps)
     if ring:
         constexprs["STAGES"] = c.num_stages
-    if seq_major is not None:
-        constexprs["SEQ_MAJOR"] = seq_major
+    if major is not None:
+        constexprs["SEQ_MAJOR"] = major
     return constexprs
 
 
 def fwd_launch(c: TileConfig, is_causal: bool, q, k, v, o, lse) -> Launch:
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
-    if c.gluon and gluon_supported("fwd", c, q, k, v, stats=(lse,), o=o):
-        descs, seq_major = _gluon_rows((q, c.q_tile), (k, c.k_tile), (v, c.k_tile))
+    if c.gluon:
+        descs, major = _gluon_rows((q, c.q_tile), (k, c.k_tile), (v, c.k_tile))
         args = (*descs, o, lse, *_o_strides(o), *_tail(q, k))
         fn = flash_fwd_ws_kernel if c.ws else flash_fwd_gluon_kernel
-        constexprs = _gluon_constexprs(c, d, is_causal, seq_major if c.ws else None)
+        constexprs = _gluon_constexprs(c, d, is_causal, major if c.ws else None)
         return Launch(fn, (n_q // c.q_tile, batch * heads), args, constexprs, c)
-    tma = c.tma and tma_ok(q, k, v, o)
+    tma = c.tma
     args = (
         _rows(q, c.q_tile, tma), _rows(k, c.k_tile, tma), _rows(v, c.k_tile, tma), _rows(o, c.q_tile, tma), lse,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
@@ -131,14 +121,14 @@ def dq_launch(c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dq) ->
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     qt, kt = c.q_tile, c.k_tile
-    if c.gluon and gluon_supported("dq", c, q, k, v, do, dq, stats=(lse, delta), o=o):
-        (q_d, k_d, v_d, do_d), seq_major = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
-        seq_major |= bool(_seq_major(dq)) << 4
+    if c.gluon:
+        (q_d, k_d, v_d, do_d), major = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
+        major |= bool(seq_major(dq)) << 4
         args = (q_d, k_d, v_d, o, do_d, lse, delta, dq, *_o_strides(o), *_tail(q, k))
         fn = flash_bwd_dq_ws_kernel if c.ws else flash_bwd_dq_gluon_kernel
-        constexprs = _gluon_constexprs(c, d, is_causal, seq_major if c.ws else None)
+        constexprs = _gluon_constexprs(c, d, is_causal, major if c.ws else None)
         return Launch(fn, (n_q // qt, batch * heads), args, constexprs, c)
-    tma = c.tma and tma_ok(q, k, v, do, dq)
+    tma = c.tma
     args = (
         _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), o, _rows(do, qt, tma), lse, delta,
         _rows(dq, qt, tma),
@@ -153,16 +143,16 @@ def dkdv_launch(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv)
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     qt, kt = c.q_tile, c.k_tile
-    if c.gluon and gluon_supported("dkdv", c, q, k, v, do, dk, dv, stats=(lse, delta)):
+    if c.gluon:
         vector = lambda t: _gluon_descriptor(t, [qt])  # L and D, by the copy engine too
-        descs, seq_major = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
-        seq_major |= bool(_seq_major(dk)) << 4 | bool(_seq_major(dv)) << 5
+        descs, major = _gluon_rows((q, qt), (k, kt), (v, kt), (do, qt))
+        major |= bool(seq_major(dk)) << 4 | bool(seq_major(dv)) << 5
         args = (*descs, vector(lse), vector(delta), dk, dv, heads, *_tail(q, k))
         # (the non-specialized dK/dV pass's query ring has a fixed depth)
-        constexprs = _gluon_constexprs(c, d, is_causal, seq_major, ring=c.ws)
+        constexprs = _gluon_constexprs(c, d, is_causal, major, ring=c.ws)
         fn = flash_bwd_dkdv_ws_kernel if c.ws else flash_bwd_dkdv_gluon_kernel
         return Launch(fn, (n_k // kt, batch * heads), args, constexprs, c)
-    tma = c.tma and tma_ok(q, k, v, do, dk, dv)
+    tma = c.tma
     args = (
         _rows(q, qt, tma), _rows(k, kt, tma), _rows(v, kt, tma), _rows(do, qt, tma), lse, delta,
         _rows(dk, kt, tma), _rows(dv, kt, tma),
@@ -174,21 +164,10 @@ def dkdv_launch(c: TileConfig, is_causal: bool, q, k, v, do, lse, delta, dk, dv)
     )
 
 
-def one_pass_supported(c: TileConfig, q, k, v, o, do, lse, dk, dv) -> bool:
-    """Whether ``c`` runs the one-pass backward on this call: a one-pass config of 64-query tiles (the M of
-    its dQ = dS K matmul) where the warp-specialized dK/dV pass can run, with O's d axis contiguous."""
-    return (
-        c.one_pass
-        and c.q_tile == 64
-        and o.stride(-1) == 1
-        and gluon_supported("dkdv", c, q, k, v, do, dk, dv, stats=(lse,))
-    )
-
-
 def one_pass_launches(
     c: TileConfig, is_causal: bool, q, k, v, o, do, lse, delta, dk, dv, dq_acc
 ) -> list[Launch]:
-    """The one-pass backward's launches (where :func:`one_pass_supported`): D and the zeroed float32 dQ
+    """The one-pass backward's launches: D and the zeroed float32 dQ
     accumulator ``dq_acc`` ([batch * heads * n_q, d]), then the kernel, which writes dK and dV and adds dQ
     (scaled) into ``dq_acc``."""
     batch, heads, n_q, d = q.shape
@@ -203,60 +182,8 @@ def one_pass_launches(
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Where the Gluon kernels run, and their descriptors
+# The Gluon kernels' descriptors
 # ----------------------------------------------------------------------------------------------------------
-
-
-def gluon_supported(
-    kernel: str, c: TileConfig, q, k, *others: torch.Tensor, stats: tuple = (), o: torch.Tensor | None = None
-) -> bool:
-    """Whether a Gluon kernel can run this call of ``kernel`` with ``c``'s tiles: a Hopper GPU (wgmma),
-    2-byte floats, d of 64 or 128, tensors of Q's dtype (``others``; ``stats``: L and D, contiguous float32;
-    ``o``, read or written by pointer, needs only a contiguous d axis) whose sequence lengths are multiples
-    of the tiles (a descriptor's rows then never cross a head), and for dK/dV, diagonal tiles that line up
-    with the query steps. The tensors are contiguous, except that the dK/dV pass takes each in either
-    layout of :func:`_seq_major` (the model's V and dO are seq-major views, and dV is laid out as V), and so
-    do the warp-specialized passes."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, *others)):
-        return False
-    n_in = 1 if kernel == "fwd" else 2  # V (and dO) among ``others``; then the gradients
-    inputs, outputs = (q, k, *others[:n_in]), others[n_in:]
-    if kernel == "dkdv" or c.ws:  # gradients by pointer: dense rows of either layout
-        if any(_seq_major(t) is None for t in inputs) or not all(map(_dense_rows, outputs)):
-            return False
-    elif not all(t.is_contiguous() for t in (*inputs, *outputs)):
-        return False
-    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in stats):
-        return False
-    if o is not None and (o.dtype != q.dtype or o.stride(-1) != 1):
-        return False
-    if q.shape[-1] not in GLUON_HEAD_DIMS or q.shape[2] % c.q_tile or k.shape[2] % c.k_tile:
-        return False
-    return kernel != "dkdv" or c.k_tile % c.q_tile == 0
-
-
-def _seq_major(t: torch.Tensor) -> bool | None:
-    """How a Gluon kernel reads the (batch, heads, seq, d) tensor ``t`` through a 2-D descriptor of
-    [tile, d] boxes: False, head-major rows [batch * heads * seq, d] (contiguous, or rows padded); True,
-    seq-major rows [batch * seq, heads * d] with each head's d columns side by side (the model's V, a view
-    of the fused QKV projection, and dO in O's layout); None, neither, or not aligned for the copy engine."""
-    b, h, n, d = t.shape
-    sb, sh, sn, sd = t.stride()
-    if sd != 1 or t.data_ptr() % 16 or (sn * t.element_size()) % 16 or sn < d:
-        return None
-    if (h == 1 or sh == n * sn) and (b == 1 or sb == h * n * sn):
-        return False
-    if (h == 1 or sh == d) and (b == 1 or sb == n * sn) and sn >= h * d:
-        return True
-    return None
-
-
-def _dense_rows(t: torch.Tensor) -> bool:
-    """Whether ``t`` is head-major or seq-major (:func:`_seq_major`) without padding between rows."""
-    major = _seq_major(t)
-    return major is not None and t.stride(2) == (t.shape[1] * t.shape[3] if major else t.shape[3])
 
 
 def _gluon_descriptor(
@@ -270,11 +197,11 @@ def _gluon_descriptor(
 
 
 def _head_rows(t: torch.Tensor, tile: int) -> tuple[GluonTensorDescriptor, bool]:
-    """[tile, d] boxes over ``t``'s rows in its layout (:func:`_seq_major`), and that layout."""
+    """[tile, d] boxes over ``t``'s rows in its layout (:func:`select.seq_major`), and that layout."""
     b, h, n, d = t.shape
-    seq_major = bool(_seq_major(t))
-    shape = [b * n, h * d] if seq_major else [b * h * n, d]
-    return _gluon_descriptor(t, [tile, d], shape, [t.stride(2), 1]), seq_major
+    major = bool(seq_major(t))
+    shape = [b * n, h * d] if major else [b * h * n, d]
+    return _gluon_descriptor(t, [tile, d], shape, [t.stride(2), 1]), major
 
 
 def _gluon_rows(*tensors: tuple[torch.Tensor, int]) -> tuple[list[GluonTensorDescriptor], int]:
@@ -297,15 +224,6 @@ def _o_strides(o: torch.Tensor) -> tuple:
 # ----------------------------------------------------------------------------------------------------------
 # A launch compiled for one call signature
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _descriptor(base: torch.Tensor, box: tuple) -> TensorDescriptor:
-    """A tensor descriptor of a layout its plan checked once (``TensorDescriptor``'s own checks cost more
-    host time than the launch)."""
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.padding = base, "zero"
-    desc.shape, desc.strides, desc.block_shape = box
-    return desc
 
 
 class KernelPlan:
@@ -334,25 +252,11 @@ class KernelPlan:
             else functools.partial(call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages)
         )
         self.launch, self.prefix, self.tma_meta, self.encoded = None, (), None, ()
-        run = getattr(k, "run", None)
-        if (
-            run is not None
-            and getattr(run, "global_scratch_size", 1) == 0
-            and getattr(run, "profile_scratch_size", 1) == 0
-        ):
+        entry = compat.c_launcher(k)
+        if entry is not None:
             # The launcher's C entry point: its Python wrapper builds scratch-allocation closures on every
             # call, for kernels that have no scratch.
-            self.launch = run.launch
-            self.prefix = (
-                run.launch_cooperative_grid,
-                run.launch_pdl,
-                None,
-                None,
-                k.packed_metadata,
-                None,
-                None,
-                None,
-            )
+            self.launch, self.prefix = entry
             self._bypass_descriptor_encoding(k)
 
     def _bypass_descriptor_encoding(self, k: Any) -> None:
@@ -364,32 +268,28 @@ class KernelPlan:
         if self.boxes is None:
             return
         metas = getattr(k.metadata, "tensordesc_meta", None)
-        closure = getattr(self.launch, "__closure__", None) or ()
-        cells = dict(
-            zip(getattr(getattr(self.launch, "__code__", None), "co_freevars", ()), closure, strict=False)
-        )
-        raw = cells.get("launcher")
+        raw = compat.raw_launcher(self.launch)
         if not metas or raw is None or any(m is None for m in metas):
-            return  # descriptors lowered without TMA, or another Triton: keep its wrapper
-        self.launch = raw.cell_contents
+            return  # descriptors lowered without TMA: keep the wrapper
+        self.launch = raw
         self.tma_meta = tuple(metas)
         self.encoded = tuple({} for _ in metas)
 
     def _encode(self, slot: int, t: torch.Tensor, box: tuple) -> list:
         """The launcher arguments of descriptor ``slot`` for ``t``: its tensor map, shape and strides."""
-        from triton.backends.nvidia.driver import make_tensordesc_arg
-
         cache = self.encoded[slot]
         if len(cache) >= 64:  # addresses a long run no longer uses
             cache.clear()
-        args = cache[t.data_ptr()] = make_tensordesc_arg(_descriptor(t, box), self.tma_meta[slot])
+        desc = compat.unchecked_descriptor(t, box)
+        args = cache[t.data_ptr()] = compat.encode_descriptor(desc, self.tma_meta[slot])
         return args
 
     def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
         if self.compiled is None:
             if self.boxes is not None:
                 tensors = tuple(
-                    t if b is None else _descriptor(t, b) for t, b in zip(tensors, self.boxes, strict=True)
+                    t if b is None else compat.unchecked_descriptor(t, b)
+                    for t, b in zip(tensors, self.boxes, strict=True)
                 )
             self.launch_jit(*tensors, *self.tail)
             return
@@ -399,7 +299,7 @@ class KernelPlan:
             args = [t.data_ptr() for t in tensors]
         elif self.tma_meta is None:
             args = [
-                t.data_ptr() if b is None else _descriptor(t, b)
+                t.data_ptr() if b is None else compat.unchecked_descriptor(t, b)
                 for t, b in zip(tensors, self.boxes, strict=True)
             ]
         else:

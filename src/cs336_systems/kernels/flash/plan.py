@@ -4,31 +4,26 @@ step, and at short sequences a call is host-bound, so a known signature's call o
 and hands the tensors to compiled kernels' launchers: no checks, tuning lookups or argument building.
 
 Who launches a plan's kernels decides what its tuner measures and which configs it may use
-(:data:`Launcher`); each launcher tunes under keys of its own.
+(:data:`Launcher`); each launcher tunes under keys of its own. The tuner (or the shipped table) supplies
+each pass's config; :mod:`select` decides what runs, and the plan builds its launches from that choice
+and records it (:func:`launched`), so bench rows name the kernels that ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Literal
 
 import torch
 
+from . import compat
 from .configs import KERNELS, TileConfig, candidate_configs, pointer_configs, tune_key
-from .launch import (
-    KernelPlan,
-    Launch,
-    dkdv_launch,
-    dq_launch,
-    fwd_launch,
-    one_pass_launches,
-    one_pass_supported,
-)
+from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, one_pass_launches
+from .select import Case, KernelChoice, Layouts, PassChoice, is_hopper, layouts_of, resolve, select
 from .settings import INTERPRET
-from .tuner import TUNER, Metric
+from .tuner import TUNER, Metric, Tuner
 
-# - "eager": our launcher on every call (host time counts: tuned by launch time; any config);
+# - "eager": our launcher on every call (host time counts: tuned by sustained time; any config);
 # - "traced": the code of a compiled graph (device time; block pointers only: a descriptor is built
 #   from a data pointer, which a traced graph does not have);
 # - "graphed": our launcher once, while a CUDA graph records it, then replays (device time; any config).
@@ -76,8 +71,9 @@ def tune_space(kernel: str, launcher: Launcher, case: tuple) -> tuple[tuple, tup
 
 
 def metric_of(launcher: Launcher) -> Metric:
-    """What a launcher's configs are timed by: host time counts only where our launcher runs per call."""
-    return "launch" if launcher == "eager" else "graph"
+    """What a launcher's configs are timed by: host time counts only where our launcher runs per call
+    (sustained: what do_bench's long runs and a training loop see; tuner.sustained_time_ms)."""
+    return "sustained" if launcher == "eager" else "graph"
 
 
 def pick(
@@ -86,17 +82,45 @@ def pick(
     case: tuple,
     launch: Callable[[TileConfig], None],
     calls: Callable[[TileConfig], list[Launch]] | None = None,
+    tuner: Tuner | None = None,
 ) -> TileConfig:
-    """``kernel``'s config for ``case`` = (batch * heads, n_q, n_k, d, causal, dtype) under ``launcher``."""
+    """``kernel``'s requested config for ``case`` = (batch * heads, n_q, n_k, d, causal, dtype) under
+    ``launcher`` (what runs: :func:`select.resolve`)."""
     key, candidates = tune_space(kernel, launcher, case)
-    cfg = TUNER.choose(kernel, key, candidates, launch, calls, metric_of(launcher))
-    if launcher == "traced" and (cfg.tma or cfg.gluon):  # a forced config: its tiles, by block pointers
-        cfg = replace(cfg, tma=False, gluon=False)
-    return cfg
+    return (tuner or TUNER).choose(kernel, key, candidates, launch, calls, metric_of(launcher))
+
+
+# What ran, per (case, launcher): the latest plan's choice (bench rows and flash_explain read it).
+LAUNCHED: dict[tuple, KernelChoice] = {}
+
+
+def record(case: tuple, launcher: str, passes: dict[str, PassChoice], deterministic: bool) -> None:
+    """Merge ``passes`` into what ran for ``case`` (a one-pass backward leaves no dQ pass)."""
+    old = LAUNCHED.get((Case(*case), launcher))
+    merged = {**(old.passes() if old else {}), **passes}
+    if "dkdv" in passes and passes["dkdv"].config.one_pass:
+        merged.pop("dq", None)
+    det = deterministic if "dkdv" in passes or old is None else old.deterministic
+    choice = KernelChoice(Case(*case), launcher, det, merged.get("fwd"), merged.get("dq"), merged.get("dkdv"))
+    LAUNCHED[Case(*case), launcher] = choice
+
+
+def launched(case: tuple, launcher: Launcher = "eager") -> KernelChoice | None:
+    return LAUNCHED.get((Case(*case), launcher))
+
+
+def launched_info(case: tuple) -> dict[str, object]:
+    """What ran for ``case`` per launcher and pass (kernel, config as run, refusals), for a bench row."""
+    ran = {name: c.describe() for name in LAUNCHERS if (c := launched(case, name)) is not None}
+    return {"launched": ran} if ran else {}
 
 
 def chosen_configs(case: tuple, launcher: Launcher = "eager") -> dict[str, str]:
-    """The config each kernel uses for ``case`` (tuned, forced or default), for bench rows."""
+    """The config of each pass that ran for ``case`` (as it ran: a refused feature's flag cleared; no dQ
+    pass under the one-pass backward); before any ran, the tuner's (forced, chosen or default) ones."""
+    choice = launched(case, launcher)
+    if choice is not None:
+        return {name: str(p.config) for name, p in choice.passes().items()}
     out = {}
     for kernel in KERNELS:
         key, candidates = tune_space(kernel, launcher, case)
@@ -147,18 +171,26 @@ def _dq_accumulator(q: torch.Tensor) -> torch.Tensor:
 
 class AttentionPlan:
     """The tuned configs and compiled kernels of one call signature: the forward's, and the backward's per
-    (O, dO, L) layout. Tensors have any rank >= 2, (..., seq, d), as (batch, heads, seq, d) inside;
-    outputs come back in the inputs' rank."""
+    (O, dO, L) layout and determinism. Tensors have any rank >= 2, (..., seq, d), as (batch, heads, seq, d)
+    inside; outputs come back in the inputs' rank. ``tuner``: where configs come from (default the
+    process's :data:`TUNER`)."""
 
     def __init__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, launcher: Launcher = "eager"
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool,
+        launcher: Launcher = "eager",
+        tuner: Tuner | None = None,
     ):
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
         q4, k4 = as_4d(q), as_4d(k)
         batch, heads, n_q, d = q4.shape
-        self.case = (batch * heads, n_q, k4.shape[2], d, is_causal, q.dtype)
+        self.case = Case(batch * heads, n_q, k4.shape[2], d, is_causal, q.dtype)
         self.is_causal, self.launcher, self.four_d = is_causal, launcher, q.ndim == 4
+        self.tuner = tuner or TUNER
         self.device = q.get_device()
         if q.is_cuda and self.device != torch.cuda.current_device():
             # Triton compiles and launches on the current device: device pointers of another would fault.
@@ -166,6 +198,7 @@ class AttentionPlan:
                 f"inputs are on {q.device} but the current CUDA device is cuda:{torch.cuda.current_device()}: "
                 f"call torch.cuda.set_device({self.device}) (or run inside `with torch.cuda.device({self.device})`)"
             )
+        self.hopper = q.is_cuda and not INTERPRET and is_hopper(q.device)
         self.fwd: KernelPlan | None = None
         self.bwd: dict[tuple, SplitBackward | OnePassBackward] = {}
         # (shape, strides) of O and of dQ, dK, dV (empty_like's dense layouts), allocated per call with one
@@ -179,15 +212,19 @@ class AttentionPlan:
         self.lse_shape, self.dtype, self.torch_device = q.shape[:-1], q.dtype, q.device
 
     def _stream(self) -> int:
-        return 0 if INTERPRET else torch._C._cuda_getCurrentRawStream(self.device)
+        return 0 if INTERPRET else compat.current_raw_stream(self.device)
+
+    def _facts(self, **tensors: torch.Tensor) -> Layouts:
+        return layouts_of(self.hopper, **tensors)
 
     def _tuned(
         self, kernel: str, tensors: tuple, calls: Callable[[TileConfig], list[Launch]], build=None
-    ) -> Any:
-        """The plan of ``kernel`` for these tensors: tuned (each candidate timed through a plan of its own,
-        ``build(config)``, whose construction launches once, so the tuner sees the host cost that calls
-        will pay), compiled and launched once. ``calls(config)``: a candidate's launches (compiled side by
-        side before tuning); ``build`` defaults to the plan of the one launch."""
+    ) -> tuple[Any, TileConfig]:
+        """The plan of ``kernel`` for these tensors and the requested config it was built for: tuned (each
+        candidate timed through a plan of its own, ``build(config)``, whose construction launches once, so
+        the tuner sees the host cost that calls will pay), compiled and launched once. ``calls(config)``: a
+        candidate's launches (built from what :func:`select.resolve` lets run; compiled side by side before
+        tuning); ``build`` defaults to the plan of the one launch."""
         build = build or (lambda c: KernelPlan(calls(c)[0]))
         if not INTERPRET and torch.cuda.is_current_stream_capturing():
             # Tuning times and synchronizes, and compiling loads modules: neither can be captured.
@@ -205,9 +242,9 @@ class AttentionPlan:
             else:
                 built[c] = build(c)
 
-        cfg = pick(kernel, self.launcher, self.case, launch, calls)
+        cfg = pick(kernel, self.launcher, self.case, launch, calls, self.tuner)
         launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
-        return built[cfg]
+        return built[cfg], cfg
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous, Q.shape[:-1])."""
@@ -215,15 +252,32 @@ class AttentionPlan:
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device)
         tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
         if self.fwd is None:
-            self.fwd = self._tuned("fwd", tensors, lambda c: [fwd_launch(c, self.is_causal, *tensors)])
+            facts = self._facts(**dict(zip(("q", "k", "v", "o", "lse"), tensors, strict=True)))
+            run = lambda c: resolve("fwd", c, self.case, facts, self.launcher).config
+            self.fwd, cfg = self._tuned(
+                "fwd", tensors, lambda c: [fwd_launch(run(c), self.is_causal, *tensors)]
+            )
+            record(
+                self.case, self.launcher, {"fwd": resolve("fwd", cfg, self.case, facts, self.launcher)}, False
+            )
         else:
             self.fwd(self._stream(), *tensors)
         return o, lse
 
-    def backward(self, q, k, v, o, do, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """dQ, dK, dV (input dtype, the inputs' layouts)."""
+    def backward(
+        self, q, k, v, o, do, lse, deterministic: bool | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """dQ, dK, dV (input dtype, the inputs' layouts). ``deterministic`` (default: torch's flag) rules
+        out the one-pass backward, whose dQ is added up in no fixed order."""
+        if deterministic is None:
+            deterministic = torch.are_deterministic_algorithms_enabled()
+        if any(s == 0 and n > 1 for s, n in zip(do.stride(), do.shape, strict=True)):
+            # An expanded dO (a sum's gradient, eager and compiled alike): no descriptor reads it, so the
+            # Gluon, one-pass and TMA gates would refuse; a copy (~25 µs for the leaderboard's 32 MiB) lets
+            # them run.
+            do = do.contiguous()
         grads = dq, dk, dv = self._empty(1), self._empty(2), self._empty(3)
-        key = (*layout_key(o, do, lse), torch.are_deterministic_algorithms_enabled())
+        key = (*layout_key(o, do, lse), deterministic)
         if not self.four_d:
             q, k, v, o, do, dq, dk, dv = map(as_4d, (q, k, v, o, do, dq, dk, dv))
         tensors = (q, k, v, o, do, lse, dq, dk, dv)
@@ -233,26 +287,33 @@ class AttentionPlan:
                 raise ValueError(
                     f"L must be contiguous, got strides {lse.stride()} for shape {tuple(lse.shape)}"
                 )
-            self.bwd[key] = self._tuned_backward(tensors)
+            self.bwd[key] = self._tuned_backward(tensors, deterministic)
         else:
             run(self._stream(), *tensors)
         return grads
 
-    def _tuned_backward(self, tensors: tuple) -> SplitBackward | OnePassBackward:
+    def _tuned_backward(self, tensors: tuple, deterministic: bool) -> SplitBackward | OnePassBackward:
         """The dQ pass is tuned first (it writes D, which every split dK/dV launch reads), then the dK/dV
         pass, whose candidates are timed as whole backwards: a split one runs after the chosen dQ pass, a
-        one-pass one (:func:`one_pass_launches`) alone."""
+        one-pass one (:func:`one_pass_launches`) alone. Each candidate runs what :func:`select.resolve` lets
+        run; the chosen ones are recorded (:func:`launched`)."""
         q, k, v, o, do, lse, dq, dk, dv = tensors
+        facts = self._facts(
+            **dict(zip(("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv"), tensors, strict=True))
+        )
+        run = lambda kernel, c: resolve(kernel, c, self.case, facts, self.launcher, deterministic)
         causal = self.is_causal
         delta = torch.empty_like(lse)
         dq_tensors = (q, k, v, o, do, lse, delta, dq)
-        dq_plan = self._tuned("dq", dq_tensors, lambda c: [dq_launch(c, causal, *dq_tensors)])
+        dq_plan, dq_cfg = self._tuned(
+            "dq", dq_tensors, lambda c: [dq_launch(run("dq", c).config, causal, *dq_tensors)]
+        )
         dkdv_tensors = (q, k, v, do, lse, delta, dk, dv)
-        one_pass_ok = not torch.are_deterministic_algorithms_enabled()
         acc: list[torch.Tensor] = []  # the accumulator, allocated if a one-pass candidate runs
 
         def calls(c: TileConfig) -> list[Launch]:
-            if one_pass_ok and one_pass_supported(c, q, k, v, o, do, lse, dk, dv):
+            c = run("dkdv", c).config
+            if c.one_pass:
                 if not acc:
                     acc.append(_dq_accumulator(q))
                 return one_pass_launches(c, causal, q, k, v, o, do, lse, delta, dk, dv, acc[0])
@@ -266,7 +327,10 @@ class AttentionPlan:
             dq.copy_(acc[0].view(q.shape))
             return OnePassBackward(*plans)
 
-        return self._tuned("dkdv", tensors, calls, build)
+        plan, dkdv_cfg = self._tuned("dkdv", tensors, calls, build)
+        chosen = select(self.case, self.launcher, facts, {"dq": dq_cfg, "dkdv": dkdv_cfg}, deterministic)
+        record(self.case, self.launcher, chosen.passes(), deterministic)
+        return plan
 
     def _empty(self, which: int) -> torch.Tensor:
         shape, stride = self.layouts[which]
@@ -313,6 +377,9 @@ def flash_forward(
     return attention_plan(q, k, v, is_causal, launcher=launcher).forward(q, k, v)
 
 
-def flash_backward(q, k, v, o, do, lse, is_causal: bool, launcher: Launcher = "eager"):
-    """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q)."""
-    return attention_plan(q, k, v, is_causal, launcher=launcher).backward(q, k, v, o, do, lse)
+def flash_backward(
+    q, k, v, o, do, lse, is_causal: bool, launcher: Launcher = "eager", deterministic: bool | None = None
+):
+    """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q);
+    ``deterministic`` defaults to torch's flag."""
+    return attention_plan(q, k, v, is_causal, launcher=launcher).backward(q, k, v, o, do, lse, deterministic)

@@ -25,7 +25,7 @@ class FlashSettings:
     # A JSON file that keeps tuning results across processes (read at first use, rewritten on change).
     tune_cache: str | None = None
     # Threads that compile a key's candidates side by side before they are timed (1: one after the other).
-    # Measured: 2.07x faster cold tuning of the grid with 8 (docs/perf-notes.md, session 8).
+    # Measured: 2.07x faster cold tuning of the grid with 8 (H100, 2026-11-24, docs/perf-notes.md).
     compile_threads: int = min(8, os.cpu_count() or 1)
     # Up to this many batch·heads·n_q·n_k·d, compiled graphs launch the kernels from their own code (the
     # traced route); larger cases are GPU-bound and take the custom op, whose kernels may use tensor

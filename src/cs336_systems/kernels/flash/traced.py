@@ -6,18 +6,26 @@ from __future__ import annotations
 
 import torch
 
-from .analysis_memo import memoize_analysis
+from . import compat
 from .configs import KERNELS, TileConfig
 from .launch import dkdv_launch, dq_launch, fwd_launch
-from .plan import AttentionPlan, Launcher, new_output, pick, tune_space
+from .plan import AttentionPlan, Launcher, new_output, pick, record, tune_space
+from .select import Case, Layouts, resolve
 from .settings import INTERPRET, flash_settings
 from .triton_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
 from .tuner import TUNER
 
-# torch's analysis of what a traced kernel writes, once per signature instead of per call site and pass
-# (49 s of the compiled xl step's cold start, analysis_memo.py); the traced route launches these three.
-ANALYSIS_MEMO = memoize_analysis({flash_fwd_kernel, flash_bwd_dq_kernel, flash_bwd_dkdv_kernel})
+# The kernels the traced route launches, whose mutation analysis torch then runs once per signature instead
+# of per call site and pass (49 s of the compiled xl step's cold start, analysis_memo.py).
+TRACED_KERNELS = (flash_fwd_kernel, flash_bwd_dq_kernel, flash_bwd_dkdv_kernel)
+
+
+def _traced_launch(launch) -> None:
+    """Launch through ``wrap_triton``, with the analysis memo in front of torch's analysis (installed by
+    the first traced launch; idempotent)."""
+    compat.install_analysis_memo(TRACED_KERNELS)
+    launch.traced()
 
 
 def _real_like(t: torch.Tensor) -> torch.Tensor:
@@ -42,9 +50,7 @@ def tune_ahead(
         or all(TUNER.lookup(*space) is not None for space in spaces)
     ):
         return  # (a key chosen before, or in the shipped table, compiles nothing here)
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes(), torch.no_grad():
+    with compat.no_dispatch_modes(), torch.no_grad():
         qr, kr, vr = (_real_like(t) for t in (q, k, v))
         plan = AttentionPlan(qr, kr, vr, is_causal, launcher)
         o, lse = plan.forward(qr, kr, vr)
@@ -52,13 +58,19 @@ def tune_ahead(
 
 
 def _traced_config(kernel: str, q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> TileConfig:
-    """The block-pointer config :func:`tune_ahead` chose (or the default, with tuning off)."""
+    """The block-pointer config :func:`tune_ahead` chose (or the default, with tuning off), as
+    :func:`select.resolve` lets it run (a forced descriptor or Gluon config: its tiles by block pointers,
+    recorded with the reason)."""
 
     def untuned(c: TileConfig) -> None:
         raise RuntimeError(f"{kernel}: traced configs are tuned by tune_ahead, before tracing launches")
 
     batch, heads, n_q, d = q.shape
-    return pick(kernel, "traced", (batch * heads, n_q, k.shape[2], d, is_causal, q.dtype), untuned)
+    case = Case(batch * heads, n_q, k.shape[2], d, is_causal, q.dtype)
+    # The traced route's gate refuses every feature that reads tensor facts, so none are needed.
+    choice = resolve(kernel, pick(kernel, "traced", case, untuned), case, Layouts(False, {}), "traced")
+    record(case, "traced", {kernel: choice}, False)
+    return choice.config
 
 
 def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
@@ -66,7 +78,7 @@ def flash_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
     tune_ahead(q, k, v, is_causal, "traced")
     o = new_output(q)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-    fwd_launch(_traced_config("fwd", q, k, is_causal), is_causal, q, k, v, o, lse).traced()
+    _traced_launch(fwd_launch(_traced_config("fwd", q, k, is_causal), is_causal, q, k, v, o, lse))
     return o, lse
 
 
@@ -75,6 +87,10 @@ def flash_backward_traced(q, k, v, o, do, lse, is_causal: bool):
     tune_ahead(q, k, v, is_causal, "traced")
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
-    dq_launch(_traced_config("dq", q, k, is_causal), is_causal, q, k, v, o, do, lse, delta, dq).traced()
-    dkdv_launch(_traced_config("dkdv", q, k, is_causal), is_causal, q, k, v, do, lse, delta, dk, dv).traced()
+    _traced_launch(
+        dq_launch(_traced_config("dq", q, k, is_causal), is_causal, q, k, v, o, do, lse, delta, dq)
+    )
+    _traced_launch(
+        dkdv_launch(_traced_config("dkdv", q, k, is_causal), is_causal, q, k, v, do, lse, delta, dk, dv)
+    )
     return dq, dk, dv

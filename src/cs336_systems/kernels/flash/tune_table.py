@@ -2,7 +2,7 @@
 fused-MoE configs per device.
 
 Why: a cold key costs its candidates' compiles (7.8 s of the compiled xl step's cold start on an H100,
-session 18), and near-tie choices flip between processes (docs/perf-notes.md, sessions 7, 12, 17). A key
+H100, 2026-11-25), and near-tie choices flip between processes (docs/perf-notes.md: H100 runs of 2026-11-24 and 11-25). A key
 in the table takes its config without compiling or timing the others; a key not in it is tuned as before.
 
 A table is data a command wrote on that GPU (``python -m cs336_systems.cli.flash_tune``), one JSON file

@@ -5,9 +5,9 @@ Why not ``@triton.autotune``: a key's candidates span two kernel families (Trito
 launches take different arguments) and a whole backward; what a call pays differs by route (an eager
 call pays our launcher's host time, which autotune's do_bench leaves out, while a compiled or CUDA-graphed
 launch pays device time only); and the candidates compile side by side before any is timed (2.07x faster
-cold tuning of the grid, session 8). Candidates are timed in interleaved rounds with the order rotated per
+cold tuning of the grid, H100, 2026-11-24). Candidates are timed in interleaved rounds with the order rotated per
 round and each one's median round counts: timed one after the other, near-ties went whichever way the
-clocks drifted (session 7).
+clocks drifted (H100, 2026-11-24).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ import torch
 import triton
 
 from .configs import TileConfig, key_str, parse_key
-from .settings import INTERPRET, flash_settings
+from .settings import INTERPRET, FlashSettings, flash_settings
 from .tune_table import TuneTable, device_table
 
-# "launch": ms per launch of back-to-back launches, event time plus the host's enqueue time (what an
-# eager, host-bound call pays); "graph": device time of launches replayed from a CUDA graph (what a
-# compiled graph's or a CUDA graph's launch pays).
-Metric = Literal["launch", "graph"]
+# "sustained": event time per launch over ~0.3 s of back-to-back launches after ~0.1 s of the same: what
+# an eager call pays in a loop (a host-bound call's events wait for the host) and what do_bench's long runs
+# see; "graph": device time of launches replayed from a CUDA graph (what a compiled graph's or a CUDA
+# graph's launch pays).
+Metric = Literal["sustained", "graph"]
 Timer = Callable[[Callable[[], None]], float]
 
 
@@ -41,25 +42,27 @@ class Compilable(Protocol):
     def warmup(self) -> None: ...
 
 
-def launch_time_ms(launch: Callable[[], None], budget_ms: float = 5.0) -> float:
-    """Per launch of ~``budget_ms`` of back-to-back launches: their CUDA-event time per launch plus the
-    host's enqueue time per launch. A short case's call is host-bound as a whole, so a launch's host cost
-    counts even where one kernel alone looks device-bound; for long cases it is noise next to
-    milliseconds of kernel. (do_bench would flush L2 between launches and let the host catch up.)"""
+def sustained_time_ms(launch: Callable[[], None], budget_ms: float = 300.0, warm_ms: float = 100.0) -> float:
+    """Per launch of ~``budget_ms`` of back-to-back launches, after ~``warm_ms`` of them untimed. On a
+    host-bound case the events wait for the host, so its time counts as in a loop. It replaced 5 ms bursts
+    of event plus host enqueue time, which ranked whole backwards otherwise than do_bench: at (1, 16,
+    16384, 64) the split backward 3.23 ms against the one-pass one's 3.32 in bursts, 3.50 against 3.22 by
+    do_bench (H100, 2026-11-26; not established why: sustained clocks are the first suspect)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     launch()
     end.record()
     end.synchronize()
-    reps = max(1, min(20, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+    once = max(start.elapsed_time(end), 1e-3)
+    for _ in range(max(1, min(2000, int(warm_ms / once)))):
+        launch()
+    reps = max(1, min(5000, int(budget_ms / once)))
     start.record()
-    host_start = time.perf_counter()
     for _ in range(reps):
         launch()
-    host_ms = (time.perf_counter() - host_start) * 1e3
     end.record()
     end.synchronize()
-    return (start.elapsed_time(end) + host_ms) / reps
+    return start.elapsed_time(end) / reps
 
 
 def graph_time_ms(launch: Callable[[], None], budget_ms: float = 2.0) -> float:
@@ -108,7 +111,7 @@ class Tuner:
     """Chosen configs by tuning key, with the timings behind each choice, where each came from and why
     candidates failed. ``timers`` (by metric) and ``warm_up`` are the GPU clock, ``can_time`` says whether
     there is one (not under Triton's CPU interpreter), ``table`` gives the shipped tuning table; tests pass
-    their own."""
+    their own. ``settings``: fixed settings instead of the ones in force (:func:`configured`)."""
 
     ROUNDS = 3
 
@@ -118,9 +121,10 @@ class Tuner:
         warm_up: Callable[[Callable[[], None]], None] = warm_clocks,
         can_time: bool = not INTERPRET,
         table: Callable[[], TuneTable] = device_table,
+        settings: FlashSettings | None = None,
     ):
-        self.timers = dict(timers or {"launch": launch_time_ms, "graph": graph_time_ms})
-        self.warm_up, self.can_time, self.table = warm_up, can_time, table
+        self.timers = dict(timers or {"sustained": sustained_time_ms, "graph": graph_time_ms})
+        self.warm_up, self.can_time, self.table, self.settings = warm_up, can_time, table, settings
         self.cache: dict[tuple, TileConfig] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
         self.sources: dict[tuple, str] = {}  # "tuned", "tune cache" (the settings' file) or "table"
@@ -136,7 +140,7 @@ class Tuner:
         candidates: Sequence[TileConfig],
         launch: Callable[[TileConfig], None],
         calls: Callable[[TileConfig], Sequence[Compilable]] | None = None,
-        metric: Metric = "launch",
+        metric: Metric = "sustained",
     ) -> TileConfig:
         """The config for ``key``: forced, cached, the first candidate (tuning off, the interpreter, one
         candidate), or the fastest by ``metric``. Every candidate is built (``launch(c)`` compiles and
@@ -144,7 +148,7 @@ class Tuner:
         side first."""
         if kernel in self.forced:
             return self.forced[kernel]
-        settings = flash_settings()
+        settings = self.settings or flash_settings()
         known = self.lookup(key, candidates)
         if known is not None:
             return known
@@ -169,7 +173,7 @@ class Tuner:
     def lookup(self, key: tuple, candidates: Sequence[TileConfig]) -> TileConfig | None:
         """The config ``key`` already has, untimed: chosen in this process, in the settings' tune cache, or
         (tuning on) in this GPU's shipped table while still one of ``candidates``; else None."""
-        settings = flash_settings()
+        settings = self.settings or flash_settings()
         self._load(settings.tune_cache)
         if key in self.cache:
             return self.cache[key]

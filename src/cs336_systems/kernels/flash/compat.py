@@ -1,0 +1,148 @@
+"""Every private Triton and torch hook of the FlashAttention stack, for the versions it targets.
+
+Targets: triton 3.6 (``TRITON_TARGET``; pinned in pyproject.toml) and torch 2.11 (the GPU machines) to
+2.13 (CPU CI) (``TORCH_TARGETS``). Each hook below reads an internal that another version may rename or
+change in meaning; read wrongly, a launcher takes shifted arguments and faults, or the analysis memo
+answers for the wrong function. So :func:`check_versions` (run when this module, the first that ``kernels.flash`` imports, is imported)
+refuses other versions in one line, at import, instead of letting a hook misbehave.
+
+The hooks, and why each exists (figures: docs/perf-notes.md, H100):
+- :func:`c_launcher`, :func:`raw_launcher`, :func:`encode_descriptor`, :func:`unchecked_descriptor`: a
+  plan calls the compiled kernel's C launcher directly, with tensor maps encoded once per address (eager
+  calls at short sequences are host-bound: 0.140 ms per fwd+bwd against SDPA flash's 0.247, 2026-11-24);
+- :func:`reduce_add_async`: Gluon 3.6 has the copy engine's reduction only on its op builder (the
+  one-pass backward adds dQ's shares with it);
+- :func:`install_analysis_memo`: torch's mutation analysis answered once per kernel signature (49 s of
+  the compiled xl step's cold start, 2026-11-25), installed when the traced path first compiles;
+- :func:`current_raw_stream`, :func:`dispatch_mode_active`, :func:`no_dispatch_modes`,
+  :func:`lowering_for_cuda_graphs`: torch internals that the plans and the routing read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import triton
+
+TRITON_TARGET = "3.6"
+TORCH_TARGETS = ("2.11", "2.12", "2.13")
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def check_versions(triton_version: str = triton.__version__, torch_version: str = torch.__version__) -> None:
+    """Raise one line naming the versions when they are not the targeted ones."""
+    if _minor(triton_version) != TRITON_TARGET or _minor(torch_version) not in TORCH_TARGETS:
+        raise RuntimeError(
+            f"cs336_systems.kernels.flash targets triton {TRITON_TARGET} and torch {'/'.join(TORCH_TARGETS)} "
+            f"(private hooks in kernels/flash/compat.py); found triton {triton_version}, torch {torch_version}: "
+            "install the versions pinned in pyproject.toml"
+        )
+
+
+# Before the private imports below, which another version may not have.
+check_versions()
+
+from triton._C.libtriton import ir  # noqa: E402
+from triton.experimental.gluon.language._core import builtin  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+
+def c_launcher(compiled: Any) -> tuple[Callable[..., None], tuple] | None:
+    """The C entry point of a compiled kernel's launcher and the arguments that precede the kernel's own
+    (Triton 3.6's ``CompiledKernel.run``), or None where the launcher needs scratch memory, which its Python
+    wrapper allocates per call."""
+    run = getattr(compiled, "run", None)
+    if run is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    prefix = (
+        run.launch_cooperative_grid,
+        run.launch_pdl,
+        None,
+        None,
+        compiled.packed_metadata,
+        None,
+        None,
+        None,
+    )
+    return run.launch, prefix
+
+
+def raw_launcher(launch: Callable[..., None]) -> Callable[..., None] | None:
+    """The launcher under Triton's wrapper that encodes tensor descriptors on every call (the wrapper's
+    closure cell ``launcher``), or None."""
+    closure = getattr(launch, "__closure__", None) or ()
+    names = getattr(getattr(launch, "__code__", None), "co_freevars", ())
+    cell = dict(zip(names, closure, strict=False)).get("launcher")
+    return None if cell is None else cell.cell_contents
+
+
+def encode_descriptor(desc: TensorDescriptor, meta: Any) -> list:
+    """The launcher's arguments for ``desc``: its CUDA tensor map, shape and strides."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    return make_tensordesc_arg(desc, meta)
+
+
+def unchecked_descriptor(base: torch.Tensor, box: tuple) -> TensorDescriptor:
+    """A descriptor of ``box`` = (shape, strides, block shape) over ``base`` without its constructor's
+    checks, for a layout a plan checked once (the checks cost more host time than the launch)."""
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.padding = base, "zero"
+    desc.shape, desc.strides, desc.block_shape = box
+    return desc
+
+
+@builtin
+def reduce_add_async(tensor_desc, coord, src, _semantic=None):
+    """Add a shared-memory tile into global memory at ``coord`` by the copy engine
+    (cp.reduce.async.bulk.tensor); wait with ``tma.store_wait`` before overwriting ``src``. Gluon 3.6 has
+    the op only on its builder (Triton's ``desc.atomic_add`` lowers to it)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(
+        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
+    )
+
+
+def install_analysis_memo(kernels: Collection[Any]) -> Any:
+    """Put the analysis memo (``analysis_memo.py``) in front of torch's mutation analysis for ``kernels``;
+    idempotent. Called before the traced path first launches, not at import: importing the package then
+    leaves torch as it found it."""
+    import torch._higher_order_ops.triton_kernel_wrap as module
+
+    from .analysis_memo import memoize_analysis
+
+    return memoize_analysis(kernels, module)
+
+
+def lowering_for_cuda_graphs() -> bool:
+    """Whether the graph being lowered will be replayed from CUDA graphs (inductor's ``triton.cudagraphs``,
+    which ``mode="reduce-overhead"`` sets while the graph is lowered, when a triton_op's body runs)."""
+    from torch._inductor import config
+
+    return bool(config.triton.cudagraphs)
+
+
+def current_raw_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a Python dispatch mode (selective checkpointing, FlopCounterMode) is active."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
+@contextmanager
+def no_dispatch_modes() -> Iterator[None]:
+    """Leave every tracing and dispatch mode for a while (tuning launches real kernels on real tensors)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
