@@ -76,7 +76,7 @@ VALUE_LABELS = {
 STATS_MEAN = "stats_mean_ms"  # pytest-benchmark's own timing, used when extra_info has no mean_ms
 VALUE_LABELS[STATS_MEAN] = "mean ± std (ms, pytest-benchmark)"
 FRACTION_KEYS = {"mfu"}  # and every key with "share" in it
-CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread"}  # judged, not shown as columns
+CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread", "rounds_n"}  # judged, not shown as columns
 NOT_VALUES = {"oom", "skipped", "device_name"}
 MISSING = "—"
 

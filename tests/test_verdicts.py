@@ -1,0 +1,88 @@
+"""One reliability verdict per row (issue 51): the rounds' spread decides before the load average,
+and the verdict travels with the row into every output (tables, ``--compare``, the CLI, plots,
+ratios). Synthetic rows only: no bench runs here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cs336_systems import report
+from cs336_systems.cli import benchmark as cli
+from cs336_systems.harness import contention
+from cs336_systems.profiling.flops import dense_bf16_peak_tflops, mfu_both
+
+LOADED = {"load_avg_1m": 7.8, "cpu_cores": 2.0}
+TIGHT = {**LOADED, "rounds_spread": 0.035, "rounds_n": 10.0}  # the issue's 3.5% row at load 3.9/core
+LOOSE = {**LOADED, "rounds_spread": 0.18, "rounds_n": 10.0}  # between TIGHT and SPREAD: the load decides
+FEW = {**LOADED, "rounds_spread": 0.035, "rounds_n": 3.0}  # too few rounds to overrule the load
+
+
+def test_rounds_that_agree_are_a_result_on_a_loaded_machine() -> None:
+    assert contention.contention_reasons(TIGHT, on_cpu=True) == []
+    assert contention.contention_reasons(LOOSE, on_cpu=True) == ["load average 7.8 on 2 cores"]
+    assert contention.contention_reasons(FEW, on_cpu=True) == ["load average 7.8 on 2 cores"]
+    wild = {**TIGHT, "rounds_spread": 0.4}
+    assert contention.contention_reasons(wild, on_cpu=False) == ["rounds spread ±40%"]
+    assert contention.contention_reasons({**TIGHT, "mfu": 1.2}, on_cpu=True)[0].startswith("MFU 120%")
+
+
+def test_rows_record_how_many_rounds_they_had() -> None:
+    facts = contention.contention_facts([1.0, 1.01, 0.99, 1.0, 1.02])
+    assert facts["rounds_n"] == 5 and facts["rounds_spread"] < contention.TIGHT
+    assert contention.rounds_agree(facts)
+
+
+def test_cli_keeps_a_tight_row_and_shows_unreliable_numbers_on_request(capsys) -> None:
+    row = {"case": "busy", "mean_ms": 773.0, "std_ms": 90.0, "tflops": 0.01, "contention": "load average 9"}
+    assert cli._cells(row)[1] == "unreliable"
+    shown = cli._cells(row, show_unreliable=True)
+    assert shown[1] == "773*" and shown[4] == "0.01*"
+    printer = cli.RowPrinter(case_width=6, show_unreliable=True)
+    printer.row(row)
+    assert "^ * unreliable timing: load average 9" in capsys.readouterr().out
+
+
+def test_mfu_both_names_its_denominators() -> None:
+    both = mfu_both(500e12, 781e12, "NVIDIA H100 80GB HBM3")
+    assert both["mfu"] == pytest.approx(500 / 781) and both["mfu_peak"] == pytest.approx(500 / 989)
+    assert "measured matmul rate 781" in both["mfu_note"] and "dense bf16 peak 989" in both["mfu_note"]
+    assert dense_bf16_peak_tflops("NVIDIA H100 PCIe") == 756 and dense_bf16_peak_tflops("NVIDIA H200") == 989
+    unknown = mfu_both(500e12, 781e12, "NVIDIA GeForce RTX 4090")
+    assert "mfu_peak" not in unknown and "measured rate only" in unknown["mfu_note"]
+
+
+def test_cli_prints_both_mfus_and_the_flop_formula() -> None:
+    legend = cli.mfu_legend("NVIDIA H100 80GB HBM3", {"bf16": 781.0})
+    assert "MFU % meas" in legend and "MFU % peak" in legend and "H100 989" in legend
+    assert "recomputation" in legend and "bf16 781" in legend
+    cells = cli._cells({"case": "c", "mean_ms": 10.0, "mfu": 0.587, "mfu_peak": 0.46})
+    assert cells[5:7] == ["58.7", "46"]
+
+
+def _bench(name: str, key: str, params: dict, extra: dict, group: str | None = None) -> dict:
+    extra = {"group_key": key, "device_name": "cpu (x86_64, 2 cores)", **extra}
+    return {
+        "group": group or f"{key} group",
+        "name": name,
+        "params": params,
+        "extra_info": extra,
+        "stats": {"mean": 0.01, "stddev": 0.0},
+    }
+
+
+def _write(path: Path, benchmarks: list[dict]) -> Path:
+    path.write_text(json.dumps({"benchmarks": benchmarks, "datetime": "now", "version": "5"}))
+    return path
+
+
+def test_tables_show_a_tight_row_on_a_loaded_machine(tmp_path: Path) -> None:
+    rows = [
+        _bench("test_warmup[0]", "warmup", {"warmup": 0}, {"mean_ms": 21.4, "std_ms": 0.5, **TIGHT}),
+        _bench("test_warmup[5]", "warmup", {"warmup": 5}, {"mean_ms": 773.0, "std_ms": 90.0, **LOOSE}),
+    ]
+    _, records = report.load([_write(tmp_path / "r.json", rows)])
+    (table,) = report.build_tables(records)
+    assert list(table.long["mean ± std (ms)"]) == ["21.40 ± 0.5", "unreliable [1]"]
