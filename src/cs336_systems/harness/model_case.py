@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from cs336_systems.harness.environment import environment_info
+from cs336_systems.harness.environment import device_name, environment_info
 from cs336_systems.harness.record import record_oom, run_benchmark
-from cs336_systems.harness.environment import device_name
 from cs336_systems.profiling.flops import mfu_both
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom
