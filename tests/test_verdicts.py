@@ -86,3 +86,56 @@ def test_tables_show_a_tight_row_on_a_loaded_machine(tmp_path: Path) -> None:
     _, records = report.load([_write(tmp_path / "r.json", rows)])
     (table,) = report.build_tables(records)
     assert list(table.long["mean ± std (ms)"]) == ["21.40 ± 0.5", "unreliable [1]"]
+
+
+# ---- breaks the tests used to let through (issue 51) -------------------------------------------------
+
+
+def _step_rows(warmup_ms: float, model_ms: float) -> list[dict]:
+    """A warm-up row and a model row with the same benchmark name, as D2's two groups write them."""
+    quiet = {"load_avg_1m": 0.5, "cpu_cores": 2.0, "rounds_spread": 0.01, "rounds_n": 10.0}
+    return [
+        _bench(
+            "test_step[tiny]", "warmup", {"warmup": 0}, {"mean_ms": warmup_ms, **quiet}, "D2 warm-up tiny"
+        ),
+        _bench(
+            "test_step[tiny]",
+            "model",
+            {"mode": "fwd"},
+            {"mean_ms": model_ms, **quiet},
+            "D2/D4/D7b model tiny",
+        ),
+    ]
+
+
+def test_compare_pairs_by_group_and_name_not_by_name(tmp_path: Path) -> None:
+    from cs336_systems.report.compare import compare_runs
+
+    a = _write(tmp_path / "a.json", _step_rows(10.0, 100.0))
+    b = _write(tmp_path / "b.json", _step_rows(20.0, 200.0))
+    text = compare_runs(a, b)
+    assert "2 paired rows" in text and text.count("| 2× |") == 2
+    assert "20×" not in text and "0.2×" not in text
+
+
+def test_latex_tables_keep_their_footnotes(tmp_path: Path) -> None:
+    reason = "cuDNN attention needs a CUDA GPU"
+    rows = [
+        _bench("test_warmup[0]", "warmup", {"warmup": 0}, {"mean_ms": 773.0, **LOOSE}),
+        _bench(
+            "test_warmup[5]",
+            "warmup",
+            {"warmup": 5},
+            {"status": "skipped", "reason": reason, "skipped": reason},
+        ),
+    ]
+    path = _write(tmp_path / "r.json", rows)
+    _, records = report.load([path])
+    (table,) = report.build_tables(records)
+    latex = report.render.render_group_latex(table)
+    assert "unreliable [1]" in latex and "skipped [2]" in latex
+    assert "[1] unreliable timing: load average 7.8 on 2 cores" in latex and f"[2] {reason}" in latex
+    out = tmp_path / "tex"
+    assert report.main([str(path), "--format", "latex", "--out", str(out)]) == 0
+    (tex,) = (out / "tables").glob("*.tex")
+    assert "\\footnotesize [1] unreliable timing" in tex.read_text() and reason in tex.read_text()
