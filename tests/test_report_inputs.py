@@ -76,10 +76,11 @@ def test_out_file_and_directory_as_json(
     a_file.write_text("x")
     assert report.main([str(sample_json), "--out", str(a_file)]) == 2
     assert "is a file" in capsys.readouterr().err and a_file.read_text() == "x"
-    out = tmp_path / "out"
-    assert report.main([str(tmp_path), "--out", str(out)]) == 2
+    out, empty = tmp_path / "out", tmp_path / "empty"
+    empty.mkdir()  # a folder stands for the results under it (issue 51); none is a one-line error
+    assert report.main([str(empty), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "is a directory" in err and err.count("\n") == 1 and not out.exists()
+    assert "no benchmark rows in" in err and err.count("\n") == 1 and not out.exists()
 
 
 # -- friction 8: labels and plots -------------------------------------------------------------------

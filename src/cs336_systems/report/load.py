@@ -219,6 +219,27 @@ def _cli_rows(rows: list[Any], path: Path) -> dict[str, Any]:
     return {"benchmarks": benchmarks}
 
 
+PROFILE_SUFFIX = ".d3.json"  # the benchmark CLI's --profile answers (D3), one case per file
+
+
+def _profile_rows(answers: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A ``--profile DIR`` answers file as one row of the D3 group (the bench's profile rows hold the
+    same keys), so a results folder with the CLI's profiles fills D3 (issue 51: it said "No rows")."""
+    extra = {k: "; ".join(map(str, v)) if isinstance(v, list) else v for k, v in answers.items()}
+    extra.update(group_key="profile", device_name=str(answers.get("profile_device", "")))
+    case = path.name[: -len(PROFILE_SUFFIX)]
+    bench = {"group": GROUPS["profile"].name(case), "name": case, "params": {}, "extra_info": extra}
+    return {"benchmarks": [bench]}
+
+
+def results_in(directory: Path) -> list[Path]:
+    """The results files under ``directory``, recursively, in name order: pytest-benchmark JSON, row
+    logs (``.jsonl``, unless the ``.json`` of the same run sits beside it: the same rows) and the
+    CLI's ``--profile`` answers. Traces and memory snapshots (``.json.gz``, ``.pickle.gz``) are not results."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
+    return [p for p in files if not (p.suffix == ".jsonl" and p.with_suffix(".json").exists())]
+
+
 def read_results(path: Path) -> dict[str, Any]:
     """One results file as pytest-benchmark's top-level object; a one-line ReportInputError otherwise."""
     if path.is_dir():
@@ -237,6 +258,8 @@ def read_results(path: Path) -> dict[str, Any]:
         raise ReportInputError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
     if isinstance(data, list):
         data = _cli_rows(data, path)
+    elif path.name.endswith(PROFILE_SUFFIX) and isinstance(data, dict) and "benchmarks" not in data:
+        data = _profile_rows(data, path)
     if not isinstance(data, dict) or "benchmarks" not in data:
         raise ReportInputError(
             f"{path} is neither pytest-benchmark JSON (no 'benchmarks' key) nor the benchmark CLI's --json rows"
@@ -246,37 +269,53 @@ def read_results(path: Path) -> dict[str, Any]:
     return data
 
 
-def load(paths: Sequence[str | Path]) -> tuple[list[Run], list[Record]]:
-    """Read results files (pytest-benchmark JSON, a .jsonl row log, the CLI's --json rows); a file that
-    is none of them fails with its name in the message. No rows at all is an error too."""
+def _read_run(path: Path, source: str) -> tuple[Run, list[Record]]:
+    """One results file: its run facts and rows; a one-line ReportInputError if it holds none of ours."""
+    data = read_results(path)
+    machine = _machine_name(data.get("machine_info") or {})
+    commit = data.get("commit_info") or {}
+    run = Run(
+        path=path,
+        source=source,
+        datetime=str(data.get("datetime", "?")),
+        commit=(str(commit.get("id") or "?")[:10] + (" (dirty)" if commit.get("dirty") else "")),
+        version=str(data.get("version", "?")),
+        machine=machine,
+    )
+    rows = [_record(bench, source, machine) for bench in data["benchmarks"]]
+    if rows and all(r.group_key is None for r in rows):
+        groups = sorted({r.group for r in rows})
+        raise ReportInputError(
+            f"{path} holds no rows of this suite: none of its {len(rows)} benchmarks is tagged by "
+            f"cs336_systems.report.schema (groups {', '.join(groups[:3])}{', ...' if len(groups) > 3 else ''})"
+        )
+    return run, rows
+
+
+def load(paths: Sequence[str | Path], skipped: list[str] | None = None) -> tuple[list[Run], list[Record]]:
+    """Read results files (pytest-benchmark JSON, a .jsonl row log, the CLI's --json rows or --profile
+    answers); a file given by name that is none of them fails with its name in the message. A directory
+    stands for the results files under it (``results_in``); those that are not results are left out,
+    each named in ``skipped`` when given. No rows at all is an error too."""
     runs, records = [], []
-    paths = [Path(p) for p in paths]
+    named = [Path(p) for p in paths]
+    paths = [f for p in named for f in (results_in(p) if p.is_dir() else [p])]
     stems = [p.stem for p in paths]
     for path in paths:
         # The file stem names the source, unless two files share it (h100/model.json, h200/model.json).
         source = path.stem if stems.count(path.stem) == 1 else str(path)
-        data = read_results(path)
-        machine = _machine_name(data.get("machine_info") or {})
-        commit = data.get("commit_info") or {}
-        run = Run(
-            path=path,
-            source=source,
-            datetime=str(data.get("datetime", "?")),
-            commit=(str(commit.get("id") or "?")[:10] + (" (dirty)" if commit.get("dirty") else "")),
-            version=str(data.get("version", "?")),
-            machine=machine,
-        )
-        rows = [_record(bench, source, machine) for bench in data["benchmarks"]]
-        if rows and all(r.group_key is None for r in rows):
-            groups = sorted({r.group for r in rows})
-            raise ReportInputError(
-                f"{path} holds no rows of this suite: none of its {len(rows)} benchmarks is tagged by "
-                f"cs336_systems.report.schema (groups {', '.join(groups[:3])}{', ...' if len(groups) > 3 else ''})"
-            )
+        try:
+            run, rows = _read_run(path, source)
+        except ReportInputError as exc:
+            if path in named:
+                raise
+            if skipped is not None:  # found in a folder: another tool's output, not an error of the user's
+                skipped.append(str(exc))
+            continue
         records += rows
         runs.append(run)
     if not records:
-        raise ReportInputError(f"no benchmark rows in {', '.join(map(str, paths))}: nothing to report")
+        raise ReportInputError(f"no benchmark rows in {', '.join(map(str, named))}: nothing to report")
     _mark_provenance(records)
     for run in runs:
         run.devices = {r.device for r in records if r.source == run.source}

@@ -195,6 +195,15 @@ def footnotes(records: list[Record]) -> list[str]:
     return list(notes)
 
 
+TEXT_CELL_MAX = 120  # a C++ kernel name runs to 900 characters; a table cell shows its start
+
+
+def short_text(text: str, width: int = TEXT_CELL_MAX) -> str:
+    """A text cell cut to ``width`` characters (the full text stays in the JSON): one D3 cell of three
+    templated kernel names made a writeup line of 1,093 characters (issue 51)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _cell(record: Record, key: str, notes: list[str]) -> str:
     if record.oom:
         return "OOM"
@@ -204,7 +213,7 @@ def _cell(record: Record, key: str, notes: list[str]) -> str:
         label, reason = not_run
         return f"{label} [{notes.index(reason) + 1}]" if reason else label
     if key in record.texts:
-        return record.texts[key]
+        return short_text(record.texts[key])
     if key not in record.values:
         return MISSING
     why = unreliable(record)

@@ -320,7 +320,8 @@ def write_report(paths: Sequence[str | Path], out: str | Path, fmt: str = "md") 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ReportInputError(f"--out {out} is a file; give a directory")
-    runs, records = load(paths)
+    left_out: list[str] = []
+    runs, records = load(paths, skipped=left_out)
     load_section_modules()  # before the plots: a contributed section may add one
     tables = build_tables(records)
     table_dir = out / "tables"
@@ -342,6 +343,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, fmt: str = "md") 
         "plots": list(plots.values()),
         "writeup": writeup,
         "records": len(records),
+        "left_out": left_out,
     }
 
 
@@ -351,7 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="benchmark JSON (pytest-benchmark, its .jsonl row log, or the benchmark CLI's --json) "
         "-> tables, plots, writeup.md; or --compare two runs",
     )
-    parser.add_argument("json", nargs="+", help="results files (--benchmark-json output, .jsonl, CLI --json)")
+    parser.add_argument(
+        "json",
+        nargs="+",
+        help="results files (--benchmark-json output, .jsonl, CLI --json or --profile answers) or folders of them",
+    )
     parser.add_argument("--format", choices=("md", "latex"), default="md", help="table files format")
     parser.add_argument("--out", default="report", help="output directory (default: ./report)")
     parser.add_argument(
@@ -370,7 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ReportInputError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{result['records']} benchmark rows from {len(args.json)} file(s)")
+    print(f"{result['records']} benchmark rows from {len(args.json)} path(s)")
+    if result["left_out"]:  # found in folders, not given by name: not an error, but say which
+        print(
+            f"left out {len(result['left_out'])} file(s) that hold no results of this suite, e.g. {result['left_out'][0]}"
+        )
     for path in [*result["tables"], *result["plots"], result["writeup"]]:
         print(f"wrote {path}")
     return 0

@@ -193,18 +193,23 @@ def render_d18(model: XXL | None = None) -> str:
             f"{cb.per_device_tokens_int} tokens; overall batch {cb.batch_tokens_int:,} tokens** "
             f"(X·α/M_X = {16 * cb.alpha / 2:,.0f} tokens if each communication only had to fit alone).",
             "",
+            # one list item per point: as one paragraph it made a writeup line of 1,093 characters
             "**(d)** To keep the chips compute bound at a smaller batch, cut the bytes each FLOP needs or "
-            "hide them: (1) the FSDP term does not depend on B, so the floor is B/N ≥ α/(M_X·Y)/(1−…): "
+            "hide them:",
+            "",
+            "- (1) the FSDP term does not depend on B, so the floor is B/N ≥ α/(M_X·Y)/(1−…): "
             "more tensor parallelism (larger Y, up to F/Y ≳ α/M_Y) or more mesh axes for FSDP (larger M_X) "
-            "lowers it, and the Scaling Book's optimal X/Y split reaches B/N ≈ 2α²/F (~245 tokens here); "
-            "(2) pipeline parallelism over a further axis: only activations of the stage boundaries move "
+            "lowers it, and the Scaling Book's optimal X/Y split reaches B/N ≈ 2α²/F (~245 tokens here);",
+            "- (2) pipeline parallelism over a further axis: only activations of the stage boundaries move "
             "(2·B·D bytes per boundary), weights stay local, and micro-batches with an interleaved or "
-            "zero-bubble schedule keep the bubble small (Narayanan et al. 2021; DeepSeek-V3's DualPipe); "
-            "(3) communicate fewer bytes: all-gather weights in fp8 instead of bf16 halves T_FSDP and so "
-            "the batch floor (DeepSeek-V3 uses fp8 communication); (4) prefetch the next layer's weights "
-            "while computing the current one so FSDP traffic overlaps fully (what the sum condition "
-            "assumes); (5) for MoE models, expert parallelism moves tokens rather than weights. Gradient "
-            "accumulation does not help: it raises the batch instead of lowering it.",
+            "zero-bubble schedule keep the bubble small (Narayanan et al. 2021; DeepSeek-V3's DualPipe);",
+            "- (3) communicate fewer bytes: all-gather weights in fp8 instead of bf16 halves T_FSDP and so "
+            "the batch floor (DeepSeek-V3 uses fp8 communication);",
+            "- (4) prefetch the next layer's weights while computing the current one so FSDP traffic "
+            "overlaps fully (what the sum condition assumes);",
+            "- (5) for MoE models, expert parallelism moves tokens rather than weights.",
+            "",
+            "Gradient accumulation does not help: it raises the batch instead of lowering it.",
         ]
     )
 
