@@ -139,3 +139,70 @@ def test_latex_tables_keep_their_footnotes(tmp_path: Path) -> None:
     assert report.main([str(path), "--format", "latex", "--out", str(out)]) == 0
     (tex,) = (out / "tables").glob("*.tex")
     assert "\\footnotesize [1] unreliable timing" in tex.read_text() and reason in tex.read_text()
+
+
+# ---- no ratio from a row whose timing is not a result ----------------------------------------------
+
+GPU = "NVIDIA H100 80GB HBM3"
+WILD = {"rounds_spread": 0.4, "rounds_n": 10.0}
+
+
+def _rec(key: str, name: str, desc: dict, values: dict, device: str = GPU) -> report.Record:
+    return report.Record(f"{key} group", key, name, "s", device, "m", desc, values)
+
+
+def test_fsdp_prose_gives_no_step_ratio_from_an_unreliable_row() -> None:
+    from cs336_systems.report.answers.memory import d24b
+
+    setting = {"size": "xl", "ctx": 512, "dtype": "bf16", "world_size": 2}
+    ours = _rec(
+        "fsdp", "ours", {**setting, "variant": "fsdp_blocks"}, {"mean_ms": 50.0, "time_vs_fsdp2": 0.5}
+    )
+    fsdp2 = _rec("fsdp", "fsdp2", {**setting, "variant": "fsdp2_blocks"}, {"mean_ms": 100.0, **WILD})
+    assert "0.50× torch's fully_shard" in d24b(
+        [ours, _rec("fsdp", "fsdp2", fsdp2.descriptors, {"mean_ms": 100.0})]
+    )
+    text = d24b([ours, fsdp2])
+    assert "0.50×" not in text and "not derived: fsdp2's timing is not a result (rounds spread ±40%)" in text
+
+
+def test_proxy_ratio_is_not_derived_from_an_unreliable_row() -> None:
+    from cs336_systems.report.proxy_8b import proxy_answer
+
+    ours = _rec("proxy_8b", "ours", {"row": "ours"}, {"step_s": 1.0})
+    torch_ = _rec("proxy_8b", "torch", {"row": "torch"}, {"step_s": 1.25, **WILD})
+    assert "0.800×" in proxy_answer([ours, _rec("proxy_8b", "torch", {"row": "torch"}, {"step_s": 1.25})])
+    assert "not derived: torch's timing" in proxy_answer([ours, torch_])
+
+
+def test_interpreted_triton_rows_are_no_figure_and_give_no_ratio(tmp_path: Path) -> None:
+    cpu = "cpu (x86_64, 2 cores)"
+    quiet = {"rounds_spread": 0.01, "rounds_n": 10.0}
+    ours = _rec(
+        "attention_shapes",
+        "ours",
+        {"impl": "flash_triton"},
+        {"mean_ms": 670.0, "ratio_to_best_sdpa": 670.0, **quiet},
+        cpu,
+    )
+    adamw = _rec(
+        "fused_adamw",
+        "adamw",
+        {"impl": "triton_fused"},
+        {"median_ms": 2144.0, "time_vs_torch_fused": 2144.0, **quiet},
+        cpu,
+    )
+    torch_adamw = _rec("fused_adamw", "torch", {"impl": "torch_fused"}, {"median_ms": 1.0, **quiet}, cpu)
+    on_gpu = _rec(
+        "attention_shapes", "gpu", {"impl": "flash_triton"}, {"mean_ms": 4.7, "ratio_to_best_sdpa": 0.9}, GPU
+    )
+    for group in ([ours], [adamw, torch_adamw]):
+        (table,) = report.build_tables(group)
+        cells = " ".join(table.long.astype(str).to_numpy().ravel())
+        assert "670" not in cells and "2,144" not in cells and "2144" not in cells
+        assert "interpreted [1]" in cells and "TRITON_INTERPRET=1" in table.footnotes[0]
+        assert len(table.footnotes) == 1
+    (table,) = report.build_tables([torch_adamw])
+    assert "interpreted" not in " ".join(table.long.astype(str).to_numpy().ravel())  # torch's own AdamW
+    (table,) = report.build_tables([on_gpu])
+    assert list(table.long.iloc[0]) == ["4.700", "0.9"]

@@ -80,3 +80,24 @@ def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
     if mfu is not None and mfu > 1.0:
         reasons.append(f"MFU {mfu:.0%} is above 100%: the step and the matmul rate saw different loads")
     return reasons
+
+
+# The suite's Triton pieces by the names rows give them: an impl or attention naming Triton, the fused
+# LM-head loss ("fused"; torch's own AdamW(fused=True) rows are "torch_fused") and the fused-loss flag.
+INTERPRETER_NOTE = (
+    "a Triton kernel timed on a CPU ran under TRITON_INTERPRET=1 (Triton's interpreter, run for "
+    "correctness): not a performance figure, and no ratio is derived from it"
+)
+
+
+def interpreted(descriptors: Mapping[str, object], on_cpu: bool) -> bool:
+    """Whether a row timed one of the suite's Triton kernels on a CPU, which only Triton's interpreter
+    runs: D12's "ours / best SDPA" of 670x and D26's fused AdamW at 2,144x torch were such rows (issue 51)."""
+    if not on_cpu:
+        return False
+    names = [str(descriptors.get(k, "")) for k in ("impl", "attention", "variant", "recipe")]
+    return (
+        any("triton" in n for n in names)
+        or descriptors.get("impl") == "fused"
+        or bool(descriptors.get("fused_loss") is True)
+    )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.harness.contention import contention_reasons
+from cs336_systems.harness.contention import INTERPRETER_NOTE, contention_reasons, interpreted
 from cs336_systems.report.schema import GROUPS
 
 
@@ -368,8 +368,29 @@ def numeric(value: Any) -> float | None:
         return None
 
 
+def _on_cpu(record: Record) -> bool:
+    return record.device.lower().startswith("cpu")
+
+
+def is_interpreted(record: Record) -> bool:
+    """A Triton kernel timed under the interpreter (harness.contention.interpreted)."""
+    return interpreted({**record.texts, **record.descriptors}, _on_cpu(record))
+
+
 def unreliable(record: Record) -> str | None:
-    """Why the row's timing measured the machine's load rather than the case (harness.contention),
-    or None: such a row is marked in the tables and in ``--compare``, not printed as a result."""
-    reasons = contention_reasons(record.values, record.device.lower().startswith("cpu"))
+    """The one verdict on a row's timing: why it is not a result (a Triton kernel under the
+    interpreter, or the machine's load: harness.contention), or None. Such a row is marked in the
+    tables, ``--compare``, the plots and the prose, and no ratio is derived from it."""
+    if is_interpreted(record):
+        return INTERPRETER_NOTE
+    reasons = contention_reasons(record.values, _on_cpu(record))
     return "; ".join(reasons) or None
+
+
+def derived_from(*records: Record | None) -> str | None:
+    """None when a figure derived from these rows (a ratio, a speed-up) may be printed; else one line
+    saying which row's timing is not a result, to print in its place."""
+    for r in records:
+        if r is not None and (why := unreliable(r)):
+            return f"not derived: {r.name}'s timing is not a result ({why})"
+    return None

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from cs336_systems.harness.contention import INTERPRETER_NOTE
 from cs336_systems.report.load import (
     CONTENTION_KEYS,
     FRACTION_KEYS,
@@ -172,12 +173,23 @@ def _not_run(record: Record) -> tuple[str, str | None] | None:
 
 
 def _timed(key: str) -> bool:
-    """A value that comes from the row's timing (and is as unreliable as it)."""
-    return key.endswith("_ms") or key in ("tokens_per_s", "tflops", "mfu") or key.endswith("_gbps")
+    """A value that comes from the row's timing (and is as unreliable as it), ratios of times included;
+    memory ratios (``extra_mib_vs_full``, ``state_vs_ddp``) are not."""
+    if "mib" in key or key.startswith("state"):
+        return False
+    ratio = "ratio" in key or "_vs_" in key or key.startswith("vs_") or "speedup" in key
+    timing = key.endswith(("_ms", "_s", "_gbps")) or key in ("tokens_per_s", "tflops", "mfu", "mfu_peak")
+    return ratio or timing
 
 
 def _unreliable_note(why: str) -> str:
+    if why == INTERPRETER_NOTE:
+        return why[0].upper() + why[1:]
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
+
+
+def _verdict_label(why: str) -> str:
+    return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 
 def footnotes(records: list[Record]) -> list[str]:
@@ -218,7 +230,7 @@ def _cell(record: Record, key: str, notes: list[str]) -> str:
         return MISSING
     why = unreliable(record)
     if why and _timed(key):
-        return f"unreliable [{notes.index(_unreliable_note(why)) + 1}]"
+        return f"{_verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]"
     text = format_number(key, record.values[key])
     std = _std_key(key, record.values)
     if std:
