@@ -117,6 +117,7 @@ class GroupTable:
     index_columns: int = 0  # the leading columns of ``long`` that name the case
     varying: list[str] = field(default_factory=list)
     value_keys: list[str] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)  # one line per device: backends it cannot have
 
     @property
     def footnotes(self) -> list[str]:
@@ -246,7 +247,29 @@ def _ordered_descriptors(records: list[Record]) -> list[str]:
     return sorted(keys, key=lambda k: (order.get(k, len(order)), k))
 
 
+def _absent_backends(records: list[Record]) -> tuple[list[Record], list[str]]:
+    """Implementations none of whose rows could run on a device (cuDNN or mem-efficient SDPA on a CPU)
+    leave the table: a column of "unsupported" cells says less than one line under it (issue 51: 228
+    such cells in D11 and D12 on a CPU). Returns the rows kept and those lines."""
+    by_impl: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        if "impl" in r.descriptors:
+            by_impl.setdefault((r.device, str(r.descriptors["impl"])), []).append(r)
+    gone = {k for k, rs in by_impl.items() if all(r.texts.get("status") == "unsupported" for r in rs)}
+    kept = [r for r in records if (r.device, str(r.descriptors.get("impl"))) not in gone]
+    if not gone or not kept:  # nothing else ran: the table itself says so
+        return records, []
+    lines = []
+    for device in sorted({d for d, _ in gone}):
+        impls = sorted(i for d, i in gone if d == device)
+        reason = next((r.skipped or r.texts.get("reason") for r in by_impl[(device, impls[0])]), None) or ""
+        said = f" (torch: {short_text(reason, 100)})" if reason else ""
+        lines.append(f"Not available on {device}, so not in the table: {', '.join(impls)}{said}.")
+    return kept, lines
+
+
 def build_group_table(group: str, records: list[Record]) -> GroupTable:
+    records, absent = _absent_backends(records)
     descriptors = _ordered_descriptors(records)
     fixed, varying = {}, []
     for key in descriptors:
@@ -269,7 +292,7 @@ def build_group_table(group: str, records: list[Record]) -> GroupTable:
     long = pd.DataFrame(rows) if rows else pd.DataFrame()
     key = records[0].group_key if records else None
     pivot = _pivot(key, records, varying, value_keys)
-    return GroupTable(group, key, long, pivot, fixed, records, len(varying), varying, value_keys)
+    return GroupTable(group, key, long, pivot, fixed, records, len(varying), varying, value_keys, absent)
 
 
 def _pivot(

@@ -244,6 +244,7 @@ def _section_lines(
     for t, view in views:
         lines += [f"### {t.group}: {view.attrs['title']}", "", f"_{t.caption}_", "", to_markdown(view), ""]
         lines += footnote_lines(t.footnotes)
+        lines += [*t.absent, ""] if t.absent else []
     lines += [
         f"![{key}]({path.relative_to(out).as_posix()})" + "\n"
         for key, path in plots.items()
