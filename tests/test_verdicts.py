@@ -206,3 +206,20 @@ def test_interpreted_triton_rows_are_no_figure_and_give_no_ratio(tmp_path: Path)
     assert "interpreted" not in " ".join(table.long.astype(str).to_numpy().ravel())  # torch's own AdamW
     (table,) = report.build_tables([on_gpu])
     assert list(table.long.iloc[0]) == ["4.700", "0.9"]
+
+
+def test_bench_terminal_table_and_report_give_one_verdict(tmp_path: Path) -> None:
+    """pytest-benchmark's terminal table (bench/conftest.py, through ``row_verdict``) marks exactly the
+    rows the report marks."""
+    cases = [TIGHT, LOOSE, FEW, {**TIGHT, "rounds_spread": 0.4}, {"load_avg_1m": 0.1, "cpu_cores": 2.0}]
+    rows = [
+        _bench(f"test_x[{i}]", "warmup", {"warmup": i}, {"mean_ms": 5.0, **c}) for i, c in enumerate(cases)
+    ]
+    rows.append(_bench("test_y", "fused_adamw", {"impl": "triton_fused"}, {"median_ms": 9.0}))
+    _, records = report.load([_write(tmp_path / "r.json", rows)])
+    from cs336_systems.report.load import unreliable
+
+    by_report = {r.name: unreliable(r) for r in records}
+    by_terminal = {b["name"]: contention.row_verdict(b["extra_info"], b["params"]) for b in rows}
+    assert by_report == by_terminal
+    assert [n for n, v in by_report.items() if v] == ["test_x[1]", "test_x[2]", "test_x[3]", "test_y"]

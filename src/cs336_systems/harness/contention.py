@@ -101,3 +101,15 @@ def interpreted(descriptors: Mapping[str, object], on_cpu: bool) -> bool:
         or descriptors.get("impl") == "fused"
         or bool(descriptors.get("fused_loss") is True)
     )
+
+
+def row_verdict(extra_info: Mapping[str, object], params: Mapping[str, object] | None = None) -> str | None:
+    """The verdict on one pytest-benchmark row from its JSON fields (the bench terminal table's mark;
+    the report judges its parsed rows with the same two functions): None for a result."""
+    on_cpu = str(extra_info.get("device_name", "")).lower().startswith("cpu")
+    if interpreted({**extra_info, **(params or {})}, on_cpu):
+        return INTERPRETER_NOTE
+    numbers = {
+        k: float(v) for k, v in extra_info.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return "; ".join(contention_reasons(numbers, on_cpu)) or None
