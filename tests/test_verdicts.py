@@ -223,3 +223,21 @@ def test_bench_terminal_table_and_report_give_one_verdict(tmp_path: Path) -> Non
     by_terminal = {b["name"]: contention.row_verdict(b["extra_info"], b["params"]) for b in rows}
     assert by_report == by_terminal
     assert [n for n, v in by_report.items() if v] == ["test_x[1]", "test_x[2]", "test_x[3]", "test_y"]
+
+
+def test_report_show_unreliable_prints_the_figures_with_their_mark(tmp_path: Path, capsys) -> None:
+    rows = [
+        _bench("test_warmup[0]", "warmup", {"warmup": 0}, {"mean_ms": 773.0, "std_ms": 90.0, **LOOSE}),
+        _bench("test_warmup[5]", "warmup", {"warmup": 5}, {"mean_ms": 21.4, "std_ms": 0.5, **TIGHT}),
+    ]
+    path = _write(tmp_path / "r.json", rows)
+    out = tmp_path / "shown"
+    assert report.main([str(path), "--out", str(out), "--show-unreliable"]) == 0
+    text = (out / "writeup.md").read_text()
+    assert "773 ± 90 (unreliable [1])" in text and "[1] unreliable timing: load average 7.8" in text
+    assert report.main([str(path), "--out", str(tmp_path / "hidden")]) == 0
+    assert "773" not in (tmp_path / "hidden" / "writeup.md").read_text()
+    quiet = _write(tmp_path / "q.json", [dict(r, extra_info={**r["extra_info"], **TIGHT}) for r in rows])
+    capsys.readouterr()
+    assert report.main(["--compare", str(quiet), str(path), "--show-unreliable"]) == 0
+    assert "| 1× unreliable (B: load average 7.8 on 2 cores) |" in capsys.readouterr().out

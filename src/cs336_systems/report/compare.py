@@ -28,7 +28,7 @@ def pair_key(r: Record) -> tuple[str, str, str]:
     return (r.group_key or "", r.group, r.name)
 
 
-def compare_runs(a: str | Path, b: str | Path) -> str:
+def compare_runs(a: str | Path, b: str | Path, show_unreliable: bool = False) -> str:
     """Markdown table of the rows present in both runs (by group and name), then the unpaired ones."""
     _, rows_a = load([a])
     _, rows_b = load([b])
@@ -50,7 +50,8 @@ def compare_runs(a: str | Path, b: str | Path) -> str:
         ratio = f"{tb / ta:.3g}×" if ta and tb and not (ra.oom or rb.oom) else "—"
         why = [f"{side}: {w}" for side, r in (("A", ra), ("B", rb)) if (w := unreliable(r))]
         if why and ratio != "—":  # a ratio of load, not of the case: say so instead of printing it
-            ratio = f"unreliable ({'; '.join(why)})"
+            shown = f"{ratio} " if show_unreliable else ""
+            ratio = f"{shown}unreliable ({'; '.join(why)})"
             unreliable_rows += 1
         lines.append(f"| {ra.group} | {ra.name} | {cells[0]} | {cells[1]} | {ratio} |")
     only_a = [r.name for r in rows_a if pair_key(r) not in paired]

@@ -118,6 +118,7 @@ class GroupTable:
     varying: list[str] = field(default_factory=list)
     value_keys: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)  # one line per device: backends it cannot have
+    show_unreliable: bool = False  # print unreliable rows' figures, marked, instead of the mark alone
 
     @property
     def footnotes(self) -> list[str]:
@@ -126,7 +127,7 @@ class GroupTable:
 
     def view(self, spec: PivotSpec) -> pd.DataFrame | None:
         """Another pivot of the same rows (a group serving several deliverables, e.g. D2/D4/D7b)."""
-        return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec)
+        return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec, self.show_unreliable)
 
     @property
     def slug(self) -> str:
@@ -217,7 +218,7 @@ def short_text(text: str, width: int = TEXT_CELL_MAX) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _cell(record: Record, key: str, notes: list[str]) -> str:
+def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str:
     if record.oom:
         return "OOM"
     not_run = _not_run(record)
@@ -229,14 +230,15 @@ def _cell(record: Record, key: str, notes: list[str]) -> str:
         return short_text(record.texts[key])
     if key not in record.values:
         return MISSING
-    why = unreliable(record)
-    if why and _timed(key):
-        return f"{_verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]"
+    why = unreliable(record) if _timed(key) else None
+    mark = f"{_verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
+    if mark and not show:
+        return mark
     text = format_number(key, record.values[key])
     std = _std_key(key, record.values)
     if std:
         text += f" ± {format_number(key, record.values[std])}"
-    return text
+    return f"{text} ({mark})" if mark else text
 
 
 def _ordered_descriptors(records: list[Record]) -> list[str]:
@@ -268,7 +270,7 @@ def _absent_backends(records: list[Record]) -> tuple[list[Record], list[str]]:
     return kept, lines
 
 
-def build_group_table(group: str, records: list[Record]) -> GroupTable:
+def build_group_table(group: str, records: list[Record], show_unreliable: bool = False) -> GroupTable:
     records, absent = _absent_backends(records)
     descriptors = _ordered_descriptors(records)
     fixed, varying = {}, []
@@ -287,12 +289,14 @@ def build_group_table(group: str, records: list[Record]) -> GroupTable:
     rows = []
     for r in records:
         row = {_header(k): format_param(k, r.descriptors.get(k)) for k in varying}
-        row.update({VALUE_LABELS.get(k, k): _cell(r, k, notes) for k in value_keys})
+        row.update({VALUE_LABELS.get(k, k): _cell(r, k, notes, show_unreliable) for k in value_keys})
         rows.append(row)
     long = pd.DataFrame(rows) if rows else pd.DataFrame()
     key = records[0].group_key if records else None
-    pivot = _pivot(key, records, varying, value_keys)
-    return GroupTable(group, key, long, pivot, fixed, records, len(varying), varying, value_keys, absent)
+    pivot = _pivot(key, records, varying, value_keys, None, show_unreliable)
+    table = GroupTable(group, key, long, pivot, fixed, records, len(varying), varying, value_keys, absent)
+    table.show_unreliable = show_unreliable
+    return table
 
 
 def _pivot(
@@ -301,6 +305,7 @@ def _pivot(
     varying: list[str],
     value_keys: list[str],
     spec: PivotSpec | None = None,
+    show: bool = False,
 ) -> pd.DataFrame | None:
     """The handout-shaped view of a group: ``spec``, or the PIVOTS entry of its schema key."""
     spec = spec or PIVOTS.get(group_key or "")
@@ -322,7 +327,7 @@ def _pivot(
         row = cells.setdefault(row_key, {})
         for i, v in enumerate(values):
             label = col_key if len(values) == 1 else f"{VALUE_LABELS.get(v, v)}: {col_key}"
-            row[label] = _cell(r, v, notes)
+            row[label] = _cell(r, v, notes, show)
             col_order[label] = (i, col_sort)
     col_order = dict(sorted(col_order.items(), key=lambda kv: kv[1]))
     rows = []
@@ -336,8 +341,8 @@ def _pivot(
     return frame
 
 
-def build_tables(records: list[Record]) -> list[GroupTable]:
+def build_tables(records: list[Record], show_unreliable: bool = False) -> list[GroupTable]:
     groups: dict[str, list[Record]] = {}
     for r in records:
         groups.setdefault(r.group, []).append(r)
-    return [build_group_table(g, rs) for g, rs in groups.items()]
+    return [build_group_table(g, rs, show_unreliable) for g, rs in groups.items()]

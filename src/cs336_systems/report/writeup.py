@@ -313,9 +313,12 @@ def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Pa
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(paths: Sequence[str | Path], out: str | Path, fmt: str = "md") -> dict[str, Any]:
+def write_report(
+    paths: Sequence[str | Path], out: str | Path, fmt: str = "md", show_unreliable: bool = False
+) -> dict[str, Any]:
     """Read the results files and write tables, plots and writeup.md under ``out``; returns what it
-    wrote. Input errors (ReportInputError) are raised before anything is written."""
+    wrote. Input errors (ReportInputError) are raised before anything is written. ``show_unreliable``:
+    cells of rows whose timing is not a result show their figures beside the mark."""
     if fmt not in ("md", "latex"):
         raise ValueError(f"format must be 'md' or 'latex', got {fmt!r}")
     out = Path(out)
@@ -324,7 +327,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, fmt: str = "md") 
     left_out: list[str] = []
     runs, records = load(paths, skipped=left_out)
     load_section_modules()  # before the plots: a contributed section may add one
-    tables = build_tables(records)
+    tables = build_tables(records, show_unreliable)
     table_dir = out / "tables"
     table_dir.mkdir(parents=True, exist_ok=True)
     written_tables = []
@@ -364,6 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--compare", action="store_true", help="pair the rows of exactly two runs by name and print the ratio"
     )
+    parser.add_argument(
+        "--show-unreliable",
+        action="store_true",
+        help="print the figures of rows whose timing is not a result, beside their mark (default: the mark)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.compare:
@@ -371,9 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if len(args.json) != 2:
                 raise ReportInputError(f"--compare takes exactly two JSON files, got {len(args.json)}")
-            print(compare_runs(*args.json))
+            print(compare_runs(*args.json, show_unreliable=args.show_unreliable))
             return 0
-        result = write_report(args.json, args.out, args.format)
+        result = write_report(args.json, args.out, args.format, args.show_unreliable)
     except (ReportInputError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
