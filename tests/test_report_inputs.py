@@ -107,16 +107,29 @@ def test_no_max_over_ranks_label_and_one_machine_name(
     assert run.devices == {"cpu (x86_64, 2 cores)"}
 
 
-def test_plot_of_one_x_value_is_points_with_plain_ticks() -> None:
-    fig = line_figure({"p": {"a": [(256.0, 1.525)], "b": [(256.0, 1.61)]}}, "seq", "ms", "t")
+def test_plot_of_one_x_value_is_left_out_and_points_sit_on_plain_ticks() -> None:
+    # one seq is no trend "vs sequence length": no panel (issue 51)
+    assert (
+        line_figure({"p": {"a": [(256.0, 1.525, False)], "b": [(256.0, 1.61, False)]}}, "seq", "ms", "t")
+        is None
+    )
+    series = {"a": [(128.0, 1.525, False), (256.0, 1.61, True)], "b": [(256.0, 1.7, False)]}
+    fig = line_figure({"p": series}, "seq", "ms", "t")
     ax = fig.axes[0]
-    assert all(line.get_linestyle() == "None" and line.get_marker() == "o" for line in ax.lines)
+    assert ax.lines[0].get_linestyle() == "-"
+    single = [line for line in ax.lines if line.get_label() == "b"]
+    assert single[0].get_linestyle() == "None" and single[0].get_marker() == "o"
+    # the unreliable point is marked, once in the legend
+    crosses = [line for line in ax.lines if line.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [256.0]
+    assert "unreliable timing (see the table)" in [t.get_text() for t in ax.get_legend().get_texts()]
     fig.canvas.draw()
     labels = [t.get_text() for t in (*ax.get_yticklabels(), *ax.get_yticklabels(minor=True))]
     shown = [label for label in labels if label]
     assert shown and not any("times" in label or "×" in label or "^" in label for label in shown), shown
-    two = line_figure({"p": {"a": [(128.0, 1.0), (256.0, 2.0)]}}, "seq", "ms", "t")
-    assert two.axes[0].lines[0].get_linestyle() == "-"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["128", "256"]
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    assert x0 < 128 and x1 > 256 and y0 < 1.525 and y1 > 1.7  # every point inside the frame
 
 
 # -- friction 12: compare two runs row by row ----------------------------------------------------------
