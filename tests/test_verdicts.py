@@ -241,3 +241,16 @@ def test_report_show_unreliable_prints_the_figures_with_their_mark(tmp_path: Pat
     capsys.readouterr()
     assert report.main(["--compare", str(quiet), str(path), "--show-unreliable"]) == 0
     assert "| 1× unreliable (B: load average 7.8 on 2 cores) |" in capsys.readouterr().out
+
+
+def test_train_8b_prints_the_verdict_and_both_mfus() -> None:
+    from cs336_systems.cli.train_8b import judged
+
+    steady = {"times_ms": [5276.0, 5280.0, 5290.0], "tflops_per_gpu": 449.6, "matmul_tflops": 783.9}
+    lines = judged(steady, "NVIDIA H100 80GB HBM3")
+    assert len(lines) == 1 and "57.4% of the measured matmul rate" in lines[0]
+    assert "45.5% of the dense bf16 peak 989" in lines[0] and "6N per token" in lines[0]
+    assert steady["mfu_peak"] == pytest.approx(449.6 / 989) and "contention" not in steady
+    wild = {"times_ms": [5000.0, 9000.0, 5200.0, 14000.0]}
+    (line,) = judged(wild, "NVIDIA H100 80GB HBM3")
+    assert line.startswith("unreliable timing: rounds spread") and wild["contention"]

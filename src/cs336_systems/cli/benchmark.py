@@ -25,7 +25,8 @@ from typing import Any, TextIO
 import torch
 from tabulate import tabulate
 
-from cs336_systems.harness.contention import contention_reasons
+import cs336_systems.cli.triton_env  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel import)
+from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder
@@ -303,7 +304,8 @@ def _cells(r: dict[str, Any], show_unreliable: bool = False) -> list[str]:
     if r.get("oom"):
         return [r["case"], "OOM", *[""] * 6]
     if r.get("contention") and not show_unreliable:
-        return [r["case"], "unreliable", *["-"] * 5, _fmt(r.get("peak_memory_mib"), ",.0f")]
+        label = "interpreted" if r["contention"] == INTERPRETER_NOTE else "unreliable"
+        return [r["case"], label, *["-"] * 5, _fmt(r.get("peak_memory_mib"), ",.0f")]
     mark = UNRELIABLE_MARK if r.get("contention") else ""
     timed = [
         _fmt(r.get("mean_ms"), ".4g"),
@@ -352,7 +354,12 @@ class RowPrinter:
         self.stream.write(self._line(_cells(r, self.show_unreliable)) + "\n")
         if r.get("contention"):
             mark = f"{UNRELIABLE_MARK} " if self.show_unreliable else ""
-            self.stream.write(f"  ^ {mark}unreliable timing: {r['contention']}; rerun on a quiet machine\n")
+            if r["contention"] == INTERPRETER_NOTE:
+                self.stream.write(f"  ^ {mark}{INTERPRETER_NOTE}\n")
+            else:
+                self.stream.write(
+                    f"  ^ {mark}unreliable timing: {r['contention']}; rerun on a quiet machine\n"
+                )
         self.stream.flush()
 
 
@@ -401,9 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         progress.done()
         info = {"case": case.id, **info}
-        reasons = contention_reasons(info, device.type == "cpu")
-        if reasons:  # recorded in the row too, so the report marks it as well
-            info["contention"] = "; ".join(reasons)
+        why = None if info.get("oom") else row_verdict(info)  # the report's and the bench table's verdict
+        if why:  # recorded in the row too, so the report marks it as well
+            info["contention"] = why
             if args.profile is not None:  # the profile ran under the same load: one verdict for both
                 print(f"  ^ the profile of {case.id} ran under the same contention ({info['contention']})")
         rows.append(info)

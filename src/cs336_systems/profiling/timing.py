@@ -53,9 +53,8 @@ def is_oom(exc: BaseException) -> bool:
     """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError ("can't allocate memory"):
     either way the case does not fit, which is a result, not a crash."""
     text = str(exc).lower()
-    return (
-        isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
-    )
+    cpu = "can't allocate memory" in text or "not enough memory" in text
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or cpu
 
 
 def reset_peak_memory(device: torch.device) -> None:
