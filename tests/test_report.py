@@ -246,8 +246,8 @@ def test_run_without_d13_still_writes_the_accounting(sample_json: Path, tmp_path
     result = report.write_report([only_misc], tmp_path / "out")
     text = result["writeup"].read_text()
     assert result["records"] == len(data["benchmarks"]) > 2 and "No rows for this part" in text
-    # No D13 data: the D17b numbers fall back to SPEC's NCCL reference.
-    assert "SPEC's NCCL reference" in text and "**44 H100 80GB**" in text
+    # No D13 data: the D17b numbers fall back to the reference NCCL timing.
+    assert "reference NCCL timing measured on 2 × H200" in text and "**44 H100 80GB**" in text
 
 
 @pytest.mark.parametrize(
