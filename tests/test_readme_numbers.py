@@ -95,6 +95,7 @@ def test_the_results_command_fills_d3(tmp_path: Path, capsys: pytest.CaptureFixt
     text = (tmp_path / "report" / "writeup.md").read_text()
     d3 = text[text.index("(nsys_profile, D3)") : text.index("## 1.1.5")]
     assert "No rows" not in d3
+    assert max(len(line) for line in text.splitlines()) <= 1000  # the GPU writeup too (issue 51: 1,093)
 
 
 def _section(text: str, title: str) -> str:
