@@ -254,3 +254,45 @@ def test_train_8b_prints_the_verdict_and_both_mfus() -> None:
     wild = {"times_ms": [5000.0, 9000.0, 5200.0, 14000.0]}
     (line,) = judged(wild, "NVIDIA H100 80GB HBM3")
     assert line.startswith("unreliable timing: rounds spread") and wild["contention"]
+
+
+def _bench_conftest():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("bench_conftest_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_terminal_table_marks_rows_and_explains_deselected_cases() -> None:
+    conftest = _bench_conftest()
+    rows = [
+        {"name": "test_a[quiet]", "extra_info": {"device_name": "cpu (x86_64, 2 cores)", **TIGHT}},
+        {"name": "test_a[busy]", "extra_info": {"device_name": "cpu (x86_64, 2 cores)", **LOOSE}},
+        {"name": "test_b[ours]", "params": {"impl": "triton_fused"}, "extra_info": {"device_name": "cpu"}},
+        {"name": "test_c[oom]", "extra_info": {"oom": True, **LOOSE}},
+    ]
+    assert conftest._mark_verdicts(rows) == {"unreliable": 1, "interpreted": 1}
+    names = [r["name"] for r in rows]
+    assert names == [
+        "test_a[quiet]",
+        "test_a[busy] (unreliable)",
+        "test_b[ours] (interpreted)",
+        "test_c[oom]",
+    ]
+
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(stash={})
+
+    class Item:
+        def __init__(self, adapters: bool) -> None:
+            self.adapters, self.config = adapters, config
+
+        def get_closest_marker(self, name: str):
+            return object() if self.adapters and name == conftest.ADAPTERS_ROW else None
+
+    conftest.pytest_deselected([Item(True), Item(True), Item(False)])
+    assert config.stash[conftest._NO_ADAPTERS] == 2
