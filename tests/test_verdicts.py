@@ -296,3 +296,37 @@ def test_bench_terminal_table_marks_rows_and_explains_deselected_cases() -> None
 
     conftest.pytest_deselected([Item(True), Item(True), Item(False)])
     assert config.stash[conftest._NO_ADAPTERS] == 2
+
+
+def test_a_stored_ratio_whose_reference_row_is_unreliable_is_not_shown() -> None:
+    """ours / best SDPA sits on ours' row; when the SDPA row of the same case is no result, neither is
+    the ratio, while another case's ratio stays."""
+    rows = [
+        _rec("attention_shapes", "sdpa", {"shape": "a", "impl": "sdpa_flash"}, {"mean_ms": 7.0, **WILD}),
+        _rec(
+            "attention_shapes",
+            "ours",
+            {"shape": "a", "impl": "flash_triton"},
+            {"mean_ms": 4.8, "ratio_to_best_sdpa": 0.68},
+        ),
+        _rec("attention_shapes", "sdpa b", {"shape": "b", "impl": "sdpa_flash"}, {"mean_ms": 7.0}),
+        _rec(
+            "attention_shapes",
+            "ours b",
+            {"shape": "b", "impl": "flash_triton"},
+            {"mean_ms": 4.9, "ratio_to_best_sdpa": 0.7},
+        ),
+    ]
+    (table,) = report.build_tables(rows)
+    ratio_of_a = table.long[(table.long["shape"] == "a") & (table.long["impl"] == "flash_triton")][
+        "ours / best SDPA"
+    ]
+    ratio_of_b = table.long[(table.long["shape"] == "b") & (table.long["impl"] == "flash_triton")][
+        "ours / best SDPA"
+    ]
+    assert ratio_of_a.item().startswith("unreliable [") and ratio_of_b.item() == "0.7"
+    assert any(
+        n.startswith("Ratio not derived: sdpa's timing is not a result (rounds spread")
+        for n in table.footnotes
+    )
+    assert len(table.long) == 4

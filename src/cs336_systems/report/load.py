@@ -97,6 +97,7 @@ class Record:
     texts: dict[str, str] = field(default_factory=dict)  # string extra_info (kernel names, status...)
     oom: bool = False
     skipped: str | None = None
+    ratio_caveat: str | None = None  # a ratio on this row compares it with a row that is no result
 
 
 @dataclass

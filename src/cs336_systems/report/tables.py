@@ -19,6 +19,7 @@ from cs336_systems.report.load import (
     VALUE_LABELS,
     Record,
     _std_key,
+    is_interpreted,
     unreliable,
 )
 from cs336_systems.units import parse_size
@@ -174,18 +175,55 @@ def _not_run(record: Record) -> tuple[str, str | None] | None:
     return (status if status != "ok" else "skipped"), record.skipped or record.texts.get("reason")
 
 
-def _timed(key: str) -> bool:
-    """A value that comes from the row's timing (and is as unreliable as it), ratios of times included;
-    memory ratios (``extra_mib_vs_full``, ``state_vs_ddp``) are not."""
+def _is_ratio(key: str) -> bool:
+    """A ratio of times (``ratio_to_best_sdpa``, ``vs_torch``, ``time_vs_fsdp2``); memory ratios
+    (``extra_mib_vs_full``, ``state_vs_ddp``) are not timings."""
     if "mib" in key or key.startswith("state"):
         return False
-    ratio = "ratio" in key or "_vs_" in key or key.startswith("vs_") or "speedup" in key
+    return "ratio" in key or "_vs_" in key or key.startswith("vs_") or "speedup" in key
+
+
+def _timed(key: str) -> bool:
+    """A value that comes from the row's timing (and is as unreliable as it), ratios of times included."""
     timing = key.endswith(("_ms", "_s", "_gbps")) or key in ("tokens_per_s", "tflops", "mfu", "mfu_peak")
-    return ratio or timing
+    return _is_ratio(key) or (timing and "mib" not in key)
+
+
+RATIO_NOTE = "ratio not derived: "
+IMPL_KEYS = ("impl", "variant", "recipe", "row")  # what differs between the rows a stored ratio compares
+
+
+def _mark_ratio_sources(records: list[Record]) -> None:
+    """A ratio a bench stores on one row (ours / best SDPA, vs torch) compares it with rows of the same
+    case that differ only in the implementation: when one of those was timed under contention, the
+    ratio is no result either (issue 51). Interpreted rows are left aside: no other row's ratio uses
+    them, and their own ratios are marked already."""
+    cases: dict[tuple, list[Record]] = {}
+    for r in records:
+        rest = tuple(sorted((k, repr(v)) for k, v in r.descriptors.items() if k not in IMPL_KEYS))
+        cases.setdefault((r.device, rest), []).append(r)
+    for rows in cases.values():
+        bad = [
+            (r, why) for r in rows if not (r.oom or r.skipped or is_interpreted(r)) and (why := unreliable(r))
+        ]
+        for r in rows:
+            source = next(((b, why) for b, why in bad if b is not r), None)
+            r.ratio_caveat = (
+                f"{RATIO_NOTE}{source[0].name}'s timing is not a result ({source[1]})" if source else None
+            )
+
+
+def _verdict(record: Record, key: str) -> str | None:
+    """Why this cell's figure is no result: the row's own verdict, or for a ratio its sources'."""
+    if not _timed(key):
+        return None
+    return unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None)
 
 
 def _unreliable_note(why: str) -> str:
     if why == INTERPRETER_NOTE:
+        return why[0].upper() + why[1:]
+    if why.startswith(RATIO_NOTE):
         return why[0].upper() + why[1:]
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
 
@@ -206,6 +244,8 @@ def footnotes(records: list[Record]) -> list[str]:
             notes[not_run[1]] = None
         elif not_run is None and (why := unreliable(r)):
             notes[_unreliable_note(why)] = None
+        elif not_run is None and r.ratio_caveat and any(_is_ratio(k) for k in r.values):
+            notes[_unreliable_note(r.ratio_caveat)] = None
     return list(notes)
 
 
@@ -230,7 +270,7 @@ def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str
         return short_text(record.texts[key])
     if key not in record.values:
         return MISSING
-    why = unreliable(record) if _timed(key) else None
+    why = _verdict(record, key)
     mark = f"{_verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
     if mark and not show:
         return mark
@@ -272,6 +312,7 @@ def _absent_backends(records: list[Record]) -> tuple[list[Record], list[str]]:
 
 def build_group_table(group: str, records: list[Record], show_unreliable: bool = False) -> GroupTable:
     records, absent = _absent_backends(records)
+    _mark_ratio_sources(records)
     descriptors = _ordered_descriptors(records)
     fixed, varying = {}, []
     for key in descriptors:
