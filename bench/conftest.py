@@ -20,7 +20,12 @@ import os
 
 import pytest
 
+from cs336_systems.harness.adapters import MARKER as ADAPTERS_ROW
+from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict
+
 _UNTIMED = pytest.StashKey[int]()
+_MARKED = pytest.StashKey[dict[str, int]]()
+_NO_ADAPTERS = pytest.StashKey[int]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -129,13 +134,42 @@ def _untimed(bench: dict) -> bool:
     return bool(extra.get("oom") or extra.get("skipped"))
 
 
+def _mark_verdicts(benchmarks: list[dict]) -> dict[str, int]:
+    """The report's verdict in the terminal table too (issue 51): a row whose timing is not a result
+    gets " (unreliable)" or " (interpreted)" after its name. These dicts are the table's own copies:
+    the JSON, written before, keeps the names as they are."""
+    marked: dict[str, int] = {}
+    for b in benchmarks:
+        why = None if _untimed(b) else row_verdict(b.get("extra_info") or {}, b.get("params"))
+        if why:
+            label = "interpreted" if why == INTERPRETER_NOTE else "unreliable"
+            b["name"] = f"{b['name']} ({label})"
+            marked[label] = marked.get(label, 0) + 1
+    return marked
+
+
 @pytest.hookimpl(wrapper=True, optionalhook=True)
 def pytest_benchmark_group_stats(config: pytest.Config, benchmarks: list[dict], group_by: str):
+    marked = _mark_verdicts(benchmarks)
     groups = yield
     if config is not None:  # None from the `pytest-benchmark compare` CLI
         config.stash[_UNTIMED] = sum(_untimed(b) for b in benchmarks)
+        config.stash[_MARKED] = marked
     kept = [(name, [b for b in rows if not _untimed(b)]) for name, rows in groups]
     return [(name, rows) for name, rows in kept if rows]
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    rows = sum(1 for i in items if i.get_closest_marker(ADAPTERS_ROW) is not None)
+    if rows and items:
+        config = items[0].config
+        config.stash[_NO_ADAPTERS] = config.stash.get(_NO_ADAPTERS, 0) + rows
+
+
+VERDICT_LINES = {
+    "unreliable": "timed under contention (load average with rounds that disagree, or rounds spread over 25%)",
+    "interpreted": "Triton kernels timed on a CPU, i.e. Triton's interpreter: not a performance figure",
+}
 
 
 @pytest.hookimpl(trylast=True)
@@ -145,4 +179,14 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(
             f"{untimed} row(s) not timed (OOM / unsupported / skipped) are left out of the benchmark "
             "table; the JSON keeps them with their reason."
+        )
+    for label, count in config.stash.get(_MARKED, {}).items():
+        terminalreporter.write_line(
+            f"{count} row(s) marked ({label}) in the benchmark table: {VERDICT_LINES[label]}; the "
+            "report marks the same rows (--show-unreliable prints their figures)."
+        )
+    if no_adapters := config.stash.get(_NO_ADAPTERS, 0):
+        terminalreporter.write_line(
+            f"{no_adapters} case(s) deselected: the `adapters` rows, which time another implementation "
+            "and run only with --adapters PATH."
         )

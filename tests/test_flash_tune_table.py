@@ -145,3 +145,23 @@ def test_bench_rows_say_where_each_config_came_from() -> None:
             assert flash.config_sources(case) == {"fwd": "forced", "dq": "table", "dkdv": "default"}
     finally:
         flash.clear_tuning_cache()
+
+
+@pytest.mark.parametrize("name", ["NVIDIA FakeGPU 99GB", "NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3e"])
+def test_a_gpu_without_its_own_table_gets_none(monkeypatch, name) -> None:
+    """The device gate, on a device with no shipped table (issue 51: the only test of it ran on GPUs
+    that have one): another GPU model's table, even a sibling H100's, must not be used."""
+    from cs336_systems.kernels.flash import tune_table
+
+    monkeypatch.setattr(tune_table, "INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    tune_table.device_table.cache_clear()
+    try:
+        table = tune_table.device_table()
+    finally:
+        tune_table.device_table.cache_clear()
+    assert table.entries == {} and table.why_not == "no table for this device"
+    assert tune_table.table_for_device(name).entries == {}
+    shipped = json.loads(next(TABLES.glob("*.json")).read_text())["device"]
+    assert tune_table.table_for_device(shipped).path == str(table_path(shipped))

@@ -76,10 +76,11 @@ def test_out_file_and_directory_as_json(
     a_file.write_text("x")
     assert report.main([str(sample_json), "--out", str(a_file)]) == 2
     assert "is a file" in capsys.readouterr().err and a_file.read_text() == "x"
-    out = tmp_path / "out"
-    assert report.main([str(tmp_path), "--out", str(out)]) == 2
+    out, empty = tmp_path / "out", tmp_path / "empty"
+    empty.mkdir()  # a folder stands for the results under it (issue 51); none is a one-line error
+    assert report.main([str(empty), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "is a directory" in err and err.count("\n") == 1 and not out.exists()
+    assert "no benchmark rows in" in err and err.count("\n") == 1 and not out.exists()
 
 
 # -- friction 8: labels and plots -------------------------------------------------------------------
@@ -106,16 +107,29 @@ def test_no_max_over_ranks_label_and_one_machine_name(
     assert run.devices == {"cpu (x86_64, 2 cores)"}
 
 
-def test_plot_of_one_x_value_is_points_with_plain_ticks() -> None:
-    fig = line_figure({"p": {"a": [(256.0, 1.525)], "b": [(256.0, 1.61)]}}, "seq", "ms", "t")
+def test_plot_of_one_x_value_is_left_out_and_points_sit_on_plain_ticks() -> None:
+    # one seq is no trend "vs sequence length": no panel (issue 51)
+    assert (
+        line_figure({"p": {"a": [(256.0, 1.525, False)], "b": [(256.0, 1.61, False)]}}, "seq", "ms", "t")
+        is None
+    )
+    series = {"a": [(128.0, 1.525, False), (256.0, 1.61, True)], "b": [(256.0, 1.7, False)]}
+    fig = line_figure({"p": series}, "seq", "ms", "t")
     ax = fig.axes[0]
-    assert all(line.get_linestyle() == "None" and line.get_marker() == "o" for line in ax.lines)
+    assert ax.lines[0].get_linestyle() == "-"
+    single = [line for line in ax.lines if line.get_label() == "b"]
+    assert single[0].get_linestyle() == "None" and single[0].get_marker() == "o"
+    # the unreliable point is marked, once in the legend
+    crosses = [line for line in ax.lines if line.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [256.0]
+    assert "unreliable timing (see the table)" in [t.get_text() for t in ax.get_legend().get_texts()]
     fig.canvas.draw()
     labels = [t.get_text() for t in (*ax.get_yticklabels(), *ax.get_yticklabels(minor=True))]
     shown = [label for label in labels if label]
     assert shown and not any("times" in label or "×" in label or "^" in label for label in shown), shown
-    two = line_figure({"p": {"a": [(128.0, 1.0), (256.0, 2.0)]}}, "seq", "ms", "t")
-    assert two.axes[0].lines[0].get_linestyle() == "-"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["128", "256"]
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    assert x0 < 128 and x1 > 256 and y0 < 1.525 and y1 > 1.7  # every point inside the frame
 
 
 # -- friction 12: compare two runs row by row ----------------------------------------------------------

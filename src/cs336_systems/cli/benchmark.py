@@ -25,12 +25,13 @@ from typing import Any, TextIO
 import torch
 from tabulate import tabulate
 
-from cs336_systems.harness.contention import contention_reasons
+import cs336_systems.cli.triton_env  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel import)
+from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder
 from cs336_systems.model import BATCH_SIZE, PRESETS
-from cs336_systems.profiling.flops import MODES, forward_flops
+from cs336_systems.profiling.flops import DENSE_BF16_PEAK_TFLOPS, MODEL_FLOP_FORMULA, MODES, forward_flops
 from cs336_systems.profiling.memory import require_cuda, snapshot_step
 from cs336_systems.profiling.profiler import ProfileSummary, profile_step
 from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES, Case, Workload, peak_rate
@@ -90,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA memory-history pickle of one step (for pytorch.org/memory_viz); several cases: FILE gets the case id",
     )
     p.add_argument("--json", metavar="FILE", type=Path, help="also write the result rows as JSON")
+    p.add_argument(
+        "--show-unreliable",
+        action="store_true",
+        help="print the figures of rows timed under contention too, marked '*' (default: 'unreliable')",
+    )
+    p.add_argument("--traceback", action="store_true", help="a failing case shows its full traceback")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     return p
 
@@ -286,35 +293,50 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-HEADERS = ("case", "mean ms", "std ms", "tokens/s", "TFLOP/s", "MFU %", "peak MiB")
+HEADERS = ("case", "mean ms", "std ms", "tokens/s", "TFLOP/s", "MFU % meas", "MFU % peak", "peak MiB")
+UNRELIABLE_MARK = "*"
 
 
-def _cells(r: dict[str, Any]) -> list[str]:
+def _cells(r: dict[str, Any], show_unreliable: bool = False) -> list[str]:
     """One row's cells: significant digits, not fixed decimals (0.004 TFLOP/s is not 0.0); a row
-    timed under contention shows no figures, its reason goes on the line below."""
+    timed under contention shows no figures (with ``show_unreliable``: its figures marked ``*``),
+    its reason goes on the line below."""
     if r.get("oom"):
-        return [r["case"], "OOM", *[""] * 5]
-    if r.get("contention"):
-        return [r["case"], "unreliable", *["-"] * 4, _fmt(r.get("peak_memory_mib"), ",.0f")]
-    return [
-        r["case"],
+        return [r["case"], "OOM", *[""] * 6]
+    if r.get("contention") and not show_unreliable:
+        label = "interpreted" if r["contention"] == INTERPRETER_NOTE else "unreliable"
+        return [r["case"], label, *["-"] * 5, _fmt(r.get("peak_memory_mib"), ",.0f")]
+    mark = UNRELIABLE_MARK if r.get("contention") else ""
+    timed = [
         _fmt(r.get("mean_ms"), ".4g"),
         _fmt(r.get("std_ms"), ".2g"),
         _fmt(r.get("tokens_per_s"), ",.0f"),
         _fmt(r.get("tflops"), ".3g"),
         _fmt(100 * r["mfu"] if "mfu" in r else None, ".3g"),
-        _fmt(r.get("peak_memory_mib"), ",.0f"),
+        _fmt(100 * r["mfu_peak"] if "mfu_peak" in r else None, ".3g"),
     ]
+    return [r["case"], *(c + mark if c != "-" else c for c in timed), _fmt(r.get("peak_memory_mib"), ",.0f")]
+
+
+def mfu_legend(gpu: str, rates: dict[str, float]) -> str:
+    """What the two MFU columns divide by, and the FLOP count they divide (issue 51: name the convention)."""
+    rate_note = ", ".join(f"{k} {v:.3g}" for k, v in rates.items()) or "not measured (--no-mfu)"
+    peaks = ", ".join(f"{k} {v:g}" for k, v in DENSE_BF16_PEAK_TFLOPS.items())
+    return (
+        f"MFU % meas: of the dense matmul rate measured here (TFLOP/s: {rate_note}); MFU % peak: of the "
+        f"GPU's dense bf16 peak ({peaks} TFLOP/s; '-' for {gpu} when it is not one of them)\n{MODEL_FLOP_FORMULA}"
+    )
 
 
 class RowPrinter:
     """The result table, streamed: the header once, then each case's row as it finishes (a long
     sweep shows its results as it goes, and no row is printed twice)."""
 
-    def __init__(self, case_width: int, stream: TextIO | None = None):
+    def __init__(self, case_width: int, stream: TextIO | None = None, show_unreliable: bool = False):
         self.widths = [max(case_width, len(HEADERS[0])), *(max(10, len(h)) for h in HEADERS[1:])]
         self.stream = stream or sys.stdout
         self.started = False
+        self.show_unreliable = show_unreliable
 
     def _line(self, cells: Sequence[str]) -> str:
         first = f"{cells[0]:<{self.widths[0]}}"
@@ -329,15 +351,28 @@ class RowPrinter:
             rule = "|" + "|".join("-" * (w + 2) for w in self.widths) + "|"
             self.stream.write(self._line(HEADERS) + "\n" + rule + "\n")
             self.started = True
-        self.stream.write(self._line(_cells(r)) + "\n")
+        self.stream.write(self._line(_cells(r, self.show_unreliable)) + "\n")
         if r.get("contention"):
-            self.stream.write(f"  ^ unreliable timing: {r['contention']}; rerun on a quiet machine\n")
+            mark = f"{UNRELIABLE_MARK} " if self.show_unreliable else ""
+            if r["contention"] == INTERPRETER_NOTE:
+                self.stream.write(f"  ^ {mark}{INTERPRETER_NOTE}\n")
+            else:
+                self.stream.write(
+                    f"  ^ {mark}unreliable timing: {r['contention']}; rerun on a quiet machine\n"
+                )
         self.stream.flush()
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
+def format_table(rows: Sequence[dict[str, Any]], show_unreliable: bool = False) -> str:
     """The rows as one GitHub table (e.g. for a log); ``main`` streams them through RowPrinter."""
-    return tabulate([_cells(r) for r in rows], headers=HEADERS, tablefmt="github", disable_numparse=True)
+    cells = [_cells(r, show_unreliable) for r in rows]
+    return tabulate(cells, headers=HEADERS, tablefmt="github", disable_numparse=True)
+
+
+def _one_line(case: Case, exc: BaseException) -> str:
+    """A case that failed, in one line: what and where, not a traceback (``--traceback`` shows it)."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"error: case {case.id}: {type(exc).__name__}: {first} (--traceback shows where)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -347,36 +382,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress(len(cases), enabled=not args.no_progress)
     rates: dict[str, float] = {}
     rows = []
-    printer = RowPrinter(max(len(c.id) for c in cases))
+    printer = RowPrinter(max(len(c.id) for c in cases), show_unreliable=args.show_unreliable)
     for index, case in enumerate(cases, 1):
         if not args.no_mfu and case.dtype not in rates:
             progress.note(f"measuring the {case.dtype} matmul rate on {device} (the MFU denominator)")
         rate = None if args.no_mfu else peak_rate(device, case.dtype, rates)
         after = make_after(args, case, device, many=len(cases) > 1)
         progress.case(index, case)
-        info = benchmark_model_case(
-            Recorder(),
-            case,
-            device,
-            warmup=args.warmup,
-            rounds=args.steps,
-            peak_tflops=rate,
-            compile_backend=args.compile_backend,
-            after=after,
-            progress=progress,
-        )
+        try:
+            info = benchmark_model_case(
+                Recorder(),
+                case,
+                device,
+                warmup=args.warmup,
+                rounds=args.steps,
+                peak_tflops=rate,
+                compile_backend=args.compile_backend,
+                after=after,
+                progress=progress,
+            )
+        except Exception as exc:  # out of memory is a row already; anything else ends the run here
+            if args.traceback:
+                raise
+            print(_one_line(case, exc), file=sys.stderr)
+            return 1
         progress.done()
         info = {"case": case.id, **info}
-        reasons = contention_reasons(info, device.type == "cpu")
-        if reasons:  # recorded in the row too, so the report marks it as well
-            info["contention"] = "; ".join(reasons)
+        why = None if info.get("oom") else row_verdict(info)  # the report's and the bench table's verdict
+        if why:  # recorded in the row too, so the report marks it as well
+            info["contention"] = why
+            if args.profile is not None:  # the profile ran under the same load: one verdict for both
+                print(f"  ^ the profile of {case.id} ran under the same contention ({info['contention']})")
         rows.append(info)
         printer.row(info)
     gpu = device_name(device)
-    rate_note = ", ".join(f"{k} {v:.3g}" for k, v in rates.items())
-    print(f"\n{gpu}, torch {torch.__version__}; matmul TFLOP/s: {rate_note or 'not measured'}")
+    print(f"\n{gpu}, torch {torch.__version__}\n{mfu_legend(gpu, rates)}")
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
+        if not args.json.parent.exists():
+            args.json.parent.mkdir(parents=True)
+            print(f"created the folder {args.json.parent} for --json", file=sys.stderr)
         args.json.write_text(json.dumps(rows, indent=2, default=str))
     return 0
 

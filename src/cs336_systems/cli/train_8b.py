@@ -25,8 +25,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cs336_systems.harness.contention import contention_facts, contention_reasons
 from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
 from cs336_systems.model import PRESETS
+from cs336_systems.profiling.flops import STEP_8B_FLOP_FORMULA, mfu_both
 from cs336_systems.training.options import TRITON_PIECES, triton_pieces, without_triton
 from cs336_systems.training.step_8b import (
     FSDP_CHOICES,
@@ -170,6 +172,33 @@ def _torchrun_rank(options: StepOptions) -> dict[str, Any] | None:
         shutdown()
 
 
+def judged(result: dict[str, Any], device_name: str) -> list[str]:
+    """The lines a step's figures need besides the summary (issue 51): the same reliability verdict as
+    every bench row (recorded in ``result['contention']`` too) and MFU both ways with its FLOP count."""
+    if not result.get("times_ms"):
+        return []
+    result.update(contention_facts(result["times_ms"]))
+    lines = []
+    reasons = contention_reasons(result, device_name.lower().startswith("cpu"))
+    if reasons:
+        result["contention"] = "; ".join(reasons)
+        lines.append(f"unreliable timing: {result['contention']}; the step time and ratios measure the load")
+    if result.get("tflops_per_gpu"):
+        rate = result.get("matmul_tflops")
+        both = mfu_both(result["tflops_per_gpu"] * 1e12, rate * 1e12 if rate else None, device_name)
+        result["mfu_peak"] = both.get("mfu_peak")
+        lines.append(f"{both['mfu_note']}; {STEP_8B_FLOP_FORMULA}")
+    return lines
+
+
+def _device_name() -> str:
+    import torch
+
+    from cs336_systems.harness.environment import device_name
+
+    return device_name("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -189,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is None:  # ranks other than 0
         return 0
     print(format_summary(result))
+    for line in judged(result, _device_name()):
+        print(line)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)

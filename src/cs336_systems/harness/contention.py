@@ -4,10 +4,14 @@ benches, the benchmark CLI and the report (which marks such rows instead of prin
 
 Plain Python, no torch: the report imports it to judge rows it reads from JSON.
 
-Why these three: on a CPU shared with other processes a step can read 60x slower with a small
-spread (the whole run is slow, evenly), which only the load average shows; a run disturbed now and
-then shows as a wide spread of rounds; and an MFU above 100% is impossible, so the rate it divides
-by (the matmul rate, measured separately) and the step's time saw different loads.
+Why these three, and in this order: the spread of the rounds is the row's own evidence, so it
+decides first. Rounds that agree (``TIGHT`` or better over ``TIGHT_ROUNDS`` or more) are a result
+even on a loaded machine: the load average counts every runnable process, including ones that never
+touched this row's cores (``OMP_NUM_THREADS=1`` runs beside them), and condemning such rows flagged
+all of a busy machine's output (issue 51). Rounds spread beyond ``SPREAD`` are never a result. In
+between, or with too few rounds to tell, the load average decides: on a shared CPU a whole run can
+read slower evenly, which only the load shows. An MFU above 100% is impossible, so the rate it
+divides by (the matmul rate, measured separately) and the step's time saw different loads.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from collections.abc import Mapping, Sequence
 LOAD_PER_CORE = 1.5  # runnable processes per core (1-minute average) above which a CPU row is unreliable
 SPREAD = 0.25  # median absolute deviation / median of the rounds above which a row is unreliable
 MIN_ROUNDS = 3  # fewer rounds say nothing about their spread
+TIGHT = 0.10  # rounds agreeing this well (median absolute deviation / median) are a result under load
+TIGHT_ROUNDS = 5  # ... when there are at least this many of them
 
 
 def machine_load() -> dict[str, float]:
@@ -45,15 +51,27 @@ def rounds_spread(times: Sequence[float]) -> float | None:
 def contention_facts(times: Sequence[float]) -> dict[str, float]:
     """What a row records next to its timing (``extra_info``)."""
     spread = rounds_spread(times)
-    return {**machine_load(), **({"rounds_spread": spread} if spread is not None else {})}
+    facts = {**machine_load(), "rounds_n": float(len(times))}
+    return {**facts, **({"rounds_spread": spread} if spread is not None else {})}
+
+
+def rounds_agree(values: Mapping[str, float]) -> bool:
+    """Whether the row's rounds agree well enough to stand as a result whatever the load (rows
+    written before ``rounds_n`` was recorded never do: nothing says how many rounds they had)."""
+    spread, n = values.get("rounds_spread"), values.get("rounds_n")
+    if spread is None or n is None or math.isnan(spread):
+        return False
+    return n >= TIGHT_ROUNDS and spread <= TIGHT
 
 
 def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
     """Why a row's timing is not a result, from its recorded values; [] when nothing says so. The
-    load average counts only for CPU rows: a GPU's time does not share the host's cores the same way."""
+    load average counts only for CPU rows (a GPU's time does not share the host's cores the same
+    way), and only when the rounds do not agree on their own (module docstring)."""
     reasons = []
     load, cores = values.get("load_avg_1m"), values.get("cpu_cores")
-    if on_cpu and load is not None and cores and load / cores > LOAD_PER_CORE:
+    loaded = on_cpu and load is not None and cores and load / cores > LOAD_PER_CORE
+    if loaded and not rounds_agree(values):
         reasons.append(f"load average {load:.3g} on {cores:g} cores")
     spread = values.get("rounds_spread")
     if spread is not None and not math.isnan(spread) and spread > SPREAD:
@@ -62,3 +80,36 @@ def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
     if mfu is not None and mfu > 1.0:
         reasons.append(f"MFU {mfu:.0%} is above 100%: the step and the matmul rate saw different loads")
     return reasons
+
+
+# The suite's Triton pieces by the names rows give them: an impl or attention naming Triton, the fused
+# LM-head loss ("fused"; torch's own AdamW(fused=True) rows are "torch_fused") and the fused-loss flag.
+INTERPRETER_NOTE = (
+    "a Triton kernel timed on a CPU ran under TRITON_INTERPRET=1 (Triton's interpreter, run for "
+    "correctness): not a performance figure, and no ratio is derived from it"
+)
+
+
+def interpreted(descriptors: Mapping[str, object], on_cpu: bool) -> bool:
+    """Whether a row timed one of the suite's Triton kernels on a CPU, which only Triton's interpreter
+    runs: D12's "ours / best SDPA" of 670x and D26's fused AdamW at 2,144x torch were such rows (issue 51)."""
+    if not on_cpu:
+        return False
+    names = [str(descriptors.get(k, "")) for k in ("impl", "attention", "variant", "recipe")]
+    return (
+        any("triton" in n for n in names)
+        or descriptors.get("impl") == "fused"
+        or bool(descriptors.get("fused_loss") is True)
+    )
+
+
+def row_verdict(extra_info: Mapping[str, object], params: Mapping[str, object] | None = None) -> str | None:
+    """The verdict on one pytest-benchmark row from its JSON fields (the bench terminal table's mark;
+    the report judges its parsed rows with the same two functions): None for a result."""
+    on_cpu = str(extra_info.get("device_name", "")).lower().startswith("cpu")
+    if interpreted({**extra_info, **(params or {})}, on_cpu):
+        return INTERPRETER_NOTE
+    numbers = {
+        k: float(v) for k, v in extra_info.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return "; ".join(contention_reasons(numbers, on_cpu)) or None

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from cs336_systems.harness.environment import environment_info
+from cs336_systems.harness.environment import device_name, environment_info
 from cs336_systems.harness.record import record_oom, run_benchmark
-from cs336_systems.profiling.flops import mfu
+from cs336_systems.profiling.flops import mfu_both
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom
 from cs336_systems.profiling.workload import Case, Workload
@@ -80,8 +80,11 @@ def _derived(info: dict[str, Any], case: Case, device: torch.device, peak_tflops
         "tokens_per_s": case.batch * case.ctx / seconds,
         "tflops": case.flops / seconds / 1e12,
     }
-    if peak_tflops:
-        out["mfu"] = mfu(case.flops, seconds, peak_tflops)
+    if device.type == "cuda":  # a CPU has no dense bf16 peak to speak of
+        both = mfu_both(case.flops / seconds, (peak_tflops or 0) * 1e12, device_name(device))
+        out.update({k: v for k, v in both.items() if k in ("mfu", "mfu_peak", "peak_tflops")})
+    elif peak_tflops:
+        out["mfu"] = case.flops / seconds / (peak_tflops * 1e12)
     if device.type == "cuda":
         out["memory_after_mib"] = torch.cuda.memory_allocated(device) / MIB  # params (+grads, state)
     return out

@@ -73,6 +73,57 @@ def step_flops(config: ModelConfig, batch: int, ctx: int, mode: str) -> int:
     return forward if mode == "fwd" else 3 * forward
 
 
+# MFU is quoted two ways (issue 51), and each figure names its convention:
+# - against the dense matmul rate measured in the same process (what this GPU really sustains);
+# - against the vendor's dense bf16 peak (no sparsity) of the GPU model, the figure papers quote.
+# Longest name first: "H100 PCIe" must not match "H100".
+DENSE_BF16_PEAK_TFLOPS: dict[str, float] = {
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.0,  # SXM
+    "H200": 989.0,
+    "A100": 312.0,
+}
+# The FLOP count behind each MFU, named where it is printed.
+MODEL_FLOP_FORMULA = (
+    "model FLOPs = matmuls only, fwd+bwd = 3 x forward (~6N per token) + attention's QK^T and PV "
+    "over the full masked T x T scores; recomputation and the optimizer not counted"
+)
+STEP_8B_FLOP_FORMULA = (
+    "model FLOPs = 6N per token + causal attention 6*L*S^2*D per sequence; recomputation not counted"
+)
+
+
+def dense_bf16_peak_tflops(device_name: str) -> float | None:
+    """The vendor's dense bf16 peak of the GPU named ``device_name`` (None: a GPU not in the table)."""
+    for model in sorted(DENSE_BF16_PEAK_TFLOPS, key=len, reverse=True):
+        if model.lower() in device_name.lower():
+            return DENSE_BF16_PEAK_TFLOPS[model]
+    return None
+
+
+def mfu_both(model_flops_per_s: float, measured_matmul_flops: float | None, device_name: str) -> dict:
+    """MFU against the measured matmul rate and against the GPU's dense bf16 peak (both rates in
+    FLOP/s). Keys: ``mfu`` (measured; absent when not measured), ``mfu_peak`` and ``peak_tflops``
+    (absent for a GPU not in DENSE_BF16_PEAK_TFLOPS) and ``mfu_note``, one line saying which is which."""
+    out: dict[str, float | str] = {}
+    notes = []
+    if measured_matmul_flops:
+        out["mfu"] = model_flops_per_s / measured_matmul_flops
+        notes.append(
+            f"{out['mfu']:.1%} of the measured matmul rate {measured_matmul_flops / 1e12:.3g} TFLOP/s"
+        )
+    peak = dense_bf16_peak_tflops(device_name)
+    if peak is not None:
+        out["mfu_peak"] = model_flops_per_s / (peak * 1e12)
+        out["peak_tflops"] = peak
+        notes.append(f"{out['mfu_peak']:.1%} of the dense bf16 peak {peak:g} TFLOP/s")
+    else:
+        notes.append(f"no dense bf16 peak known for {device_name!r}: measured rate only")
+    out["mfu_note"] = "MFU " + "; ".join(notes)
+    return out
+
+
 def mfu(flops: float, seconds: float, peak_tflops: float) -> float:
     """Model FLOPs utilization: achieved FLOP/s over the peak rate (in TFLOP/s) of the same precision."""
     if seconds <= 0 or peak_tflops <= 0:

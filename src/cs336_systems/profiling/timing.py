@@ -50,7 +50,11 @@ def summarize_ms(times: list[float]) -> dict[str, float]:
 
 
 def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError ("can't allocate memory"):
+    either way the case does not fit, which is a result, not a crash."""
+    text = str(exc).lower()
+    cpu = "can't allocate memory" in text or "not enough memory" in text
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or cpu
 
 
 def reset_peak_memory(device: torch.device) -> None:

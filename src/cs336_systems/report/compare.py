@@ -1,4 +1,7 @@
-"""Two runs side by side: rows paired by benchmark name (and group), with the ratio of their times.
+"""Two runs side by side: rows paired by group and benchmark name, with the ratio of their times.
+
+A name alone does not identify a row: D2's warm-up study and its model table both hold a
+``test_step[tiny]``, and pairing one with the other printed 20x where the truth was 2x (issue 51).
 
 pytest-benchmark's own ``pytest-benchmark compare A B`` lists rows per group without pairing them;
 ``--group-by=name`` (or ``fullname``) pairs them there. This mode pairs rows of any two results files
@@ -20,17 +23,22 @@ def _time_ms(r: Record) -> float | None:
     return None
 
 
-def compare_runs(a: str | Path, b: str | Path) -> str:
+def pair_key(r: Record) -> tuple[str, str, str]:
+    """What makes two rows the same case in two runs: schema group, group name and benchmark name."""
+    return (r.group_key or "", r.group, r.name)
+
+
+def compare_runs(a: str | Path, b: str | Path, show_unreliable: bool = False) -> str:
     """Markdown table of the rows present in both runs (by group and name), then the unpaired ones."""
     _, rows_a = load([a])
     _, rows_b = load([b])
-    by_name_b = {(r.group_key or r.group, r.name): r for r in rows_b}
+    by_key_b = {pair_key(r): r for r in rows_b}
     lines = ["| group | name | A (ms) | B (ms) | B / A |", "| --- | --- | --- | --- | --- |"]
     paired = set()
     unreliable_rows = 0
     for ra in rows_a:
-        key = (ra.group_key or ra.group, ra.name)
-        rb = by_name_b.get(key)
+        key = pair_key(ra)
+        rb = by_key_b.get(key)
         if rb is None:
             continue
         paired.add(key)
@@ -42,11 +50,12 @@ def compare_runs(a: str | Path, b: str | Path) -> str:
         ratio = f"{tb / ta:.3g}×" if ta and tb and not (ra.oom or rb.oom) else "—"
         why = [f"{side}: {w}" for side, r in (("A", ra), ("B", rb)) if (w := unreliable(r))]
         if why and ratio != "—":  # a ratio of load, not of the case: say so instead of printing it
-            ratio = f"unreliable ({'; '.join(why)})"
+            shown = f"{ratio} " if show_unreliable else ""
+            ratio = f"{shown}unreliable ({'; '.join(why)})"
             unreliable_rows += 1
         lines.append(f"| {ra.group} | {ra.name} | {cells[0]} | {cells[1]} | {ratio} |")
-    only_a = [r.name for r in rows_a if (r.group_key or r.group, r.name) not in paired]
-    only_b = [r.name for r in rows_b if (r.group_key or r.group, r.name) not in paired]
+    only_a = [r.name for r in rows_a if pair_key(r) not in paired]
+    only_b = [r.name for r in rows_b if pair_key(r) not in paired]
     head = f"A = {a}, B = {b}: {len(paired)} paired rows"
     if unreliable_rows:
         head += f", {unreliable_rows} of them timed under contention (no ratio: rerun on a quiet machine)"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.harness.contention import contention_reasons
+from cs336_systems.harness.contention import INTERPRETER_NOTE, contention_reasons, interpreted
 from cs336_systems.report.schema import GROUPS
 
 
@@ -60,7 +60,8 @@ VALUE_LABELS = {
     "tokens_per_s": "tokens/s",
     "model_flops": "model FLOPs",
     "tflops": "TFLOP/s",
-    "mfu": "MFU",
+    "mfu": "MFU (measured matmul rate)",
+    "mfu_peak": "MFU (dense bf16 peak)",  # profiling.flops.mfu_both: the two conventions, each named
     "algbw_gbps": "algbw (GB/s)",
     "busbw_gbps": "busbw (GB/s)",
     "peak_memory_mib": "peak mem (MiB)",
@@ -75,8 +76,8 @@ VALUE_LABELS = {
 }
 STATS_MEAN = "stats_mean_ms"  # pytest-benchmark's own timing, used when extra_info has no mean_ms
 VALUE_LABELS[STATS_MEAN] = "mean ± std (ms, pytest-benchmark)"
-FRACTION_KEYS = {"mfu"}  # and every key with "share" in it
-CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread"}  # judged, not shown as columns
+FRACTION_KEYS = {"mfu", "mfu_peak"}  # and every key with "share" in it
+CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread", "rounds_n"}  # judged, not shown as columns
 NOT_VALUES = {"oom", "skipped", "device_name"}
 MISSING = "—"
 
@@ -96,6 +97,7 @@ class Record:
     texts: dict[str, str] = field(default_factory=dict)  # string extra_info (kernel names, status...)
     oom: bool = False
     skipped: str | None = None
+    ratio_caveat: str | None = None  # a ratio on this row compares it with a row that is no result
 
 
 @dataclass
@@ -219,6 +221,27 @@ def _cli_rows(rows: list[Any], path: Path) -> dict[str, Any]:
     return {"benchmarks": benchmarks}
 
 
+PROFILE_SUFFIX = ".d3.json"  # the benchmark CLI's --profile answers (D3), one case per file
+
+
+def _profile_rows(answers: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A ``--profile DIR`` answers file as one row of the D3 group (the bench's profile rows hold the
+    same keys), so a results folder with the CLI's profiles fills D3 (issue 51: it said "No rows")."""
+    extra = {k: "; ".join(map(str, v)) if isinstance(v, list) else v for k, v in answers.items()}
+    extra.update(group_key="profile", device_name=str(answers.get("profile_device", "")))
+    case = path.name[: -len(PROFILE_SUFFIX)]
+    bench = {"group": GROUPS["profile"].name(case), "name": case, "params": {}, "extra_info": extra}
+    return {"benchmarks": [bench]}
+
+
+def results_in(directory: Path) -> list[Path]:
+    """The results files under ``directory``, recursively, in name order: pytest-benchmark JSON, row
+    logs (``.jsonl``, unless the ``.json`` of the same run sits beside it: the same rows) and the
+    CLI's ``--profile`` answers. Traces and memory snapshots (``.json.gz``, ``.pickle.gz``) are not results."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
+    return [p for p in files if not (p.suffix == ".jsonl" and p.with_suffix(".json").exists())]
+
+
 def read_results(path: Path) -> dict[str, Any]:
     """One results file as pytest-benchmark's top-level object; a one-line ReportInputError otherwise."""
     if path.is_dir():
@@ -237,6 +260,8 @@ def read_results(path: Path) -> dict[str, Any]:
         raise ReportInputError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
     if isinstance(data, list):
         data = _cli_rows(data, path)
+    elif path.name.endswith(PROFILE_SUFFIX) and isinstance(data, dict) and "benchmarks" not in data:
+        data = _profile_rows(data, path)
     if not isinstance(data, dict) or "benchmarks" not in data:
         raise ReportInputError(
             f"{path} is neither pytest-benchmark JSON (no 'benchmarks' key) nor the benchmark CLI's --json rows"
@@ -246,37 +271,53 @@ def read_results(path: Path) -> dict[str, Any]:
     return data
 
 
-def load(paths: Sequence[str | Path]) -> tuple[list[Run], list[Record]]:
-    """Read results files (pytest-benchmark JSON, a .jsonl row log, the CLI's --json rows); a file that
-    is none of them fails with its name in the message. No rows at all is an error too."""
+def _read_run(path: Path, source: str) -> tuple[Run, list[Record]]:
+    """One results file: its run facts and rows; a one-line ReportInputError if it holds none of ours."""
+    data = read_results(path)
+    machine = _machine_name(data.get("machine_info") or {})
+    commit = data.get("commit_info") or {}
+    run = Run(
+        path=path,
+        source=source,
+        datetime=str(data.get("datetime", "?")),
+        commit=(str(commit.get("id") or "?")[:10] + (" (dirty)" if commit.get("dirty") else "")),
+        version=str(data.get("version", "?")),
+        machine=machine,
+    )
+    rows = [_record(bench, source, machine) for bench in data["benchmarks"]]
+    if rows and all(r.group_key is None for r in rows):
+        groups = sorted({r.group for r in rows})
+        raise ReportInputError(
+            f"{path} holds no rows of this suite: none of its {len(rows)} benchmarks is tagged by "
+            f"cs336_systems.report.schema (groups {', '.join(groups[:3])}{', ...' if len(groups) > 3 else ''})"
+        )
+    return run, rows
+
+
+def load(paths: Sequence[str | Path], skipped: list[str] | None = None) -> tuple[list[Run], list[Record]]:
+    """Read results files (pytest-benchmark JSON, a .jsonl row log, the CLI's --json rows or --profile
+    answers); a file given by name that is none of them fails with its name in the message. A directory
+    stands for the results files under it (``results_in``); those that are not results are left out,
+    each named in ``skipped`` when given. No rows at all is an error too."""
     runs, records = [], []
-    paths = [Path(p) for p in paths]
+    named = [Path(p) for p in paths]
+    paths = [f for p in named for f in (results_in(p) if p.is_dir() else [p])]
     stems = [p.stem for p in paths]
     for path in paths:
         # The file stem names the source, unless two files share it (h100/model.json, h200/model.json).
         source = path.stem if stems.count(path.stem) == 1 else str(path)
-        data = read_results(path)
-        machine = _machine_name(data.get("machine_info") or {})
-        commit = data.get("commit_info") or {}
-        run = Run(
-            path=path,
-            source=source,
-            datetime=str(data.get("datetime", "?")),
-            commit=(str(commit.get("id") or "?")[:10] + (" (dirty)" if commit.get("dirty") else "")),
-            version=str(data.get("version", "?")),
-            machine=machine,
-        )
-        rows = [_record(bench, source, machine) for bench in data["benchmarks"]]
-        if rows and all(r.group_key is None for r in rows):
-            groups = sorted({r.group for r in rows})
-            raise ReportInputError(
-                f"{path} holds no rows of this suite: none of its {len(rows)} benchmarks is tagged by "
-                f"cs336_systems.report.schema (groups {', '.join(groups[:3])}{', ...' if len(groups) > 3 else ''})"
-            )
+        try:
+            run, rows = _read_run(path, source)
+        except ReportInputError as exc:
+            if path in named:
+                raise
+            if skipped is not None:  # found in a folder: another tool's output, not an error of the user's
+                skipped.append(str(exc))
+            continue
         records += rows
         runs.append(run)
     if not records:
-        raise ReportInputError(f"no benchmark rows in {', '.join(map(str, paths))}: nothing to report")
+        raise ReportInputError(f"no benchmark rows in {', '.join(map(str, named))}: nothing to report")
     _mark_provenance(records)
     for run in runs:
         run.devices = {r.device for r in records if r.source == run.source}
@@ -329,8 +370,29 @@ def numeric(value: Any) -> float | None:
         return None
 
 
+def _on_cpu(record: Record) -> bool:
+    return record.device.lower().startswith("cpu")
+
+
+def is_interpreted(record: Record) -> bool:
+    """A Triton kernel timed under the interpreter (harness.contention.interpreted)."""
+    return interpreted({**record.texts, **record.descriptors}, _on_cpu(record))
+
+
 def unreliable(record: Record) -> str | None:
-    """Why the row's timing measured the machine's load rather than the case (harness.contention),
-    or None: such a row is marked in the tables and in ``--compare``, not printed as a result."""
-    reasons = contention_reasons(record.values, record.device.lower().startswith("cpu"))
+    """The one verdict on a row's timing: why it is not a result (a Triton kernel under the
+    interpreter, or the machine's load: harness.contention), or None. Such a row is marked in the
+    tables, ``--compare``, the plots and the prose, and no ratio is derived from it."""
+    if is_interpreted(record):
+        return INTERPRETER_NOTE
+    reasons = contention_reasons(record.values, _on_cpu(record))
     return "; ".join(reasons) or None
+
+
+def derived_from(*records: Record | None) -> str | None:
+    """None when a figure derived from these rows (a ratio, a speed-up) may be printed; else one line
+    saying which row's timing is not a result, to print in its place."""
+    for r in records:
+        if r is not None and (why := unreliable(r)):
+            return f"not derived: {r.name}'s timing is not a result ({why})"
+    return None

@@ -118,9 +118,12 @@ def hardware(records: Iterable[Any]) -> Hardware:
     c, w = measured_c(records), measured_w(records)
     c_value, c_source = c or (
         DEFAULT_C,
-        "default: SPEC's measured H200 bf16 dense matmul rate (no model rows)",
+        "default: the bf16 dense matmul rate measured on an H200 (no model rows)",
     )
-    w_value, w_source = w or (DEFAULT_W, "default: SPEC's 2 × H200 NVLink NCCL busbw (no D13 rows)")
+    w_value, w_source = w or (
+        DEFAULT_W,
+        "default: the NCCL busbw measured on 2 × H200 over NVLink (no D13 rows)",
+    )
     return Hardware(c_value, w_value, c_source, w_source)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336_systems.report.load import Record, rows_of
+from cs336_systems.report.load import Record, derived_from, rows_of
 
 SECTION_KEY = "D26p"
 GROUP_KEY = "proxy_8b"
@@ -29,6 +29,8 @@ def proxy_answer(records: list[Record]) -> str:
     ours, torch_ = timed.get("ours"), timed.get("torch")
     if ours is None or torch_ is None:
         return "ours / torch: not measured (the run has no timed `ours` and `torch` rows)."
+    if why := derived_from(ours, torch_):
+        return f"ours / torch: {why}."
 
     def figures(r: Record) -> str:
         mfu = r.values.get("mfu")

@@ -76,6 +76,7 @@ def render_group_markdown(table: GroupTable) -> str:
     else:
         parts += [to_markdown(readable(table.long, table.index_columns)), ""]
     parts += footnote_lines(table.footnotes)
+    parts += [*table.absent, ""] if table.absent else []
     return "\n".join(parts)
 
 
@@ -86,4 +87,5 @@ def render_group_latex(table: GroupTable) -> str:
     long = table.long if table.pivot is not None else readable(table.long, table.index_columns)
     parts.append(to_latex(long, table.caption))
     parts += [f"\\par\\footnotesize [{i}] {_latex_escape(n)}" for i, n in enumerate(table.footnotes, 1)]
+    parts += [f"\\par\\footnotesize {_latex_escape(line)}" for line in table.absent]
     return "\n".join(parts)

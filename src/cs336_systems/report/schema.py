@@ -15,7 +15,7 @@ from typing import Any
 @dataclass(frozen=True)
 class BenchGroup:
     key: str  # stable identifier, stored in extra_info["group_key"]
-    deliverable: str  # handout deliverable id(s) from SPEC.md, e.g. "D11" or "D14-D17"
+    deliverable: str  # deliverable id(s) of docs/deliverables.md, e.g. "D11" or "D14-D17"
     title: str  # what the group measures, as a reader sees it
 
     def name(self, detail: str = "") -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from cs336_systems.harness.contention import INTERPRETER_NOTE
 from cs336_systems.report.load import (
     CONTENTION_KEYS,
     FRACTION_KEYS,
@@ -18,6 +19,7 @@ from cs336_systems.report.load import (
     VALUE_LABELS,
     Record,
     _std_key,
+    is_interpreted,
     unreliable,
 )
 from cs336_systems.units import parse_size
@@ -116,6 +118,8 @@ class GroupTable:
     index_columns: int = 0  # the leading columns of ``long`` that name the case
     varying: list[str] = field(default_factory=list)
     value_keys: list[str] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)  # one line per device: backends it cannot have
+    show_unreliable: bool = False  # print unreliable rows' figures, marked, instead of the mark alone
 
     @property
     def footnotes(self) -> list[str]:
@@ -124,7 +128,7 @@ class GroupTable:
 
     def view(self, spec: PivotSpec) -> pd.DataFrame | None:
         """Another pivot of the same rows (a group serving several deliverables, e.g. D2/D4/D7b)."""
-        return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec)
+        return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec, self.show_unreliable)
 
     @property
     def slug(self) -> str:
@@ -171,13 +175,61 @@ def _not_run(record: Record) -> tuple[str, str | None] | None:
     return (status if status != "ok" else "skipped"), record.skipped or record.texts.get("reason")
 
 
+def _is_ratio(key: str) -> bool:
+    """A ratio of times (``ratio_to_best_sdpa``, ``vs_torch``, ``time_vs_fsdp2``); memory ratios
+    (``extra_mib_vs_full``, ``state_vs_ddp``) are not timings."""
+    if "mib" in key or key.startswith("state"):
+        return False
+    return "ratio" in key or "_vs_" in key or key.startswith("vs_") or "speedup" in key
+
+
 def _timed(key: str) -> bool:
-    """A value that comes from the row's timing (and is as unreliable as it)."""
-    return key.endswith("_ms") or key in ("tokens_per_s", "tflops", "mfu") or key.endswith("_gbps")
+    """A value that comes from the row's timing (and is as unreliable as it), ratios of times included."""
+    timing = key.endswith(("_ms", "_s", "_gbps")) or key in ("tokens_per_s", "tflops", "mfu", "mfu_peak")
+    return _is_ratio(key) or (timing and "mib" not in key)
+
+
+RATIO_NOTE = "ratio not derived: "
+IMPL_KEYS = ("impl", "variant", "recipe", "row")  # what differs between the rows a stored ratio compares
+
+
+def _mark_ratio_sources(records: list[Record]) -> None:
+    """A ratio a bench stores on one row (ours / best SDPA, vs torch) compares it with rows of the same
+    case that differ only in the implementation: when one of those was timed under contention, the
+    ratio is no result either (issue 51). Interpreted rows are left aside: no other row's ratio uses
+    them, and their own ratios are marked already."""
+    cases: dict[tuple, list[Record]] = {}
+    for r in records:
+        rest = tuple(sorted((k, repr(v)) for k, v in r.descriptors.items() if k not in IMPL_KEYS))
+        cases.setdefault((r.device, rest), []).append(r)
+    for rows in cases.values():
+        bad = [
+            (r, why) for r in rows if not (r.oom or r.skipped or is_interpreted(r)) and (why := unreliable(r))
+        ]
+        for r in rows:
+            source = next(((b, why) for b, why in bad if b is not r), None)
+            r.ratio_caveat = (
+                f"{RATIO_NOTE}{source[0].name}'s timing is not a result ({source[1]})" if source else None
+            )
+
+
+def _verdict(record: Record, key: str) -> str | None:
+    """Why this cell's figure is no result: the row's own verdict, or for a ratio its sources'."""
+    if not _timed(key):
+        return None
+    return unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None)
 
 
 def _unreliable_note(why: str) -> str:
+    if why == INTERPRETER_NOTE:
+        return why[0].upper() + why[1:]
+    if why.startswith(RATIO_NOTE):
+        return why[0].upper() + why[1:]
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
+
+
+def _verdict_label(why: str) -> str:
+    return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 
 def footnotes(records: list[Record]) -> list[str]:
@@ -192,10 +244,21 @@ def footnotes(records: list[Record]) -> list[str]:
             notes[not_run[1]] = None
         elif not_run is None and (why := unreliable(r)):
             notes[_unreliable_note(why)] = None
+        elif not_run is None and r.ratio_caveat and any(_is_ratio(k) for k in r.values):
+            notes[_unreliable_note(r.ratio_caveat)] = None
     return list(notes)
 
 
-def _cell(record: Record, key: str, notes: list[str]) -> str:
+TEXT_CELL_MAX = 120  # a C++ kernel name runs to 900 characters; a table cell shows its start
+
+
+def short_text(text: str, width: int = TEXT_CELL_MAX) -> str:
+    """A text cell cut to ``width`` characters (the full text stays in the JSON): one D3 cell of three
+    templated kernel names made a writeup line of 1,093 characters (issue 51)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str:
     if record.oom:
         return "OOM"
     not_run = _not_run(record)
@@ -204,17 +267,18 @@ def _cell(record: Record, key: str, notes: list[str]) -> str:
         label, reason = not_run
         return f"{label} [{notes.index(reason) + 1}]" if reason else label
     if key in record.texts:
-        return record.texts[key]
+        return short_text(record.texts[key])
     if key not in record.values:
         return MISSING
-    why = unreliable(record)
-    if why and _timed(key):
-        return f"unreliable [{notes.index(_unreliable_note(why)) + 1}]"
+    why = _verdict(record, key)
+    mark = f"{_verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
+    if mark and not show:
+        return mark
     text = format_number(key, record.values[key])
     std = _std_key(key, record.values)
     if std:
         text += f" ± {format_number(key, record.values[std])}"
-    return text
+    return f"{text} ({mark})" if mark else text
 
 
 def _ordered_descriptors(records: list[Record]) -> list[str]:
@@ -225,7 +289,30 @@ def _ordered_descriptors(records: list[Record]) -> list[str]:
     return sorted(keys, key=lambda k: (order.get(k, len(order)), k))
 
 
-def build_group_table(group: str, records: list[Record]) -> GroupTable:
+def _absent_backends(records: list[Record]) -> tuple[list[Record], list[str]]:
+    """Implementations none of whose rows could run on a device (cuDNN or mem-efficient SDPA on a CPU)
+    leave the table: a column of "unsupported" cells says less than one line under it (issue 51: 228
+    such cells in D11 and D12 on a CPU). Returns the rows kept and those lines."""
+    by_impl: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        if "impl" in r.descriptors:
+            by_impl.setdefault((r.device, str(r.descriptors["impl"])), []).append(r)
+    gone = {k for k, rs in by_impl.items() if all(r.texts.get("status") == "unsupported" for r in rs)}
+    kept = [r for r in records if (r.device, str(r.descriptors.get("impl"))) not in gone]
+    if not gone or not kept:  # nothing else ran: the table itself says so
+        return records, []
+    lines = []
+    for device in sorted({d for d, _ in gone}):
+        impls = sorted(i for d, i in gone if d == device)
+        reason = next((r.skipped or r.texts.get("reason") for r in by_impl[(device, impls[0])]), None) or ""
+        said = f" (torch: {short_text(reason, 100)})" if reason else ""
+        lines.append(f"Not available on {device}, so not in the table: {', '.join(impls)}{said}.")
+    return kept, lines
+
+
+def build_group_table(group: str, records: list[Record], show_unreliable: bool = False) -> GroupTable:
+    records, absent = _absent_backends(records)
+    _mark_ratio_sources(records)
     descriptors = _ordered_descriptors(records)
     fixed, varying = {}, []
     for key in descriptors:
@@ -243,12 +330,14 @@ def build_group_table(group: str, records: list[Record]) -> GroupTable:
     rows = []
     for r in records:
         row = {_header(k): format_param(k, r.descriptors.get(k)) for k in varying}
-        row.update({VALUE_LABELS.get(k, k): _cell(r, k, notes) for k in value_keys})
+        row.update({VALUE_LABELS.get(k, k): _cell(r, k, notes, show_unreliable) for k in value_keys})
         rows.append(row)
     long = pd.DataFrame(rows) if rows else pd.DataFrame()
     key = records[0].group_key if records else None
-    pivot = _pivot(key, records, varying, value_keys)
-    return GroupTable(group, key, long, pivot, fixed, records, len(varying), varying, value_keys)
+    pivot = _pivot(key, records, varying, value_keys, None, show_unreliable)
+    table = GroupTable(group, key, long, pivot, fixed, records, len(varying), varying, value_keys, absent)
+    table.show_unreliable = show_unreliable
+    return table
 
 
 def _pivot(
@@ -257,6 +346,7 @@ def _pivot(
     varying: list[str],
     value_keys: list[str],
     spec: PivotSpec | None = None,
+    show: bool = False,
 ) -> pd.DataFrame | None:
     """The handout-shaped view of a group: ``spec``, or the PIVOTS entry of its schema key."""
     spec = spec or PIVOTS.get(group_key or "")
@@ -278,7 +368,7 @@ def _pivot(
         row = cells.setdefault(row_key, {})
         for i, v in enumerate(values):
             label = col_key if len(values) == 1 else f"{VALUE_LABELS.get(v, v)}: {col_key}"
-            row[label] = _cell(r, v, notes)
+            row[label] = _cell(r, v, notes, show)
             col_order[label] = (i, col_sort)
     col_order = dict(sorted(col_order.items(), key=lambda kv: kv[1]))
     rows = []
@@ -292,8 +382,8 @@ def _pivot(
     return frame
 
 
-def build_tables(records: list[Record]) -> list[GroupTable]:
+def build_tables(records: list[Record], show_unreliable: bool = False) -> list[GroupTable]:
     groups: dict[str, list[Record]] = {}
     for r in records:
         groups.setdefault(r.group, []).append(r)
-    return [build_group_table(g, rs) for g, rs in groups.items()]
+    return [build_group_table(g, rs, show_unreliable) for g, rs in groups.items()]

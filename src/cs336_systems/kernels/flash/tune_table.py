@@ -85,9 +85,15 @@ def stale_entries(table: TuneTable) -> list[str]:
     return stale
 
 
+def table_for_device(device_name: str, folder: Path = TABLES) -> TuneTable:
+    """The table shipped for exactly this GPU model, or an empty one: another model's table (an H100
+    PCIe taking the H100 SXM's, say) would pick configs tuned for other clocks, memory and SM counts."""
+    return read_table(table_path(device_name, folder))
+
+
 @functools.cache
 def device_table() -> TuneTable:
     """This process's GPU's shipped table (read once); empty without a GPU."""
     if INTERPRET or not torch.cuda.is_available():
         return TuneTable(why_not="no GPU")
-    return read_table(table_path(torch.cuda.get_device_name()))
+    return table_for_device(torch.cuda.get_device_name())

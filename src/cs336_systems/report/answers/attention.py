@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cs336_systems.report.answers.common import H100_BYTES, GiB, MiB, _mib, device_capacity_bytes
-from cs336_systems.report.load import Record, numeric, rows_of
+from cs336_systems.report.load import Record, numeric, rows_of, unreliable
 from cs336_systems.report.tables import format_number
 
 if TYPE_CHECKING:
@@ -95,6 +95,9 @@ def d6_answer(records: list[Record]) -> str:
 def flash_speedups(records: list[Record]) -> str:
     """For each dtype and d: ours (an impl named *triton*) vs plain PyTorch at the longest seq both ran."""
     rows = [r for r in rows_of(records, "flash_sweep") if not r.oom and not r.skipped]
+    # no speed-up from a timing that is not a result (interpreter, contention): the table marks those rows
+    left_out = sum(1 for r in rows if unreliable(r))
+    rows = [r for r in rows if not unreliable(r)]
     pass_key = next((k for k in ("pass_", "mode") if any(k in r.descriptors for r in rows)), None)
     if pass_key:
         rows = [r for r in rows if r.descriptors.get(pass_key) in ("fwd_bwd", None)]
@@ -117,11 +120,17 @@ def flash_speedups(records: list[Record]) -> str:
         seq = max(common)
         ours, base = kinds["ours"][seq], kinds["pytorch"][seq]
         lines.append(f"| {dtype} | {d} | {int(seq)} | {ours:.3g} | {base:.3g} | {base / ours:.1f}× |")
+    caveat = (
+        f"{left_out} row(s) whose timing is not a result (see the table's footnotes) are left out of the speed-ups."
+        if left_out
+        else ""
+    )
     if not lines:
-        return absent
+        return "\n\n".join(p for p in (absent, caveat) if p)
     return "\n".join(
         [
             *([absent, ""] if absent else []),
+            *([caveat, ""] if caveat else []),
             "Ours vs plain PyTorch at the longest sequence both ran (fwd+bwd where the sweep has passes):",
             "",
             "| dtype | d | seq | ours (ms) | PyTorch (ms) | speed-up |",

@@ -1,0 +1,87 @@
+"""The benchmark CLI as a new user runs it on a CPU (issue 51): Triton pieces run under the interpreter
+without setting anything, a context that does not fit is an OOM row (not a traceback), a failing case
+is one line, ``--json`` into a missing folder says it created it, and an interpreted row is marked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cs336_systems.cli import benchmark as cli
+from cs336_systems.harness.contention import INTERPRETER_NOTE
+from cs336_systems.profiling.timing import is_oom
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A fresh process as a new user starts it (no TRITON_INTERPRET), its address space capped so that the
+# out-of-memory case fails at once instead of pressing on a shared machine.
+FRESH = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
+from cs336_systems.cli import benchmark
+from cs336_systems.kernels import checks
+print("INTERPRET", checks.INTERPRET)
+sys.exit(benchmark.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path: only without CUDA")
+def test_fresh_cpu_process_interprets_triton_and_records_oom_as_a_row() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    args = [
+        "--size",
+        "tiny",
+        "--context",
+        "100000",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--no-mfu",
+        "--no-progress",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH, *args], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "INTERPRET True" in proc.stdout  # --attention flash_triton / --fused-loss would run
+    assert "| tiny-ctx100000-fp32-fwd_bwd-eager |        OOM |" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_cpu_allocator_failure_is_out_of_memory() -> None:
+    message = "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate"
+    assert is_oom(RuntimeError(message)) and not is_oom(RuntimeError("shape mismatch"))
+
+
+def test_a_failing_case_is_one_line(monkeypatch, capsys) -> None:
+    def broken(*args, **kwargs):
+        raise ValueError("the Triton FlashAttention needs CUDA tensors\nsecond line\nthird")
+
+    monkeypatch.setattr(cli, "benchmark_model_case", broken)
+    assert (
+        cli.main(["--size", "tiny", "--context", "16", "--no-mfu", "--no-progress", "--device", "cpu"]) == 1
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: case tiny-ctx16" in err and "needs CUDA tensors" in err
+
+
+def test_json_into_a_missing_folder_says_it_created_it(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "new" / "rows.json"
+    args = ["--size", "tiny", "--context", "16", "--warmup", "0", "--steps", "1", "--no-mfu", "--no-progress"]
+    assert cli.main([*args, "--device", "cpu", "--json", str(out)]) == 0
+    assert out.exists() and f"created the folder {out.parent} for --json" in capsys.readouterr().err
+
+
+def test_an_interpreted_row_is_marked_not_shown(capsys) -> None:
+    row = {"case": "tiny-flash_triton", "mean_ms": 90000.0, "contention": INTERPRETER_NOTE}
+    assert cli._cells(row)[1] == "interpreted"
+    cli.RowPrinter(case_width=20).row(row)
+    out = capsys.readouterr().out
+    assert "90000" not in out and "TRITON_INTERPRET=1" in out
