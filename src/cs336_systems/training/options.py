@@ -139,12 +139,12 @@ def optimizer_in_backward_plan(options: StepOptions) -> tuple[bool, str]:
 
 # One piece of "ours" swapped for torch's (or switched off): what that piece buys.
 ABLATIONS: dict[str, dict[str, Any]] = {
+    "optimizer_in_backward": dict(optimizer_in_backward=True),  # not a swap: the lever switched on
     "sdpa": dict(attention="sdpa"),
     "fsdp2": dict(fsdp="torch"),
     "full_recompute": dict(save_attention=False),
     "torch_adamw": dict(optimizer="torch_fused"),
     "full_logits": dict(loss="full"),
-    "optimizer_in_backward": dict(optimizer_in_backward=True),  # not a swap: the lever switched on
 }
 
 
