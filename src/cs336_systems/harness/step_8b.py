@@ -227,7 +227,11 @@ def step_extra_info(
     info.update(
         losses=result.get("losses"),
         pieces={k: getattr(options, k) for k in ("fsdp", "attention", "loss", "optimizer", "checkpoint")}
-        | {"save_attention": options.save_attention, "compile": options.compile},
+        | {
+            "save_attention": options.save_attention,
+            "optimizer_in_backward": options.optimizer_in_backward,
+            "compile": options.compile,
+        },
         preset=options.preset,
         batch=options.batch_per_rank * world_size,
         seq=options.sequence_length,

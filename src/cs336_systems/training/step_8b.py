@@ -199,6 +199,10 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     Returns this rank's numbers: ``step_ms`` and the phase split of the timed steps, ``losses`` (every
     step's), ``first_step_s``, CUDA memory peaks over the timed steps, the bf16 matmul rate of this
     GPU (the MFU denominator), and on request the top kernels of one profiled step and the parameters.
+    Also: whether the optimizer ran inside the backward and why (``optimizer_in_backward[_note]``),
+    with ``course_timing`` the course protocol's figures (``course_mean_ms``, ...; its steps train the
+    model further, after the timed ones), whether the caches started empty (``cold_cache``) and the
+    time from process start to the end of the timing (``run_since_process_start_s``).
     """
     t_start = time.perf_counter()
     since_start = _seconds_since_process_start()
@@ -267,20 +271,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device)
     if distributed:
         barrier(device)
-    step_ms, phases = [], {phase: [] for phase in PHASES}
-    for _ in range(options.steps):
-        marks = StepMarks(device)
-        t0 = time.perf_counter()
-        with autocast:
-            loss = step(marks.mark)
-        synchronize(device)
-        step_ms.append((time.perf_counter() - t0) * 1e3)
-        losses.append(loss.item())
-        progress.step("timed", losses[-1])
-        for phase, (a, b) in PHASES.items():
-            phases[phase].append(marks.ms(a, b))
-    out.update(step_ms=step_ms, losses=losses)
-    out.update({phase: statistics.fmean(v) if v else None for phase, v in phases.items()})
+    out.update(_timed_steps(step, options.steps, device, autocast, progress, losses))
     if device.type == "cuda":
         out["peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
         out["peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
@@ -298,6 +289,32 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     if options.return_params:
         out["params"] = full_parameters(model)
     return out
+
+
+def _timed_steps(
+    step: Callable[..., torch.Tensor],
+    n: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager,
+    progress: Progress,
+    losses: list[float],
+) -> dict[str, Any]:
+    """``n`` synchronized steps, each timed on the host clock with its phases marked; appends their
+    losses to ``losses``. Returns ``step_ms``, ``losses`` and the mean of each phase."""
+    step_ms, phases = [], {phase: [] for phase in PHASES}
+    for _ in range(n):
+        marks = StepMarks(device)
+        t0 = time.perf_counter()
+        with autocast:
+            loss = step(marks.mark)
+        synchronize(device)
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        losses.append(loss.item())
+        progress.step("timed", losses[-1])
+        for phase, (a, b) in PHASES.items():
+            phases[phase].append(marks.ms(a, b))
+    out: dict[str, Any] = {"step_ms": step_ms, "losses": losses}
+    return out | {phase: statistics.fmean(v) if v else None for phase, v in phases.items()}
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
