@@ -221,3 +221,17 @@ def test_mfu_both_ways_and_the_formula() -> None:
 def test_cold_start_verdict(cold: bool, run_s: float, verdict: bool | None) -> None:
     ranks = [_rank_result(cold_cache=cold), _rank_result(cold_cache=cold, run_since_process_start_s=run_s)]
     assert combine_step_results(ranks)["cold_start_ok"] is verdict
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback (torch's pieces): only without CUDA")
+@pytest.mark.timeout(120)
+def test_cli_fails_a_cold_run_past_the_limit(tmp_path) -> None:
+    """The CLI from an empty --cache-dir: exit 0 within the limit, 1 (and a line saying so) past it."""
+    from .test_step_8b import run_train_8b
+
+    args = ["--fsdp", "none", "--preset", "tiny", "--steps", "1", "--no-progress"]
+    ok = run_train_8b(*args, "--cache-dir", str(tmp_path / "a"))
+    assert ok.returncode == 0 and "within the course's 600 s" in ok.stdout, ok.stderr
+    late = run_train_8b(*args, "--cache-dir", str(tmp_path / "b"), "--cold-start-limit-s", "0.5")
+    assert late.returncode == 1 and "cold start past 0.5 s" in late.stderr, late.stderr
+    assert "PAST the course's 0.5 s" in late.stdout, late.stdout

@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
     if result.get("cold_start_ok") is False:  # from empty caches past the course's limit
-        print(f"error: cold start past {result['cold_start_limit_s']:.0f} s", file=sys.stderr)
+        print(f"error: cold start past {result['cold_start_limit_s']:g} s", file=sys.stderr)
         return 1
     return 0 if not result.get("error") else 1
 

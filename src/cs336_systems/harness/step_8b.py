@@ -328,7 +328,7 @@ def format_summary(result: dict[str, Any]) -> str:
         verdict = "within" if result["cold_start_ok"] else "PAST"
         lines.append(
             f"cold start: the run from empty caches ended {result['run_since_process_start_s']:.0f} s after "
-            f"process start, {verdict} the course's {result['cold_start_limit_s']:.0f} s"
+            f"process start, {verdict} the course's {result['cold_start_limit_s']:g} s"
         )
     if result.get("optimizer_in_backward_note"):
         lines.append(f"optimizer in backward: {result['optimizer_in_backward_note']}")
