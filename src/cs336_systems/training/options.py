@@ -281,5 +281,9 @@ _DENSE_BF16_PEAK_TFLOPS = (("H100 80GB HBM3", 989.0), ("H100 SXM", 989.0), ("H20
 
 
 def dense_bf16_peak_tflops(device_name: str | None) -> float | None:
-    """The data-sheet dense bf16 peak of an H100 / H200 SXM by device name; None for other GPUs."""
-    return next((tf for key, tf in _DENSE_BF16_PEAK_TFLOPS if key in (device_name or "")), None)
+    """The data-sheet dense bf16 peak of an H100 / H200 SXM by device name; None for other GPUs
+    (the NVL and PCIe parts' peaks are lower)."""
+    name = device_name or ""
+    if "NVL" in name or "PCIe" in name:
+        return None
+    return next((tf for key, tf in _DENSE_BF16_PEAK_TFLOPS if key in name), None)
