@@ -1,6 +1,7 @@
 """The optimizer step inside the backward (``distributed.optim_in_backward``) on the suite's FSDP:
-2 ranks on gloo, the same model trained 3 steps with the plain step (backward, synchronize, step) and
-with each unit stepped as its reduce-scatter finishes; the parameters must be bitwise equal, in fp32
+2 ranks on gloo, the same model trained 3 steps (the learning rate halved after each, through
+``param_groups`` as a schedule would) with the plain step (backward, synchronize, step) and with each
+unit stepped as its reduce-scatter finishes; the parameters must be bitwise equal, in fp32
 and with bf16 compute over fp32 masters, with torch's AdamW and the suite's FusedAdamW (its Triton
 kernel runs under TRITON_INTERPRET=1 on the CPU). And the gradients must actually go early: once the
 backward has returned, no unit whose reduce-scatter has been waited on still holds a gradient."""
@@ -74,6 +75,8 @@ def _train(in_backward: bool, optim: str, compute_dtype: torch.dtype | None) -> 
         fsdp.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        for group in opt.param_groups:  # a learning-rate schedule: every unit's optimizer must see it
+            group["lr"] *= 0.5
     return {
         "params": fsdp.gather_full_params(),
         "grads_after_backward": grads_after_backward,
