@@ -211,6 +211,8 @@ def test_mfu_both_ways_and_the_formula() -> None:
     assert out["mfu_measured"] == pytest.approx(tflops / 781.0) == out["mfu"]
     assert out["peak_tflops"] == 989.0 and out["mfu_peak"] == pytest.approx(tflops / 989.0)
     assert out["flop_formula"] == FLOP_FORMULA
+    course = combine_step_results([_rank_result(course_mean_ms=5000.0)] * 2)
+    assert course["course_mfu_peak"] == pytest.approx(4.74e15 / 2 / 5.0 / 1e12 / 989.0)
     for name in ("NVIDIA B200", "NVIDIA H200 NVL", "NVIDIA H100 PCIe"):  # no peak known: not guessed
         other = combine_step_results([_rank_result(device_name=name)] * 2)
         assert "mfu_peak" not in other and other["mfu_measured"], name

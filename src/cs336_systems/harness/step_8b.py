@@ -75,7 +75,12 @@ def add_mfu(combined: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
         combined["peak_tflops"] = peak
         combined["mfu_peak"] = combined["tflops_per_gpu"] / peak
     if combined.get("course_mean_ms"):
-        combined["course_tflops_per_gpu"] = per_gpu / (combined["course_mean_ms"] / 1e3) / 1e12
+        course = per_gpu / (combined["course_mean_ms"] / 1e3) / 1e12
+        combined["course_tflops_per_gpu"] = course
+        if rates:
+            combined["course_mfu_measured"] = course / min(rates)
+        if peak:
+            combined["course_mfu_peak"] = course / peak
 
 
 def add_cold_start(combined: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
@@ -308,6 +313,15 @@ def format_summary(result: dict[str, Any]) -> str:
             f"mean {result['course_mean_ms'] / 1e3:.3f} s over {result['course_n_repeat']} steps "
             f"(+{result['course_n_warmup']} warm-up, estimate {result['course_estimate_ms'] / 1e3:.3f} s; "
             f"{result['course_wall_s']:.0f} s in all)"
+        )
+        lines.append(
+            f"course protocol: model TFLOP/s per GPU {result['course_tflops_per_gpu']:.1f}"
+            + (
+                f", MFU {result['course_mfu_measured']:.1%} of measured"
+                if result.get("course_mfu_measured")
+                else ""
+            )
+            + (f", {result['course_mfu_peak']:.1%} of peak" if result.get("course_mfu_peak") else "")
         )
     if result.get("forward_ms") is not None:
         lines.append(
