@@ -125,3 +125,35 @@ def test_gradients_are_freed_during_backward(runs: dict, case: tuple) -> None:
     assert all(n >= plain["units"] - 2 for n in plain["grads_after_backward"]), plain
     assert inside["grads_after_backward"] == [0] * STEPS, inside
     assert inside["stepped"] == STEPS * inside["units"]
+
+
+def _clip_rank() -> dict:
+    """Global-norm clipping on ours FSDP (the plain step's fallback when clipping is asked): the norm
+    it computes from shards, and the full gradients before and after, gathered."""
+    from cs336_systems.training.clipping import clip_grad_norm_
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    fsdp = FSDP(Net())
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(7))
+    local = shard_batch(ids, rank, world_size)
+    F.cross_entropy(fsdp(local[:, :-1]).reshape(-1, VOCAB), local[:, 1:].reshape(-1)).backward()
+    fsdp.finish_gradient_synchronization()
+    before = fsdp.gather_full_params(grads=True)
+    norm = clip_grad_norm_(fsdp, max_norm=0.1)
+    return {"norm": norm, "before": before, "after": fsdp.gather_full_params(grads=True)}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_clipping_uses_the_global_norm_of_the_full_gradient() -> None:
+    """Shards' squared sums all-reduced, replicated gradients counted once: the norm equals the full
+    gradient's, and every gradient is scaled by 0.1 / norm."""
+    from cs336_systems.distributed.launch import spawn
+
+    for r in spawn(_clip_rank, 2, backend="gloo", timeout=60):
+        full = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in r["before"].values()]))
+        torch.testing.assert_close(r["norm"], full, rtol=1e-5, atol=0)
+        assert r["norm"] > 0.1
+        for name, g in r["before"].items():
+            torch.testing.assert_close(r["after"][name], g * (0.1 / (full + 1e-6)), rtol=1e-5, atol=1e-8)
