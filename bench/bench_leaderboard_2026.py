@@ -7,7 +7,8 @@ per-block checkpointing keeping attention's output, fused LM-head loss, FusedAda
 built-ins as in the SPEC's anchor (``torch``: FSDP2 bf16/fp32, per-block checkpointing, SDPA, chunked
 checkpointed loss, ``AdamW(fused=True)``), each eager and with every block's forward compiled.
 Group ``leaderboard_2026_ablation``: ``ours`` with one piece swapped for torch's (SDPA, full logits,
-torch AdamW, FSDP2) or switched off (``full_recompute``: attention re-run in the backward), eager
+torch AdamW, FSDP2), switched off (``full_recompute``: attention re-run in the backward) or switched on
+(``optimizer_in_backward``: each unit's AdamW inside the backward), eager
 unless CS336_8B_ABLATION_COMPILE=1; ``vs_ours`` is the ratio to ``ours`` measured in the same run.
 The same group's keep ablation (``swap`` = ``keep:N``, one row per CS336_8B_KEEP entry, default
 ``0,auto``): ``ours`` with the last N blocks not checkpointed (``keep:0`` = every block checkpointed).
@@ -28,6 +29,16 @@ matmul rate measured on the same GPUs. ``first_step_s``: from the start of the r
 imported, process group up) to the end of the first step, cold caches (the course: < 10 min);
 ``first_step_since_process_start_s`` adds the imports. ``peak_allocated_gib``: max over ranks of
 ``torch.cuda.max_memory_allocated`` over the timed steps. An out-of-memory case is an OOM row.
+MFU two ways (``flop_formula`` names the FLOPs: 6N + causal attention, recomputation not counted):
+``mfu_measured`` (= ``mfu``) over the measured matmul rate, ``mfu_peak`` over the GPU's dense bf16 peak
+(``peak_tflops``, H100/H200 SXM 989).
+
+The course's protocol (CS336_8B_COURSE=1): the compiled main rows then also run
+``triton.testing.do_bench(step, rep=30000, warmup=10000)``'s algorithm after the timed steps
+(``course_mean_ms``, the mean; about 14 more steps; CS336_8B_COURSE_REP_MS / _WARMUP_MS shorten it;
+``training.course_timing``). Cold start: a main row runs from empty compile caches, and when it ends
+(timed steps and course protocol included) more than 600 s after its process started,
+``cold_start_ok`` is false and the row, recorded with its figures, fails.
 
     pytest bench/bench_leaderboard_2026.py --benchmark-json=$OUT/leaderboard_2026.json   # 2 GPUs
     pytest bench/bench_leaderboard_2026.py -k "not ablation"     # the four main rows only
@@ -71,10 +82,33 @@ def _ours(compiled: bool, **changes: Any) -> dict[str, Any]:
     return ckpt | dict(keep_budget_gib=s.step8b_keep_budget_gib) | changes
 
 
+def _course(compiled: bool) -> dict[str, Any]:
+    """With CS336_8B_COURSE=1 the compiled main rows also run the course's do_bench protocol."""
+    s = settings()
+    if not (compiled and s.step8b_course):
+        return {}
+    return dict(
+        course_timing=True, course_rep_ms=s.step8b_course_rep_ms, course_warmup_ms=s.step8b_course_warmup_ms
+    )
+
+
+def _course_extra_s(options: StepOptions) -> float:
+    """The course protocol's time on top of the case's limit: rep + warmup and its 6 extra steps of
+    at most ~10 s each."""
+    if not options.course_timing:
+        return 0.0
+    return (options.course_rep_ms + options.course_warmup_ms) / 1e3 + 60.0
+
+
 def _record(benchmark: Any, options: StepOptions, result: dict[str, Any], **more: Any) -> None:
     record_step(benchmark, options, result, step_extra_info(options, result, WORLD_SIZE, **more))
     if result.get("error") and not result.get("oom"):
         pytest.fail(f"{options.label}: {result['error']}")
+    if result.get("cold_start_ok") is False:  # recorded with its figures, then failed
+        pytest.fail(
+            f"{options.label}: the run from empty caches ended {result['run_since_process_start_s']:.0f} s "
+            f"after process start, past the course's {result['cold_start_limit_s']:.0f} s"
+        )
 
 
 @pytest.mark.gpu(WORLD_SIZE)
@@ -86,8 +120,9 @@ def test_leaderboard_2026(benchmark, name: str, compiled: bool) -> None:
     s = settings()
     profile = s.step8b_profile and compiled
     changes = _ours(compiled) if name == "ours" else {}
+    changes |= _course(compiled)
     options = recipe(name, **changes, compile=compiled, warmup=0, steps=s.step8b_steps, profile=profile)
-    result = spawn_step_8b(options, WORLD_SIZE, _timeout(compiled))
+    result = spawn_step_8b(options, WORLD_SIZE, _timeout(compiled) + _course_extra_s(options))
     more: dict[str, Any] = dict(
         recipe=name, mode=_mode(compiled), target_s=TARGET_S, anchor_s=ANCHOR_S[compiled]
     )

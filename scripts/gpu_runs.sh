@@ -121,6 +121,15 @@ for stage in "$@"; do
         CS336_FLASH_TUNE_CACHE=/tmp/flash_tune.json "${BENCH[@]}" -s bench/bench_leaderboard_2026.py \
         -k "compiled and not ablation" --benchmark-json="$OUT/leaderboard_2026.json" > "$OUT/leaderboard_2026.log" 2>&1
       python3 -m cs336_systems.report "$OUT/leaderboard_2026.jsonl" --format md --out "$OUT/report-leaderboard_2026" > /dev/null ;;
+    leaderboard-2026-course)  # issue 50: ours vs built-ins compiled with the course's do_bench, then ours with the optimizer in backward / attention re-run (~8 min)
+      CUDA_VISIBLE_DEVICES=0,1 CS336_BENCH_JSONL=$OUT/leaderboard_2026_course.jsonl CS336_8B_TIMEOUT_S=170 CS336_8B_COURSE=1 \
+        CS336_8B_ABLATION_COMPILE=1 CS336_8B_ABLATION_STEPS=3 CS336_FLASH_TUNE_CACHE=/tmp/flash_tune.json \
+        timeout ${CS336_STAGE_TIMEOUT_S:-530} "${BENCH[@]}" -s bench/bench_leaderboard_2026.py \
+        -k "(compiled and not ablation) or optimizer_in_backward or full_recompute" \
+        --benchmark-json="$OUT/leaderboard_2026_course.json" > "$OUT/leaderboard_2026_course.log" 2>&1
+      echo "pytest rc=$?"
+      grep -E "^fsdp=|^step s|^model TFLOP|^course protocol|^peak GiB|^first finished|^cold start|^optimizer in backward|^checkpoint keep|^device ms|^OOM|^failed|^(FAILED|ERROR)|passed|failed" "$OUT/leaderboard_2026_course.log"
+      python3 -m cs336_systems.report "$OUT/leaderboard_2026_course.jsonl" --format md --out "$OUT/report-leaderboard_2026_course" > /dev/null ;;
     proxy-8b)  # issue 37: the 8B step's one-GPU proxy (4 blocks, ctx 32,768, compiled): ours, torch, one-piece swaps
       CUDA_VISIBLE_DEVICES=0 CS336_BENCH_JSONL=$OUT/proxy_8b.jsonl CS336_FLASH_TUNE_CACHE=$(mktemp -d)/flash_tune.json \
         "${BENCH[@]}" -s bench/bench_8b_proxy.py --benchmark-json="$OUT/proxy_8b.json" > "$OUT/proxy_8b.log" 2>&1

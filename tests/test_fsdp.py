@@ -494,10 +494,10 @@ def test_prefetch_order(results) -> None:
 
 @pytest.mark.distributed
 def test_backward_prefetch_order(results) -> None:
-    """In the backward, each unit's all-gather is launched before the unit that runs just before it
-    in the backward takes its weights (one unit ahead or more, at most max(prefetch, 1) = 2), and
-    every unit the backward needs is gathered once. Gathering each unit only when its own backward
-    first needs it must fail this."""
+    """In the backward, when a unit takes its weights, exactly the next ``prefetch`` = 2 units of the
+    backward order (no fewer, no more) have had their all-gathers launched, and every unit the
+    backward needs is gathered once. Gathering each unit only when its own backward first needs it,
+    or prefetching one unit ahead instead of two, must fail this."""
     trace = results[2][0][("trace", False)]["trace"]
     backward = trace[max(i for i, ev in enumerate(trace) if ev[0] == "fwd_end") + 1 :]
     order = [u for ev, u in backward if ev == "bwd_ready"]
@@ -508,7 +508,7 @@ def test_backward_prefetch_order(results) -> None:
         assert backward.index(("bwd_gather", b)) < backward.index(("bwd_ready", a)), (a, b, backward)
     for i, u in enumerate(order):
         before = backward[: backward.index(("bwd_ready", u))]
-        assert {g for ev, g in before if ev == "bwd_gather"} <= set(order[: i + 3]), (u, backward)
+        assert {g for ev, g in before if ev == "bwd_gather"} == set(order[: i + 3]), (u, backward)
 
 
 @pytest.mark.distributed

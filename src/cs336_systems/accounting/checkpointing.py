@@ -153,13 +153,28 @@ class StepMemory:
     checkpointed: int  # per checkpointed block (its input, attention's output)
     block: int  # per plain block (every activation it saves)
     n_blocks: int
+    # The end of backward, the other candidate for the peak: every fp32 gradient shard is alive
+    # (``grads``; 0 when the optimizer steps inside the backward and frees each unit's shard) next to
+    # the embedding's full fp32 gradient (``tail``), the activations gone. It binds only when the
+    # activations are small (short context, many GPUs); at 8B / 32k tokens the start binds.
+    grads: int = 0
+    tail: int = 0
 
-    def peak(self, keep: int) -> int:
-        """Peak with the last ``keep`` blocks plain. Under every:1 one block's activations are alive
+    def start_of_backward(self, keep: int) -> int:
+        """With the last ``keep`` blocks plain. Under every:1 one block's activations are alive
         again while the last block is re-run; a plain last block needs no re-run, but its saved
         activations count the same, so that term stays (an upper bound by one block for keep >= 1)."""
         keep = max(0, min(keep, self.n_blocks))
         return self.states + self.head + (self.n_blocks - keep) * self.checkpointed + (keep + 1) * self.block
+
+    def end_of_backward(self) -> int:
+        return self.states + self.grads + self.tail
+
+    def peak(self, keep: int) -> int:
+        """Peak with the last ``keep`` blocks plain: the larger of the two candidates. In between,
+        each block's backward frees its activations (or kept tensors) and adds its gradient shard
+        (none in-backward), so the peak is at one end."""
+        return max(self.start_of_backward(keep), self.end_of_backward())
 
 
 def step_memory(
@@ -169,9 +184,11 @@ def step_memory(
     world_size: int,
     compiled: bool,
     save_attention: bool = True,
+    optimizer_in_backward: bool = False,
 ) -> StepMemory:
     """:class:`StepMemory` of the D26 step; 8B, 32,768 tokens per GPU, 2 GPUs: every:1 predicted
-    72.2 GiB compiled / 74.4 eager against 72.7 / 75.8 measured (docs/perf-notes.md, D26)."""
+    72.2 GiB compiled / 74.4 eager against 72.7 / 75.8 measured (docs/perf-notes.md, D26). The end of
+    backward there: 62.9 GiB with the plain step, 47.7 with the optimizer inside the backward."""
     head = config.vocab_size * config.d_model * (4 + 2 + 4)
     return StepMemory(
         states=n_params * (4 + 8) // world_size,
@@ -179,6 +196,8 @@ def step_memory(
         checkpointed=checkpointed_block_bytes(config, tokens, save_attention),
         block=block_activation_bytes(config, tokens, compiled),
         n_blocks=config.num_layers,
+        grads=0 if optimizer_in_backward else n_params * 4 // world_size,
+        tail=config.vocab_size * config.d_model * 4,
     )
 
 

@@ -11,7 +11,11 @@
 that piece buys. Rank 0 prints the step time (median of the timed steps, each the max over ranks),
 model TFLOP/s per GPU, MFU against the measured bf16 matmul rate, peak memory per GPU and the time to
 the first finished step; ``--json`` writes the same figures. ``--cache-dir`` points the compile and
-autotune caches at a directory (an empty one gives the course's cold-cache time to the first step).
+autotune caches at a directory (an empty one gives the course's cold-cache time to the first step, and
+the exit status is 1 when the run ends more than ``--cold-start-limit-s``, default 600, after process
+start). ``--course-timing`` adds the course's ``do_bench(rep=30000, warmup=10000)`` mean (about 14 more
+steps; ``--course-rep-ms`` / ``--course-warmup-ms`` shorten it). MFU is printed over the measured matmul
+rate and over the GPU's dense bf16 peak, with the FLOP formula.
 Without CUDA, the recipe's Triton pieces (attention, fused loss, FusedAdamW) become torch's, said in one
 line, so a small preset runs on a CPU (``--fsdp none --preset tiny``); each step prints a line.
 """
@@ -41,7 +45,16 @@ from cs336_systems.training.step_8b import (
 )
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length")
-PIECES = ("fsdp", "attention", "loss", "optimizer", "checkpoint", "save_attention", "save_matmuls")
+PIECES = (
+    "fsdp",
+    "attention",
+    "loss",
+    "optimizer",
+    "checkpoint",
+    "save_attention",
+    "save_matmuls",
+    "optimizer_in_backward",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +90,30 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="checkpointed blocks also keep every matmul's output: the re-run recomputes elementwise work "
         "only (more memory per block; off by default)",
+    )
+    pieces.add_argument(
+        "--optimizer-in-backward",
+        action=argparse.BooleanOptionalAction,
+        help="each FSDP unit's AdamW steps as its gradient shard is reduced, which is then freed (ours FSDP; "
+        "with --grad-clip the plain step runs, said in a line)",
+    )
+    p.add_argument(
+        "--grad-clip", type=float, default=None, help="clip the global gradient norm (default: none)"
+    )
+    p.add_argument(
+        "--course-timing",
+        action="store_true",
+        help="after the timed steps, the course's protocol: triton do_bench(rep, warmup) mean",
+    )
+    p.add_argument("--course-rep-ms", type=int, default=d.course_rep_ms, help="do_bench rep (course: 30000)")
+    p.add_argument(
+        "--course-warmup-ms", type=int, default=d.course_warmup_ms, help="do_bench warmup (course: 10000)"
+    )
+    p.add_argument(
+        "--cold-start-limit-s",
+        type=float,
+        default=d.cold_start_limit_s,
+        help="with an empty --cache-dir: exit 1 when the run ends later than this after process start",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile each block's forward")
     p.add_argument("--loss-chunk-tokens", type=int, default=d.loss_chunk_tokens, help="for --loss chunked")
@@ -117,6 +154,11 @@ def options_from_args(args: argparse.Namespace) -> StepOptions:
         loss_chunk_tokens=args.loss_chunk_tokens,
         keep_budget_gib=args.keep_budget_gib,
         compile=args.compile,
+        grad_clip=args.grad_clip,
+        course_timing=args.course_timing,
+        course_rep_ms=args.course_rep_ms,
+        course_warmup_ms=args.course_warmup_ms,
+        cold_start_limit_s=args.cold_start_limit_s,
         compute_dtype=args.compute_dtype,
         reduce_dtype=args.reduce_dtype,
         warmup=args.warmup,
@@ -223,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
+    if result.get("cold_start_ok") is False:  # from empty caches past the course's limit
+        print(f"error: cold start past {result['cold_start_limit_s']:g} s", file=sys.stderr)
+        return 1
     return 0 if not result.get("error") else 1
 
 

@@ -22,7 +22,9 @@ Public API
 Methods and attributes: ``forward(*args, **kwargs)`` (call the model through this);
 ``finish_gradient_synchronization()`` (after ``backward``: waits for the reduce-scatters and
 all-reduces, divides by the world size and leaves a ``.grad`` of the parameter's own shape and dtype
-on every trainable parameter); ``gather_full_params() -> {name: full tensor}`` (keyed by the
+on every trainable parameter); ``on_unit_grads`` (set to a callable: called with a unit's index as
+soon as that unit's shard gradients are final, inside the backward or in the synchronization, e.g.
+to step the optimizer there; ``unit_shards()`` / ``replicated_parameters()`` say what is whose); ``gather_full_params() -> {name: full tensor}`` (keyed by the
 unwrapped model's names); ``.module`` (the wrapped model); ``parameters()`` / ``.module.named_parameters()``
 (the local shards of the sharded weights, the full replicated parameters, so any ``torch.optim``
 optimizer steps only the shard); ``.trace`` (set to a list to record
@@ -61,7 +63,7 @@ gather and forward (``overlap.unit_readiness`` reads them).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -119,6 +121,9 @@ class FSDP(nn.Module):
         self.reduce_dtype = reduce_dtype
         self.prefetch = prefetch
         self.trace: list[tuple[str, int]] | None = None
+        # Called with a unit's index once its shards' ``.grad`` are final (reduce-scatter waited on,
+        # averaged): the optimizer-in-backward steps that unit here and frees its gradient.
+        self.on_unit_grads: Callable[[int], None] | None = None
         self.comm_log: list[CommCall] | None = None
         broadcast_module(module)
         self._units = self._build_units(module, list(units or []))
@@ -377,6 +382,8 @@ class FSDP(nn.Module):
     def _finish_reduce_scatter(self, pending: Pending, unit: Unit) -> None:
         pending.work.wait()
         fu.add_shard_grads(unit, pending.out.div_(self.world_size))
+        if self.on_unit_grads is not None:
+            self.on_unit_grads(unit.index)
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
@@ -444,3 +451,12 @@ class FSDP(nn.Module):
 
     def shard_names(self) -> list[str]:
         return [e.name for u in self._units for e in u.entries]
+
+    def unit_shards(self) -> list[list[nn.Parameter]]:
+        """Each unit's trainable shards, by unit index (what ``on_unit_grads`` announces)."""
+        return [[e.shard for e in u.entries if e.shard.requires_grad] for u in self._units]
+
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        """The trainable replicated parameters: final once ``finish_gradient_synchronization`` has
+        all-reduced them."""
+        return list(self._replicated)

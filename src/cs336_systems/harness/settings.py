@@ -120,6 +120,10 @@ class Settings:
     step8b_ours_checkpoint: str = "keep:auto"  # the compiled "ours" rows' (main and ablation) policy
     step8b_keep: tuple[str, ...] = ("0", "auto")  # the keep ablation: one row per N ("auto": keep:auto)
     step8b_keep_budget_gib: float | None = None  # keep:auto's budget (None: 80% of the GPU)
+    # The main group's compiled rows also time the course's way: do_bench(rep, warmup) mean
+    step8b_course: bool = False
+    step8b_course_rep_ms: int = 30_000  # the course's values
+    step8b_course_warmup_ms: int = 10_000
     # bench_8b_proxy.py: the 8B step's per-GPU proxy on one GPU (L blocks, unsharded, compiled blocks)
     step8b_proxy_layers: int = 4
     step8b_proxy_seq: int = 32768
@@ -168,6 +172,9 @@ class Settings:
             step8b_ours_checkpoint=_step_checkpoint(env, "CS336_8B_OURS_CHECKPOINT", "keep:auto"),
             step8b_keep=_keep_list(env, "CS336_8B_KEEP", "0,auto"),
             step8b_keep_budget_gib=_float(env, "CS336_8B_KEEP_BUDGET_GIB", 0.0) or None,  # 0: default
+            step8b_course=_str(env, "CS336_8B_COURSE", "0") == "1",
+            step8b_course_rep_ms=_positive(env, "CS336_8B_COURSE_REP_MS", 30_000),
+            step8b_course_warmup_ms=_positive(env, "CS336_8B_COURSE_WARMUP_MS", 10_000),
             step8b_proxy_layers=_positive(env, "CS336_8B_PROXY_LAYERS", 4),
             step8b_proxy_seq=_positive(env, "CS336_8B_PROXY_SEQ", 32768),
             step8b_proxy_steps=_positive(env, "CS336_8B_PROXY_STEPS", 3),

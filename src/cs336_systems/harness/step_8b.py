@@ -21,7 +21,13 @@ from cs336_systems.harness.settings import Settings
 from cs336_systems.harness.train_step import combine_ranks
 from cs336_systems.model import get_preset
 from cs336_systems.profiling.timing import is_oom
-from cs336_systems.training.options import proxy_checkpoint_policy, recipe
+from cs336_systems.training.course_timing import COLD_START_LIMIT_S, cold_start_verdict
+from cs336_systems.training.options import (
+    FLOP_FORMULA,
+    dense_bf16_peak_tflops,
+    proxy_checkpoint_policy,
+    recipe,
+)
 from cs336_systems.training.step_8b import StepOptions, run_step, step_checkpoint_policy
 
 TIMING = (
@@ -46,14 +52,46 @@ def combine_step_results(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         step_s = combined["median_ms"] / 1e3
         combined["step_s"] = step_s
         combined["tflops_per_gpu"] = combined["flops_per_step"] / world_size / step_s / 1e12
-        rates = [r["matmul_tflops"] for r in per_rank if r.get("matmul_tflops")]
-        if rates:
-            combined["matmul_tflops"] = min(rates)
-            combined["mfu"] = combined["tflops_per_gpu"] / min(rates)
+        add_mfu(combined, per_rank)
+    add_cold_start(combined, per_rank)
     for key in ("peak_allocated_mib", "peak_reserved_mib", "peak_first_steps_mib"):
         if combined.get(key) is not None:
             combined[key.replace("_mib", "_gib")] = combined[key] / 1024
     return combined
+
+
+def add_mfu(combined: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
+    """MFU two ways, the formula named: over the slowest rank's measured bf16 matmul rate
+    (``mfu_measured``; ``mfu`` keeps that meaning) and over the GPU's dense bf16 peak (``mfu_peak``);
+    the course protocol's mean, where measured, gets its model TFLOP/s too."""
+    combined["flop_formula"] = FLOP_FORMULA
+    per_gpu = combined["flops_per_step"] / per_rank[0]["world_size"]
+    rates = [r["matmul_tflops"] for r in per_rank if r.get("matmul_tflops")]
+    if rates:
+        combined["matmul_tflops"] = min(rates)
+        combined["mfu"] = combined["mfu_measured"] = combined["tflops_per_gpu"] / min(rates)
+    peak = dense_bf16_peak_tflops(per_rank[0].get("device_name"))
+    if peak:
+        combined["peak_tflops"] = peak
+        combined["mfu_peak"] = combined["tflops_per_gpu"] / peak
+    if combined.get("course_mean_ms"):
+        course = per_gpu / (combined["course_mean_ms"] / 1e3) / 1e12
+        combined["course_tflops_per_gpu"] = course
+        if rates:
+            combined["course_mfu_measured"] = course / min(rates)
+        if peak:
+            combined["course_mfu_peak"] = course / peak
+
+
+def add_cold_start(combined: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
+    """``cold_start_ok``: whether a run from empty caches ended (slowest rank, since process start)
+    within ``cold_start_limit_s``; None when the caches were warm."""
+    limit = per_rank[0]["options"].get("cold_start_limit_s", COLD_START_LIMIT_S)
+    cold = all(r.get("cold_cache") for r in per_rank)
+    runs = [r.get("run_since_process_start_s") for r in per_rank]
+    run_s = None if None in runs else max(runs)
+    combined["cold_start_limit_s"] = limit
+    combined["cold_start_ok"] = cold_start_verdict(run_s, cold, limit)
 
 
 def spawn_step_8b(
@@ -194,7 +232,11 @@ def step_extra_info(
     info.update(
         losses=result.get("losses"),
         pieces={k: getattr(options, k) for k in ("fsdp", "attention", "loss", "optimizer", "checkpoint")}
-        | {"save_attention": options.save_attention, "compile": options.compile},
+        | {
+            "save_attention": options.save_attention,
+            "optimizer_in_backward": options.optimizer_in_backward,
+            "compile": options.compile,
+        },
         preset=options.preset,
         batch=options.batch_per_rank * world_size,
         seq=options.sequence_length,
@@ -228,6 +270,18 @@ def _oom_line(message: str) -> str:
     return (lines[0] if lines else message.splitlines()[0])[:300]
 
 
+def mfu_line(result: dict[str, Any]) -> str:
+    """Model TFLOP/s per GPU and MFU both ways, with the FLOP formula named."""
+    parts = [f"model TFLOP/s per GPU {result['tflops_per_gpu']:.1f}"]
+    if result.get("mfu_measured"):
+        parts.append(
+            f"MFU {result['mfu_measured']:.1%} of the measured {result['matmul_tflops']:.0f} TFLOP/s"
+        )
+    if result.get("mfu_peak"):
+        parts.append(f"{result['mfu_peak']:.1%} of the {result['peak_tflops']:.0f} dense bf16 peak")
+    return ", ".join(parts) + f" [FLOPs: {result.get('flop_formula', FLOP_FORMULA)}]"
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """A few lines a person reads: the configuration and the figures."""
     if result.get("oom"):
@@ -252,8 +306,23 @@ def format_summary(result: dict[str, Any]) -> str:
             f"(keep:auto budget {result['keep_budget_gib']:.1f})"
         )
     if result.get("tflops_per_gpu"):
-        mfu = f", MFU {result['mfu']:.1%} of {result['matmul_tflops']:.0f}" if result.get("mfu") else ""
-        lines.append(f"model TFLOP/s per GPU {result['tflops_per_gpu']:.1f}{mfu}")
+        lines.append(mfu_line(result))
+    if result.get("course_mean_ms"):
+        lines.append(
+            f"course protocol do_bench(rep={result['course_rep_ms']:.0f}, warmup={result['course_warmup_ms']:.0f}): "
+            f"mean {result['course_mean_ms'] / 1e3:.3f} s over {result['course_n_repeat']} steps "
+            f"(+{result['course_n_warmup']} warm-up, estimate {result['course_estimate_ms'] / 1e3:.3f} s; "
+            f"{result['course_wall_s']:.0f} s in all)"
+        )
+        lines.append(
+            f"course protocol: model TFLOP/s per GPU {result['course_tflops_per_gpu']:.1f}"
+            + (
+                f", MFU {result['course_mfu_measured']:.1%} of measured"
+                if result.get("course_mfu_measured")
+                else ""
+            )
+            + (f", {result['course_mfu_peak']:.1%} of peak" if result.get("course_mfu_peak") else "")
+        )
     if result.get("forward_ms") is not None:
         lines.append(
             "phases ms (mean): forward {forward_ms:.0f}, backward+sync {backward_ms:.0f}, optimizer {optimizer_ms:.0f}".format(
@@ -269,6 +338,14 @@ def format_summary(result: dict[str, Any]) -> str:
         f"first finished step after {result['first_step_s']:.1f} s "
         f"({result.get('first_step_since_process_start_s') or float('nan'):.1f} s since process start)"
     )
+    if result.get("cold_start_ok") is not None:
+        verdict = "within" if result["cold_start_ok"] else "PAST"
+        lines.append(
+            f"cold start: the run from empty caches ended {result['run_since_process_start_s']:.0f} s after "
+            f"process start, {verdict} the course's {result['cold_start_limit_s']:g} s"
+        )
+    if result.get("optimizer_in_backward_note"):
+        lines.append(f"optimizer in backward: {result['optimizer_in_backward_note']}")
     lines.append("losses: " + ", ".join(f"{x:.4f}" for x in result["losses"]))
     if result.get("profile"):
         by_cat = result["profile"]["kernel_ms_by_category"]

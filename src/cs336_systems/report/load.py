@@ -61,7 +61,9 @@ VALUE_LABELS = {
     "model_flops": "model FLOPs",
     "tflops": "TFLOP/s",
     "mfu": "MFU (measured matmul rate)",
+    "mfu_measured": "MFU (measured matmul rate)",  # the 8B step: 6N + causal attention FLOPs
     "mfu_peak": "MFU (dense bf16 peak)",  # profiling.flops.mfu_both: the two conventions, each named
+    "course_mean_ms": "course do_bench mean (ms)",
     "algbw_gbps": "algbw (GB/s)",
     "busbw_gbps": "busbw (GB/s)",
     "peak_memory_mib": "peak mem (MiB)",
@@ -76,7 +78,7 @@ VALUE_LABELS = {
 }
 STATS_MEAN = "stats_mean_ms"  # pytest-benchmark's own timing, used when extra_info has no mean_ms
 VALUE_LABELS[STATS_MEAN] = "mean ± std (ms, pytest-benchmark)"
-FRACTION_KEYS = {"mfu", "mfu_peak"}  # and every key with "share" in it
+FRACTION_KEYS = {"mfu", "mfu_measured", "mfu_peak"}  # and every key with "share" in it
 CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread", "rounds_n"}  # judged, not shown as columns
 NOT_VALUES = {"oom", "skipped", "device_name"}
 MISSING = "—"

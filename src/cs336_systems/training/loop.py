@@ -19,12 +19,14 @@ def train_step(
     mark: Callable[[str], None] = lambda name: None,
     *,
     zero_grad_first: bool = False,
+    before_step: Callable[[], object] | None = None,
 ) -> torch.Tensor:
     """Forward with loss (``loss_fn``), backward, the wrapper's gradient synchronization (ours wait for
     their last reduce-scatters / all-reduces here; torch's did inside backward), optimizer step.
     ``mark`` is called with each name of :data:`MARKS`. Gradients are set to None after the step, or
     before the forward with ``zero_grad_first`` (then they stay alive after the step, where the DDP
-    benches measure the handout's memory points)."""
+    benches measure the handout's memory points). ``before_step`` runs between synchronization and the
+    step (gradient clipping)."""
     mark("start")
     if zero_grad_first:
         optimizer.zero_grad(set_to_none=True)
@@ -36,6 +38,8 @@ def train_step(
     if finish is not None:
         finish()
     mark("synced")
+    if before_step is not None:
+        before_step()
     optimizer.step()
     if not zero_grad_first:
         optimizer.zero_grad(set_to_none=True)

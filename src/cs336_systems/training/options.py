@@ -13,6 +13,7 @@ from cs336_systems.accounting import checkpointing as ckpt_accounting
 from cs336_systems.distributed.comm import world
 from cs336_systems.model import ModelConfig, count_parameters, get_preset
 from cs336_systems.model.checkpointing import parse_checkpoint
+from cs336_systems.training.course_timing import COLD_START_LIMIT_S, COURSE_REP_MS, COURSE_WARMUP_MS
 from cs336_systems.units import GIB
 
 FSDP_CHOICES = ("ours", "torch", "none")
@@ -39,6 +40,11 @@ class StepOptions:
     # backward recomputes only the elementwise work (norms, RoPE, SwiGLU's product). Off until a GPU
     # measurement shows it pays for its memory (5·u + 2·f per block, 2.6 GiB at 8B / 32k tokens).
     save_matmuls: bool = False
+    # Each FSDP unit's AdamW steps inside the backward, as soon as its gradient shard is reduced, and
+    # the shard is freed (distributed.optim_in_backward); ours FSDP only, and not with grad_clip (the
+    # global norm needs every gradient first): then the plain step runs (optimizer_in_backward_plan).
+    optimizer_in_backward: bool = False
+    grad_clip: float | None = None  # max global gradient norm; None: no clipping (the leaderboard)
     compile: bool = False
     compute_dtype: str = "bf16"  # what the gathered weights (and so activations) are cast to
     reduce_dtype: str = "fp32"  # gradients are reduced and kept in this dtype
@@ -48,6 +54,11 @@ class StepOptions:
     warmup: int = 1  # untimed steps after the first one
     steps: int = 3  # timed steps
     profile: bool = False  # one extra profiled step: the top CUDA kernels by time
+    # After the timed steps, the course's protocol too: do_bench(rep, warmup) (training.course_timing)
+    course_timing: bool = False
+    course_rep_ms: int = COURSE_REP_MS
+    course_warmup_ms: int = COURSE_WARMUP_MS
+    cold_start_limit_s: float = COLD_START_LIMIT_S  # a run from empty caches must end within this
     cache_dir: str | None = None  # compile/autotune caches go here (an empty one: the cold-cache figure)
     return_params: bool = False  # return the full trained parameters (tests; small models only)
     progress: bool = False  # rank 0 prints a line to stderr per step (the CLI's default)
@@ -65,6 +76,10 @@ class StepOptions:
         validate_step_checkpoint(self.checkpoint)
         if self.keep_budget_gib is not None and self.keep_budget_gib <= 0:
             raise ValueError(f"keep_budget_gib must be positive, got {self.keep_budget_gib}")
+        if self.course_rep_ms <= 0 or self.course_warmup_ms <= 0:
+            raise ValueError(f"course_rep_ms and course_warmup_ms must be positive, got {self}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be positive, got {self.grad_clip}")
         if self.batch_per_rank < 1 or self.steps < 0 or self.warmup < 0:
             raise ValueError(f"need batch_per_rank >= 1 and non-negative steps, got {self}")
 
@@ -81,6 +96,8 @@ class StepOptions:
         parts = [f"fsdp={self.fsdp}", f"attn={self.attention}", f"loss={self.loss}", f"opt={self.optimizer}"]
         kept = ("+attn" if self.save_attention else "") + ("+mm" if self.save_matmuls else "")
         parts += [f"ckpt={self.checkpoint}{kept}"]
+        parts += ["opt-in-bwd"] if self.optimizer_in_backward else []
+        parts += [f"clip={self.grad_clip:g}"] if self.grad_clip is not None else []
         parts += ["compiled" if self.compile else "eager"]
         return " ".join(parts)
 
@@ -89,14 +106,40 @@ class StepOptions:
 # the SPEC's anchor (FSDP2 bf16/fp32, per-block checkpointing, SDPA, fused AdamW, 4096-token chunks).
 RECIPES: dict[str, dict[str, Any]] = {
     "ours": dict(
-        fsdp="ours", attention="flash_triton", loss="fused", optimizer="fused_ours", save_attention=True
+        fsdp="ours",
+        attention="flash_triton",
+        loss="fused",
+        optimizer="fused_ours",
+        save_attention=True,
+        # Off until the ablation row shows it pays: at 8B / 32k tokens the peak is at the start of the
+        # backward, before any gradient exists (accounting.checkpointing.StepMemory), so it frees
+        # memory only later in the backward, where the peak is not.
+        optimizer_in_backward=False,
     ),
     "torch": dict(
         fsdp="torch", attention="sdpa", loss="chunked", optimizer="torch_fused", save_attention=False
     ),
 }
+
+
+def optimizer_in_backward_plan(options: StepOptions) -> tuple[bool, str]:
+    """(whether the step runs the optimizer inside the backward, why), from what was asked: the
+    in-backward step needs the suite's FSDP (its per-unit gradient callback) and no clipping."""
+    if not options.optimizer_in_backward:
+        return False, "off: the optimizer steps after the backward"
+    if options.fsdp != "ours":
+        return False, f"asked, but fsdp={options.fsdp!r}: the plain step (needs fsdp='ours')"
+    if options.grad_clip is not None:
+        return False, (
+            f"asked, but grad_clip={options.grad_clip:g}: the plain step (clipping needs the global "
+            "gradient norm before any unit may step)"
+        )
+    return True, "on: each unit's AdamW steps as its gradient shard is reduced, then frees it"
+
+
 # One piece of "ours" swapped for torch's (or switched off): what that piece buys.
 ABLATIONS: dict[str, dict[str, Any]] = {
+    "optimizer_in_backward": dict(optimizer_in_backward=True),  # not a swap: the lever switched on
     "sdpa": dict(attention="sdpa"),
     "fsdp2": dict(fsdp="torch"),
     "full_recompute": dict(save_attention=False),
@@ -185,6 +228,7 @@ def predicted_step_memory(options: StepOptions, world_size: int) -> ckpt_account
         world_size=world_size,
         compiled=options.compile,
         save_attention=options.save_attention,
+        optimizer_in_backward=optimizer_in_backward_plan(options)[0],
     )
     if options.save_matmuls:
         memory = replace(memory, checkpointed=memory.checkpointed + matmul_output_bytes(config, tokens))
@@ -227,3 +271,19 @@ def model_flops_per_step(config: ModelConfig, batch: int, seq: int) -> float:
     d, layers = config.d_model, config.num_layers
     matmul_params = layers * (4 * d * d + 3 * d * config.d_ff) + d * config.vocab_size
     return 6.0 * matmul_params * batch * seq + 6.0 * layers * seq * seq * d * batch
+
+
+# MFU's denominators (SPEC: name the one used): the bf16 matmul rate measured in the process, or the
+# GPU's dense bf16 peak from its data sheet (SXM parts; a PCIe/NVL H100 has less and is not matched).
+# Kept tiny on purpose: profiling/flops.py is to hold the shared table.
+FLOP_FORMULA = "6N + causal attention (6·L·S²·D per sequence); recomputation not counted"
+_DENSE_BF16_PEAK_TFLOPS = (("H100 80GB HBM3", 989.0), ("H100 SXM", 989.0), ("H200", 989.0))
+
+
+def dense_bf16_peak_tflops(device_name: str | None) -> float | None:
+    """The data-sheet dense bf16 peak of an H100 / H200 SXM by device name; None for other GPUs
+    (the NVL and PCIe parts' peaks are lower)."""
+    name = device_name or ""
+    if "NVL" in name or "PCIe" in name:
+        return None
+    return next((tf for key, tf in _DENSE_BF16_PEAK_TFLOPS if key in name), None)

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from cs336_systems.distributed.fsdp import FSDP, is_sharded_layer
 from cs336_systems.model.transformer import Embedding, Linear, RMSNorm, RotaryEmbedding
-from cs336_systems.training.options import DTYPES, StepOptions
+from cs336_systems.training.options import DTYPES, StepOptions, optimizer_in_backward_plan
 from cs336_systems.training.step_model import StepModel
 
 # -- materialization: unit by unit, deterministic ----------------------------------------------------
@@ -149,7 +149,16 @@ class MaterializingFSDP(FSDP):
 
 
 def build_optimizer(model: nn.Module, options: StepOptions) -> Any:
-    params = [p for p in model.parameters() if p.requires_grad]
+    """The step's optimizer; with ``optimizer_in_backward`` resolved on (``optimizer_in_backward_plan``),
+    one per FSDP unit, stepped inside the backward (``distributed.optim_in_backward``)."""
+    if optimizer_in_backward_plan(options)[0]:
+        from cs336_systems.distributed.optim_in_backward import OptimizerInBackward
+
+        return OptimizerInBackward(model, lambda ps: _plain_optimizer(ps, options))
+    return _plain_optimizer([p for p in model.parameters() if p.requires_grad], options)
+
+
+def _plain_optimizer(params: list[torch.Tensor], options: StepOptions) -> Any:
     kwargs = dict(lr=options.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=options.weight_decay)
     if options.optimizer == "torch_fused":
         return torch.optim.AdamW(params, fused=True, **kwargs)

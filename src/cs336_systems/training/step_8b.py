@@ -47,6 +47,7 @@ build, sharding, materialization, compilation and autotuning included; run it wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -62,6 +63,8 @@ from cs336_systems.distributed.comm import barrier, rank_device, shard_batch, sh
 from cs336_systems.profiling.flops import measure_matmul_tflops
 from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.timing import synchronize
+from cs336_systems.training.clipping import clip_grad_norm_
+from cs336_systems.training.course_timing import course_do_bench
 from cs336_systems.training.loop import train_step
 from cs336_systems.training.options import (  # noqa: F401  (re-exported: callers import them from here)
     ABLATIONS,
@@ -76,6 +79,7 @@ from cs336_systems.training.options import (  # noqa: F401  (re-exported: caller
     StepOptions,
     keep_budget_bytes,
     model_flops_per_step,
+    optimizer_in_backward_plan,
     predicted_step_memory,
     recipe,
     step_checkpoint_policy,
@@ -114,9 +118,23 @@ PHASES = {
 
 
 def step_once(model: nn.Module, optimizer: Any, tokens: torch.Tensor, targets: torch.Tensor,
-              mark: Callable[[str], None] = lambda name: None) -> torch.Tensor:  # fmt: skip
-    """One step of the 8B model (whose forward returns the loss)."""
-    return train_step(model, optimizer, lambda: model(tokens, targets), mark)
+              mark: Callable[[str], None] = lambda name: None,
+              grad_clip: float | None = None) -> torch.Tensor:  # fmt: skip
+    """One step of the 8B model (whose forward returns the loss); ``grad_clip``: clip the global
+    gradient norm before the (plain) optimizer step."""
+    clip = None if grad_clip is None else (lambda: clip_grad_norm_(model, grad_clip))
+    return train_step(model, optimizer, lambda: model(tokens, targets), mark, before_step=clip)
+
+
+def _is_empty_cache(path: str | None) -> bool:
+    """A cache directory given and empty (or not there yet): this run starts from cold caches. Without
+    one the machine's default caches are used, which may be warm."""
+    if not path:
+        return False
+    if not os.path.isdir(path):
+        return True
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
 def _use_cache_dir(path: str) -> None:
@@ -181,9 +199,14 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     Returns this rank's numbers: ``step_ms`` and the phase split of the timed steps, ``losses`` (every
     step's), ``first_step_s``, CUDA memory peaks over the timed steps, the bf16 matmul rate of this
     GPU (the MFU denominator), and on request the top kernels of one profiled step and the parameters.
+    Also: whether the optimizer ran inside the backward and why (``optimizer_in_backward[_note]``),
+    with ``course_timing`` the course protocol's figures (``course_mean_ms``, ...; its steps train the
+    model further, after the timed ones), whether the caches started empty (``cold_cache``) and the
+    time from process start to the end of the timing (``run_since_process_start_s``).
     """
     t_start = time.perf_counter()
     since_start = _seconds_since_process_start()
+    cold = _is_empty_cache(options.cache_dir)  # before this run writes to it
     if options.cache_dir:
         _use_cache_dir(options.cache_dir)
     distributed = torch.distributed.is_initialized()
@@ -199,9 +222,17 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     checkpointed = meta_model.checkpointed
     model = shard_model(meta_model, options, device)
     optimizer = build_optimizer(model, options)
+    in_backward, in_backward_note = optimizer_in_backward_plan(options)
+    if options.optimizer_in_backward and not in_backward and world()[0] == 0:
+        print(f"[train_8b] optimizer in backward {in_backward_note}", file=sys.stderr, flush=True)
     tokens, targets = local_batch(options, config.vocab_size, device)
+    step = functools.partial(step_once, model, optimizer, tokens, targets, grad_clip=options.grad_clip)
     world_size = world()[1]
     out: dict[str, Any] = {
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "optimizer_in_backward": in_backward,  # what ran (asked: options.optimizer_in_backward)
+        "optimizer_in_backward_note": in_backward_note,
+        "cold_cache": cold,
         "options": asdict(options),
         "label": options.label,
         "world_size": world_size,
@@ -224,7 +255,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     progress.begin(f"model built on {device}; the first step compiles and tunes what it needs")
     losses = []
     with autocast:
-        losses.append(step_once(model, optimizer, tokens, targets, progress.phase).item())  # synchronizes
+        losses.append(step(progress.phase).item())  # synchronizes
     out["first_step_s"] = time.perf_counter() - t_start
     progress.step("first", losses[-1])
     out["first_step_since_process_start_s"] = (
@@ -232,7 +263,7 @@ def run_step(options: StepOptions) -> dict[str, Any]:
     )
     with autocast:
         for _ in range(options.warmup):
-            losses.append(step_once(model, optimizer, tokens, targets, progress.phase).item())
+            losses.append(step(progress.phase).item())
             progress.step("warm-up", losses[-1])
     synchronize(device)
     if device.type == "cuda":  # the peak of the first steps (autotuning, compilation) on its own
@@ -240,29 +271,50 @@ def run_step(options: StepOptions) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device)
     if distributed:
         barrier(device)
+    out.update(_timed_steps(step, options.steps, device, autocast, progress, losses))
+    if device.type == "cuda":
+        out["peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
+        out["peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
+        out["matmul_tflops"] = measure_matmul_tflops(device, torch.bfloat16)
+    if options.course_timing:
+        progress.say(
+            f"course protocol: do_bench(rep={options.course_rep_ms}, warmup={options.course_warmup_ms})"
+        )
+        with autocast:
+            out.update(course_do_bench(step, device, options.course_rep_ms, options.course_warmup_ms))
+    if since_start is not None:  # process start to the end of the timing: a cold run's length
+        out["run_since_process_start_s"] = since_start + time.perf_counter() - t_start
+    if options.profile:
+        out["profile"] = _profile_step(step, device, autocast)
+    if options.return_params:
+        out["params"] = full_parameters(model)
+    return out
+
+
+def _timed_steps(
+    step: Callable[..., torch.Tensor],
+    n: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager,
+    progress: Progress,
+    losses: list[float],
+) -> dict[str, Any]:
+    """``n`` synchronized steps, each timed on the host clock with its phases marked; appends their
+    losses to ``losses``. Returns ``step_ms``, ``losses`` and the mean of each phase."""
     step_ms, phases = [], {phase: [] for phase in PHASES}
-    for _ in range(options.steps):
+    for _ in range(n):
         marks = StepMarks(device)
         t0 = time.perf_counter()
         with autocast:
-            loss = step_once(model, optimizer, tokens, targets, marks.mark)
+            loss = step(marks.mark)
         synchronize(device)
         step_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(loss.item())
         progress.step("timed", losses[-1])
         for phase, (a, b) in PHASES.items():
             phases[phase].append(marks.ms(a, b))
-    out.update(step_ms=step_ms, losses=losses)
-    out.update({phase: statistics.fmean(v) if v else None for phase, v in phases.items()})
-    if device.type == "cuda":
-        out["peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
-        out["peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
-        out["matmul_tflops"] = measure_matmul_tflops(device, torch.bfloat16)
-    if options.profile:
-        out["profile"] = _profile_step(model, optimizer, tokens, targets, device, autocast)
-    if options.return_params:
-        out["params"] = full_parameters(model)
-    return out
+    out: dict[str, Any] = {"step_ms": step_ms, "losses": losses}
+    return out | {phase: statistics.fmean(v) if v else None for phase, v in phases.items()}
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -326,7 +378,7 @@ def kernel_category(name: str) -> str:
     return next((cat for cat, keys in KERNEL_CATEGORIES if any(k in lower for k in keys)), "other")
 
 
-def _profile_step(model, optimizer, tokens, targets, device, autocast) -> dict[str, Any]:
+def _profile_step(step: Callable[[], Any], device: torch.device, autocast) -> dict[str, Any]:
     """One more step under torch.profiler: device time per kernel category (communication overlaps
     compute, so the categories add up to more than the step) and the top kernels."""
     from torch.autograd import DeviceType
@@ -334,7 +386,7 @@ def _profile_step(model, optimizer, tokens, targets, device, autocast) -> dict[s
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof, autocast:
-        step_once(model, optimizer, tokens, targets)
+        step()
         synchronize(device)
     # Device kernels only: user annotations ("nccl:all_reduce", "Optimizer.step#...", our FSDP's
     # "fsdp.forward[i]" ranges) carry their kernels' device time too, and would count it twice.
