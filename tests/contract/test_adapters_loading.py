@@ -14,7 +14,13 @@ import pytest
 
 from cs336_systems.grading.pytest_plugin import ENV_VAR
 from cs336_systems.grading.roots import SUITE_PACKAGE
-from cs336_systems.grading.worker.hooks import HookNotImplemented, Hooks, SuiteCodeGraded, blank_hook, call_hook
+from cs336_systems.grading.worker.hooks import (
+    HookNotImplemented,
+    Hooks,
+    SuiteCodeGraded,
+    blank_hook,
+    call_hook,
+)
 from cs336_systems.grading.worker.isolate import AdaptersError, load_adapters
 
 SOURCE = '''

@@ -273,17 +273,13 @@ def model_flops_per_step(config: ModelConfig, batch: int, seq: int) -> float:
     return 6.0 * matmul_params * batch * seq + 6.0 * layers * seq * seq * d * batch
 
 
-# MFU's denominators (SPEC: name the one used): the bf16 matmul rate measured in the process, or the
-# GPU's dense bf16 peak from its data sheet (SXM parts; a PCIe/NVL H100 has less and is not matched).
-# Kept tiny on purpose: profiling/flops.py is to hold the shared table.
+# MFU's two denominators (the bf16 matmul rate measured in the process, the GPU's dense bf16 peak)
+# come from profiling.flops, one table for the suite.
 FLOP_FORMULA = "6N + causal attention (6·L·S²·D per sequence); recomputation not counted"
-_DENSE_BF16_PEAK_TFLOPS = (("H100 80GB HBM3", 989.0), ("H100 SXM", 989.0), ("H200", 989.0))
 
 
 def dense_bf16_peak_tflops(device_name: str | None) -> float | None:
-    """The data-sheet dense bf16 peak of an H100 / H200 SXM by device name; None for other GPUs
-    (the NVL and PCIe parts' peaks are lower)."""
-    name = device_name or ""
-    if "NVL" in name or "PCIe" in name:
-        return None
-    return next((tf for key, tf in _DENSE_BF16_PEAK_TFLOPS if key in name), None)
+    """The data-sheet dense bf16 peak of the GPU named ``device_name`` (None: not in the table)."""
+    from cs336_systems.profiling.flops import dense_bf16_peak_tflops as peak
+
+    return peak(device_name or "")

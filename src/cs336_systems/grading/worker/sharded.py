@@ -132,7 +132,9 @@ def _train(hooks: Hooks, case: dict) -> list[str]:
     )
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     spread = max((p - params).abs().max().item() for p in gather(params))
-    differ = [f"ranks hold different weights: max |rank r - rank 0| = {outcome.fmt(spread)}"] if spread > 0 else []
+    differ = (
+        [f"ranks hold different weights: max |rank r - rank 0| = {outcome.fmt(spread)}"] if spread > 0 else []
+    )
     return differ + misses[:4] + _ownership_misses(gather(_with_state(opt, model)), optimized)
 
 
