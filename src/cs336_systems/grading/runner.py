@@ -28,11 +28,12 @@ EXIT = {3: "load", 4: "refused"}
 
 
 def _env(rank: int, world_size: int, port: int, out: Path) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "PYTEST_XDIST_WORKER", "PYTEST_CURRENT_TEST")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER", "PYTEST_CURRENT_TEST")}
+    # PYTHONPATH may hold what the grader installed beside (``--target`` folders): keep it, absolute
+    # (a worker runs in the student's repo), without the suite's own roots.
+    banned = {Path(p).resolve() for p in suite_paths()}
+    kept = [Path(p).resolve() for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in kept if p not in banned)
     env.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
