@@ -139,6 +139,19 @@ for stage in "$@"; do
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
     tests-nccl)
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
+    grade)  # issue 48: each repository in $GRADE_REPOS graded (contract, one GPU) and its leaderboard row the
+      # course's way beside ours and cuDNN; then the course's own 1.0.5 tests on the suite's adapters
+      for repo in ${GRADE_REPOS:-}; do
+        name=$(basename "$repo")
+        CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m cs336_systems.cli.grade "$repo" --grade-json "$OUT/grade-$name.json" \
+          -q -p no:randomly 2>&1 | tail -22 > "$OUT/grade-$name.log"; tail -18 "$OUT/grade-$name.log"
+        CUDA_VISIBLE_DEVICES=0 timeout 200 "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa_cudnn or adapters)" \
+          --adapters "$repo/tests/adapters.py" --benchmark-json="$OUT/lb-$name.json" 2>&1 | tail -6
+      done
+      if [ -n "${COURSE_TESTS:-}" ]; then  # a course release's tests/ folder, run on the suite's tests/adapters.py
+        rm -rf /tmp/course && mkdir -p /tmp/course && cp -r "$COURSE_TESTS" /tmp/course/tests && cp tests/adapters.py /tmp/course/tests/
+        (cd /tmp/course && PYTHONPATH="$OLDPWD/src:${PYTHONPATH:-}" timeout 200 python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -4)
+      fi ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

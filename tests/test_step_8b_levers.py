@@ -213,9 +213,10 @@ def test_mfu_both_ways_and_the_formula() -> None:
     assert out["flop_formula"] == FLOP_FORMULA
     course = combine_step_results([_rank_result(course_mean_ms=5000.0)] * 2)
     assert course["course_mfu_peak"] == pytest.approx(4.74e15 / 2 / 5.0 / 1e12 / 989.0)
-    for name in ("NVIDIA B200", "NVIDIA H200 NVL", "NVIDIA H100 PCIe"):  # no peak known: not guessed
-        other = combine_step_results([_rank_result(device_name=name)] * 2)
-        assert "mfu_peak" not in other and other["mfu_measured"], name
+    other = combine_step_results([_rank_result(device_name="NVIDIA B200")] * 2)  # no peak known: not guessed
+    assert "mfu_peak" not in other and other["mfu_measured"]
+    for name, peak in (("NVIDIA H200 NVL", 835.0), ("NVIDIA H100 PCIe", 756.0)):  # not the SXM parts' 989
+        assert combine_step_results([_rank_result(device_name=name)] * 2)["peak_tflops"] == peak, name
     assert combine_step_results([_rank_result(device_name="NVIDIA H200")] * 2)["peak_tflops"] == 989.0
 
 

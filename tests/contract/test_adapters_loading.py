@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading.pytest_plugin import ENV_VAR
 from cs336_systems.grading.roots import SUITE_PACKAGE
+from cs336_systems.grading.settings import ADAPTERS_ENV as ENV_VAR
 from cs336_systems.grading.worker.hooks import (
     HookNotImplemented,
     Hooks,

@@ -10,14 +10,12 @@ directory, a syntax error, a missing dependency), the run stops with that one li
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 
-ENV_VAR = "CS336_ADAPTERS"
-PROBE_ENV = "CS336_GRADE_PROBE"  # the controller's probe, handed to xdist workers
+from .settings import adapters_from_env, cache_probe, cached_probe
+
 DEFAULT_ADAPTERS = "tests/adapters.py"
 OPTIONS = {
     "--adapters": "an adapters file to grade and benchmark (env CS336_ADAPTERS); the contract tests default "
@@ -36,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def requested_adapters(config: pytest.Config) -> Path | None:
-    value = config.getoption("--adapters") or os.environ.get(ENV_VAR) or None
+    value = config.getoption("--adapters") or adapters_from_env()
     return Path(value).expanduser().resolve() if value else None
 
 
@@ -74,9 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[PROBE] = None
     probe = None
     if adapters is not None:
-        cached = json.loads(os.environ.get(PROBE_ENV, "{}"))
-        probe = cached["probe"] if cached.get("adapters") == str(adapters) else _probe(roots)
-        os.environ[PROBE_ENV] = json.dumps({"adapters": str(adapters), "probe": probe})
+        probe = cached_probe(str(adapters)) or _probe(roots)
+        cache_probe(str(adapters), probe)
     config.stash[PROBE] = probe
     grade_json = config.getoption("--grade-json")
     external = adapters is not None and not roots.self_grade

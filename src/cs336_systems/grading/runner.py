@@ -22,6 +22,7 @@ import torch
 from cs336_systems.distributed.launch import find_free_port
 
 from .roots import SUITE_PACKAGE, StudentRoots, suite_paths
+from .worker.settings import OUT_ENV
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
 EXIT = {3: "load", 4: "refused"}
@@ -40,7 +41,7 @@ def _env(rank: int, world_size: int, port: int, out: Path) -> dict:
         LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-        CS336_GRADE_OUT=str(out),
+        **{OUT_ENV: str(out)},
         PYTHONUNBUFFERED="1",
     )
     if not torch.cuda.is_available():

@@ -81,7 +81,8 @@ DENSE_BF16_PEAK_TFLOPS: dict[str, float] = {
     "H100 PCIe": 756.0,
     "H100 NVL": 835.0,
     "H100": 989.0,  # SXM
-    "H200": 989.0,
+    "H200 NVL": 835.0,
+    "H200": 989.0,  # SXM
     "A100": 312.0,
 }
 # The FLOP count behind each MFU, named where it is printed.

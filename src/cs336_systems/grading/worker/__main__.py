@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def _install_package() -> None:
 
 
 def _write(payload: dict) -> None:
-    Path(os.environ["CS336_GRADE_OUT"]).write_text(json.dumps(payload))
+    importlib.import_module(f"{PACKAGE}.settings").out_path().write_text(json.dumps(payload))
 
 
 def main(job_file: str) -> int:

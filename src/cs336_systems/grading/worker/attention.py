@@ -207,7 +207,10 @@ def compile_failure(exc: BaseException) -> str:
     """The first line of inductor's error and what usually causes it."""
     text = str(exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    key = next((line for line in lines if "Error" in line or "error" in line), lines[0] if lines else "")
+    # Triton's own diagnosis (e.g. "initial type fp32 is re-assigned to fp64") when there is one, else
+    # the first line naming an error.
+    telling = [line for line in lines if any(k in line for k in COMPILE_HINTS)]
+    key = next(iter(telling), next((line for line in lines if "rror" in line), lines[0] if lines else ""))
     hint = next((h for k, h in COMPILE_HINTS.items() if k in text), "")
     return f"fails under torch.compile(apply): {type(exc).__name__}: {key[:300]}" + (
         f" ({hint})" if hint else ""
