@@ -143,8 +143,9 @@ for stage in "$@"; do
       # course's way beside ours and cuDNN; then the course's own 1.0.5 tests on the suite's adapters
       for repo in ${GRADE_REPOS:-}; do
         name=$(basename "$repo")
-        CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m cs336_systems.cli.grade "$repo" --grade-json "$OUT/grade-$name.json" \
-          -q -p no:randomly 2>&1 | tail -22 > "$OUT/grade-$name.log"; tail -18 "$OUT/grade-$name.log"
+        CUDA_VISIBLE_DEVICES=0 timeout "${GRADE_TIMEOUT:-240}" python3 -m cs336_systems.cli.grade "$repo" \
+          --grade-json "$OUT/grade-$name.json" -q ${GRADE_K:+-k "$GRADE_K"} > "$OUT/grade-$name.log" 2>&1
+        grep -A18 "grading summary" "$OUT/grade-$name.log"
         CUDA_VISIBLE_DEVICES=0 timeout 200 "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa_cudnn or adapters)" \
           --adapters "$repo/tests/adapters.py" --benchmark-json="$OUT/lb-$name.json" 2>&1 | tail -6
       done
