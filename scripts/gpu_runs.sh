@@ -4,7 +4,7 @@
 # allreduce/ddp/sharding/leaderboard-2026*/fsdp*/tests-fsdp/tests-nccl need 2-4 GPUs, the rest one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT=${OUT:-runs/gpu}
 mkdir -p "$OUT"
 BENCH=(python3 -m pytest -p no:cacheprovider -q --benchmark-columns=mean,stddev,rounds)

@@ -47,6 +47,11 @@ def describe(exc: BaseException) -> dict[str, Any]:
     while tb is not None:
         where = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})"
         tb = tb.tb_next
+    top = (getattr(exc, "name", None) or "").split(".")[0]
+    if isinstance(exc, ModuleNotFoundError) and top and top not in ("cs336_systems", "cs336_basics", "tests"):
+        return failed(
+            f"missing dependency {top!r} (imported{where}): install it into the grading environment"
+        )
     return failed(f"raised {first_line(exc)}{where}")
 
 
