@@ -9,10 +9,11 @@ own shape; Linear / Embedding weights are sharded (at most ceil(rows / world) ro
 held); replicated gradients agree across ranks; ``fsdp_gather_full_params`` gives every parameter at
 full shape under the unwrapped model's names, equal to the single process's after every step.
 
-``course`` tier: the layers of the student's own ``cs336_basics.model`` (what the course's test and
-students' ``isinstance`` checks use; the suite's course-like layers where it has none), sizes 2 ranks
-divide (vocab 100, d_model 64, d_ff 128), fp32 and fp16, SGD, the course's tolerances. ``beyond``:
-sizes no world size divides (19 / 7 / 13), 3 ranks, bf16, AdamW, bitwise-equal replicated gradients.
+Every tier builds the model from the student's own ``cs336_basics.model`` layers (what the course's test
+and students' ``isinstance`` checks use; the suite's course-like layers where they have none).
+``course`` tier: sizes 2 ranks divide (vocab 100, d_model 64, d_ff 128), fp32 and fp16, SGD, the
+course's tolerances. ``beyond``: sizes no world size divides (19 / 7 / 13), 3 ranks, bf16, AdamW,
+bitwise-equal replicated gradients.
 """
 
 from __future__ import annotations
@@ -63,16 +64,16 @@ CASES = {
 }
 
 
-def layer_classes(tier: str) -> tuple[type, type, type]:
-    """(Linear, Embedding, RMSNorm): the student's for the course tier when they have them."""
-    if tier == "course":
-        try:
-            from cs336_basics.model import Embedding, Linear, RMSNorm
+def layer_classes() -> tuple[type, type, type]:
+    """(Linear, Embedding, RMSNorm): the student's own (``cs336_basics.model``) when they have them, as
+    the course's test builds its model and students' ``get_fsdp`` picks what to shard by ``isinstance``;
+    else the suite's course-like layers."""
+    try:
+        from cs336_basics.model import Embedding, Linear, RMSNorm
 
-            return Linear, Embedding, RMSNorm
-        except ImportError:
-            pass
-    return course_layers.Linear, course_layers.Embedding, course_layers.RMSNorm
+        return Linear, Embedding, RMSNorm
+    except ImportError:
+        return course_layers.Linear, course_layers.Embedding, course_layers.RMSNorm
 
 
 class LayersModel(nn.Module):
@@ -195,7 +196,7 @@ def _replicated_misses(fsdp: nn.Module, sharded_names: set[str], step: int, bitw
 def _train(hooks: Hooks, case: dict) -> list[str]:
     tier, dtype = case["tier"], case["dtype"]
     rank, world_size = world()
-    layers = layer_classes(tier)
+    layers = layer_classes()
     sharded = layers[:2]
     torch.manual_seed(42)
     model = LayersModel(layers, *SIZES[tier])
