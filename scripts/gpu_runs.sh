@@ -139,6 +139,8 @@ for stage in "$@"; do
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
     tests-nccl)
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
+    leaderboard-course)  # D12 the course's way: compiled apply, do_bench(rep=10000, warmup=1000) mean, ours vs cuDNN (~1 min)
+      python3 -m cs336_systems.cli.leaderboard --json "$OUT/leaderboard-course.json" 2>&1 | tail -3 ;;
     grade)  # issue 48: each repository in $GRADE_REPOS graded (contract, one GPU) and its leaderboard row the
       # course's way beside ours and cuDNN; then the course's own 1.0.5 tests on the suite's adapters
       for repo in ${GRADE_REPOS:-}; do

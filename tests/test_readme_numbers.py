@@ -30,7 +30,8 @@ def headlines(text: str) -> list[str]:
 
 
 def _values(path: Path) -> list[float]:
-    """Every number a results file holds (pytest-benchmark JSON: extra_info and stats of each row)."""
+    """Every number a results file holds (pytest-benchmark JSON: extra_info and stats of each row; a
+    CLI's JSON: its rows)."""
     out: list[float] = []
 
     def walk(node: object) -> None:
@@ -43,7 +44,8 @@ def _values(path: Path) -> list[float]:
         elif isinstance(node, int | float) and not isinstance(node, bool):
             out.append(float(node))
 
-    walk(json.loads(path.read_text())["benchmarks"])
+    data = json.loads(path.read_text())
+    walk(data.get("benchmarks", data.get("rows")))
     return out
 
 
