@@ -134,13 +134,9 @@ def test_attention_eager_vs_compiled(
             status="oom", oom_phase=phase[0], mem_before_bwd_mib=mem.get("before_bwd")
         )
     else:
-        fwd, bwd = fwd_ms[-passes:], bwd_ms[-passes:]
         benchmark.extra_info.update(
             status="ok",
-            fwd_ms=statistics.fmean(fwd),
-            fwd_std_ms=statistics.stdev(fwd) if len(fwd) > 1 else 0.0,
-            bwd_ms=statistics.fmean(bwd),
-            bwd_std_ms=statistics.stdev(bwd) if len(bwd) > 1 else 0.0,
+            **_pass_stats(fwd_ms[-passes:], bwd_ms[-passes:]),
             mem_before_bwd_mib=mem["before_bwd"],
             saved_for_bwd_mib=(
                 mem["before_bwd"] - mem["before_fwd"] if mem["before_bwd"] is not None else None
@@ -164,11 +160,17 @@ def _adapters_row(benchmark, config: pytest.Config, info: dict) -> None:
         fwd, bwd = result["fwd_ms"], result["bwd_ms"]
         record_times(benchmark, [f + b for f, b in zip(fwd, bwd, strict=True)], **info)
         benchmark.extra_info.update(
-            status="ok",
-            fwd_ms=statistics.fmean(fwd),
-            fwd_std_ms=statistics.stdev(fwd) if len(fwd) > 1 else 0.0,
-            bwd_ms=statistics.fmean(bwd),
-            bwd_std_ms=statistics.stdev(bwd) if len(bwd) > 1 else 0.0,
-            mem_before_bwd_mib=result["mem_before_bwd_mib"],
+            status="ok", **_pass_stats(fwd, bwd), mem_before_bwd_mib=result["mem_before_bwd_mib"]
         )
     log_case(benchmark)
+
+
+def _pass_stats(fwd: list[float], bwd: list[float]) -> dict[str, float]:
+    """Mean and standard deviation of the forward and backward passes' times."""
+    spread = lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return dict(
+        fwd_ms=statistics.fmean(fwd),
+        fwd_std_ms=spread(fwd),
+        bwd_ms=statistics.fmean(bwd),
+        bwd_std_ms=spread(bwd),
+    )

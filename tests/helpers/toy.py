@@ -28,43 +28,8 @@ from cs336_systems.distributed.ddp import DataParallel
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_factory import VARIANTS, make_ddp
 
-DTYPE = torch.float64
-IN, HIDDEN, OUT, VOCAB = 10, 16, 5, 20
-
-
-class ToyModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(IN, HIDDEN)
-        self.ln = nn.LayerNorm(HIDDEN)
-        self.fc2 = nn.Linear(HIDDEN, OUT)
-        self.extra = nn.Linear(OUT, OUT)
-        self.frozen = nn.Linear(OUT, OUT)
-        self.frozen.requires_grad_(False)
-        self.register_buffer("scale", 1.0 + 0.1 * torch.randn(OUT))
-
-    def forward(self, x: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
-        h = self.fc2(F.relu(self.ln(self.fc1(x)))) * self.scale
-        if use_extra.any():  # skipped entirely, so `extra` gets no gradient at all
-            h = torch.where(use_extra[:, None], self.extra(h), h)
-        return self.frozen(h)
-
-
-class TiedToyModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.mid = nn.Linear(HIDDEN, HIDDEN)
-        self.extra = nn.Linear(HIDDEN, HIDDEN)
-        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
-        self.head.weight = self.embed.weight  # one Parameter, used twice
-
-    def forward(self, tokens: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.mid(self.embed(tokens)))
-        if use_extra.any():
-            h = torch.where(use_extra[:, None, None], self.extra(h), h)
-        return self.head(h)
-
+# The models are the grading worker's beyond-tier ones (one copy; that module imports only torch).
+from cs336_systems.grading.worker.models import DTYPE, IN, OUT, VOCAB, TiedToyModel, ToyModel
 
 MODELS: dict[str, type[nn.Module]] = {"toy": ToyModel, "tied": TiedToyModel}
 

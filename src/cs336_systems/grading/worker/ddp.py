@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from . import outcome
 from .dist import gather, shard_batch, world
-from .hooks import HookNotImplemented, Hooks
+from .hooks import Hooks, run_cases
 from .models import TOL, loss_fn, make_batch, make_model, max_diff, within
 
 STEPS, PER_RANK_BATCH = 3, 2
@@ -162,14 +162,5 @@ def _train(hooks: Hooks, case: dict) -> list[str]:
     return misses
 
 
-def run_case(hooks: Hooks, case: dict) -> dict:
-    try:
-        return outcome.from_misses(_train(hooks, case))
-    except HookNotImplemented as exc:
-        return outcome.skipped(exc.skip_reason)
-    except Exception as exc:
-        return outcome.describe(exc)
-
-
 def run(hooks: Hooks, args: dict[str, Any]) -> dict:
-    return {cid: run_case(hooks, CASES[cid]) for cid in args["cases"]}
+    return run_cases(_train, hooks, CASES, args["cases"])

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import course_layers, outcome
 from .dist import gather, shard_batch, world
-from .hooks import HookNotImplemented, Hooks
+from .hooks import Hooks, run_cases
 
 HOOKS = ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params")
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -232,15 +232,6 @@ def _train(hooks: Hooks, case: dict) -> list[str]:
     return misses[:8] + _sharding_misses(fsdp.module, sharded, reference, world_size)
 
 
-def run_case(hooks: Hooks, case: dict) -> dict:
-    torch.use_deterministic_algorithms(True)
-    try:
-        return outcome.from_misses(_train(hooks, case))
-    except HookNotImplemented as exc:
-        return outcome.skipped(exc.skip_reason)
-    except Exception as exc:
-        return outcome.describe(exc)
-
-
 def run(hooks: Hooks, args: dict[str, Any]) -> dict:
-    return {cid: run_case(hooks, CASES[cid]) for cid in args["cases"]}
+    torch.use_deterministic_algorithms(True)  # as the course's FSDP test runs
+    return run_cases(_train, hooks, CASES, args["cases"])

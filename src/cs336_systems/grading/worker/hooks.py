@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from . import outcome
+
 
 class HookNotImplemented(Exception):
     """The adapters file lacks ``hook`` or the hook raises ``NotImplementedError`` itself."""
@@ -158,3 +160,17 @@ def probe(module: types.ModuleType) -> dict:
     blank = {h: (b.skip_reason if (b := blank_hook(module, h)) else None) for h in ALL_HOOKS}
     defined = [h for h in ALL_HOOKS if getattr(module, h, None) is not None]
     return {"blank": blank, "defined": defined}
+
+
+def run_cases(train: Callable[[Hooks, dict], list[str]], hooks: Hooks, table: dict, ids: list[str]) -> dict:
+    """Each case's verdict: ``train(hooks, case)``'s list of misses (none: passed); a blank hook skips
+    it; any other exception fails it, naming where it was raised."""
+    verdicts = {}
+    for cid in ids:
+        try:
+            verdicts[cid] = outcome.from_misses(train(hooks, table[cid]))
+        except HookNotImplemented as exc:
+            verdicts[cid] = outcome.skipped(exc.skip_reason)
+        except Exception as exc:
+            verdicts[cid] = outcome.describe(exc)
+    return verdicts

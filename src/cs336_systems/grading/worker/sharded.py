@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from . import outcome
 from .dist import gather, world
-from .hooks import HookNotImplemented, Hooks, held_optimizers
+from .hooks import Hooks, held_optimizers, run_cases
 from .models import TOL, loss_fn, make_batch, make_model, max_diff, within
 
 HOOK = "get_sharded_optimizer"
@@ -138,14 +138,5 @@ def _train(hooks: Hooks, case: dict) -> list[str]:
     return differ + misses[:4] + _ownership_misses(gather(_with_state(opt, model)), optimized)
 
 
-def run_case(hooks: Hooks, case: dict) -> dict:
-    try:
-        return outcome.from_misses(_train(hooks, case))
-    except HookNotImplemented as exc:
-        return outcome.skipped(exc.skip_reason)
-    except Exception as exc:
-        return outcome.describe(exc)
-
-
 def run(hooks: Hooks, args: dict[str, Any]) -> dict:
-    return {cid: run_case(hooks, CASES[cid]) for cid in args["cases"]}
+    return run_cases(_train, hooks, CASES, args["cases"])
