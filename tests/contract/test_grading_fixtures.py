@@ -4,6 +4,7 @@ the suite's; and an adapters file that cannot load stops the run with one line."
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -108,3 +109,31 @@ def test_broken_adapters_file_is_one_line(tmp_path: Path, kind: str) -> None:
     out = run.stdout + run.stderr
     assert run.returncode not in (0, 1) and expected in out, out[-2000:]
     assert "Traceback" not in out and len(out.strip().splitlines()) <= 3, out[-2000:]
+
+
+def test_bench_adapters_rows_time_the_students_code_in_its_own_ranks(tmp_path: Path) -> None:
+    """The sharding and DDP benches' adapters rows run the student's hooks in worker ranks and record
+    torch's DDP / ZeRO on the same workload beside them."""
+    out = tmp_path / "rows.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "bench/bench_sharding.py",
+        "bench/bench_ddp.py",
+        "-k",
+        "adapters and ws2",
+        "--adapters",
+        str(STUDENTS / "shadow/tests/adapters.py"),
+        f"--benchmark-json={out}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-n",
+        "0",
+    ]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    rows = {b["name"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
+    assert rows["test_adapters_sharding_step[adapters-ws2]"]["torch_zero_same_workload_ms"] > 0, rows
+    assert rows["test_adapters_ddp_step[adapters-ws2]"]["torch_ddp_same_workload_ms"] > 0, rows
