@@ -389,7 +389,11 @@ def test_proxy_rows_through_spawned_steps_into_the_report(tmp_path) -> None:
     writeup = tmp_path / "report" / "writeup.md"
     write_report([path], tmp_path / "report")
     text = writeup.read_text()
-    assert "D26 8B per-GPU proxy" in text and f"ours / torch step time: {ratio:.3f}×" in text
+    assert "D26 8B per-GPU proxy" in text
+    # On a loaded machine the spawned steps' rounds may disagree: then the ratio is withheld, saying why.
+    assert f"ours / torch step time: {ratio:.3f}×" in text or "ours / torch: not derived:" in text, text[
+        -2000:
+    ]
 
 
 def test_a_skipped_proxy_row_names_what_it_would_have_run() -> None:
