@@ -17,7 +17,6 @@ benches.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -48,13 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def adapters_path(config: pytest.Config) -> Path | None:
-    """The adapters file given by --adapters or CS336_ADAPTERS, else None."""
-    return requested_adapters(config)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    path = adapters_path(config)
+    path = requested_adapters(config)
     if path is None:  # no adapters file: its bench rows do not exist
         rows = [i for i in items if i.get_closest_marker(adapters_hooks.MARKER) is not None]
         if rows:
@@ -74,12 +68,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if available < needed:
             have = f"{available} present" if available else "none present (CPU-only machine)"
             item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA GPU(s); {have}"))
-
-
-@pytest.fixture(scope="session")
-def adapters_file(pytestconfig: pytest.Config) -> Path | None:
-    """The adapters file of this run (--adapters / CS336_ADAPTERS), or None: the benches' rows."""
-    return adapters_path(pytestconfig)
 
 
 @pytest.fixture(scope="session")

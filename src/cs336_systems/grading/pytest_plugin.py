@@ -69,7 +69,6 @@ def pytest_configure(config: pytest.Config) -> None:
     except GradingSetupError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[ROOTS] = roots
-    config.stash[PROBE] = None
     probe = None
     if adapters is not None:
         probe = cached_probe(str(adapters)) or _probe(roots)

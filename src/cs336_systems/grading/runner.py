@@ -25,7 +25,7 @@ from .roots import SUITE_PACKAGE, StudentRoots, suite_paths
 from .worker.settings import OUT_ENV
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
-EXIT = {3: "load", 4: "refused"}
+WHOLE_RUN_ERRORS = ("load", "refused")  # the adapters did not load / the guard refused: every case's verdict
 
 
 def _env(rank: int, world_size: int, port: int, out: Path) -> dict:
@@ -161,7 +161,7 @@ class CaseRuns:
                 self._run(module, [case_id], world_size, backend, retry_alone=False)
             return
         verdict = {
-            "status": "error" if first["kind"] in EXIT.values() else "failed",
+            "status": "error" if first["kind"] in WHOLE_RUN_ERRORS else "failed",
             "message": first["error"],
             "kind": first["kind"],
         }
