@@ -71,7 +71,7 @@ for stage in "$@"; do
       for attn in sdpa flash_triton; do
         rm -rf /tmp/cold-tc /tmp/cold-ic; s=$(date +%s)
         TRITON_CACHE_DIR=/tmp/cold-tc TORCHINDUCTOR_CACHE_DIR=/tmp/cold-ic python3 -m cs336_systems.cli.benchmark \
-          --size xl --context 512 --mode fwd_bwd --dtype bf16 --compile --attention $attn --warmup 1 --steps 2 \
+          --size xl --context 512 --mode fwd_bwd --dtype bf16 --compile --attention $attn --warmup 1 --steps 10 \
           --no-mfu > "$OUT/cold-$attn.log" 2>&1
         echo "cold start $attn: rc=$? $(( $(date +%s) - s )) s"; tail -3 "$OUT/cold-$attn.log"
       done ;;

@@ -46,9 +46,11 @@ def route(q: torch.Tensor, k: torch.Tensor) -> Route:
     rule docs/architecture.md tables (under Triton's CPU interpreter ``wrap_triton`` returns the plain
     kernel, which cannot be traced: CPU cases never take the traced route)."""
     batch, heads, n_q, d = q.shape
+    compiling = torch.compiler.is_compiling()
     return flash.route_for(
-        compiling=torch.compiler.is_compiling(),
-        dispatch_mode=flash.compat.dispatch_mode_active(),
+        compiling=compiling,
+        # (not read while compiling: dynamo cannot trace torch's dispatch-mode stack and breaks the graph)
+        dispatch_mode=not compiling and flash.compat.dispatch_mode_active(),
         cuda=q.is_cuda,
         work=batch * heads * n_q * k.shape[2] * d,
         traced_max_work=flash.flash_settings().traced_max_work,
