@@ -44,7 +44,7 @@ measures all of its selected impls and passes at once:
 - fwd and fwd_bwd are also replayed from a CUDA graph (``graph_ms``, ``do_bench_cudagraph``: no host
   work between calls, L2 not flushed): the device time alone, what a CUDA-graphed step pays.
 Our rows carry ``ratio_to_<backend>`` (median of the per-round ratios: host drift between rounds
-cancels), ``ratio_to_best_sdpa``, ``graph_ratio_to_<backend>``, the configs as they ran and ``launched`` (per launcher and
+cancels), ``ratio_to_best_sdpa``, ``graph_ratio_to_<backend>``, the configs as they ran and ``launched`` (per
 pass: the kernel, its config, and any gate that refused the requested one; also on the leaderboard and
 sweep rows), where each config came
 from (``config_source``: "tuned", or "table" for the tuning table shipped for this GPU model, which

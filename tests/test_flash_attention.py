@@ -207,10 +207,10 @@ def test_backward_is_deterministic(layout, device, generator) -> None:
 @pytest.fixture
 def fake_tuner():
     """A :class:`flash.Tuner` with no GPU behind it: tuning on, no clock warm-up, no shipped table; the
-    test supplies the timers by metric."""
+    test supplies the timer."""
     with flash.configured(autotune=True, tune_cache=None):
-        yield lambda **timers: flash.Tuner(
-            timers=timers, warm_up=lambda step: None, can_time=True, table=lambda: TuneTable(why_not="test")
+        yield lambda timer: flash.Tuner(
+            timer=timer, warm_up=lambda step: None, can_time=True, table=lambda: TuneTable(why_not="test")
         )
 
 
@@ -233,7 +233,7 @@ def test_tuning_builds_every_candidate_then_times_them_in_rotated_rounds(fake_tu
         log.append(("timed", c))
         return true_ms[c] * (1 - 0.05 * next(clock))
 
-    tuner = fake_tuner(sustained=fake_launch_time)
+    tuner = fake_tuner(fake_launch_time)
     chosen = tuner.choose("fwd", KEY, list(true_ms), lambda c: log.append(("launch", c)))
     assert log[:3] == [("launch", c) for c in true_ms], "every candidate is built before any is timed"
     timed = [c for what, c in log if what == "timed"]
@@ -268,55 +268,13 @@ def test_tuning_compiles_the_candidates_side_by_side_before_building_any(fake_tu
             mode.submit(str(self.c), compile_, lambda kernel: None)
 
     candidates = [flash.TileConfig(16 * 2**i, 16) for i in range(4)]
-    tuner = fake_tuner(sustained=lambda step: step() or 1.0)
+    tuner = fake_tuner(lambda step: step() or 1.0)
     with flash.configured(compile_threads=4):
         tuner.choose("fwd", KEY, candidates, lambda c: log.append(("built", c)), lambda c: [FakeCall(c)])
     assert [e[0] for e in log[: len(candidates)]] == ["compiled"] * len(candidates), log
     assert {e[1] for e in log[: len(candidates)]} == set(candidates)
     assert len({e[2] for e in log[: len(candidates)]}) > 1, "the compiles ran on one thread"
     assert log[len(candidates)][0] == "built"
-
-
-def test_traced_and_graphed_launches_tune_by_device_time_under_keys_of_their_own(fake_tuner) -> None:
-    # A compiled graph launches the traced kernels itself, and a CUDA graph replays the graphed ones, so
-    # our launcher's host time, which the eager "sustained" metric counts, is never paid there: both are
-    # timed by the CUDA-graph metric, under keys apart from the eager ones and from each other's (their
-    # candidates differ). Here the host-heavy candidate is the faster one on the device: it must win by
-    # the graph metric and lose by the sustained one.
-    C = flash.TileConfig
-    light, heavy = C(16, 16), C(32, 32)
-    last = [light]
-    tuner = fake_tuner(
-        sustained=lambda step: step() or {light: 1.0, heavy: 1.5}[last[0]],
-        graph=lambda step: step() or {light: 1.0, heavy: 0.5}[last[0]],
-    )
-    chosen = {}
-    for launcher in flash.LAUNCHERS:
-        metric = flash.metric_of(launcher)
-        key = (launcher, *KEY[1:])
-        chosen[launcher] = tuner.choose(
-            "fwd", key, [light, heavy], lambda c: last.__setitem__(0, c), metric=metric
-        )
-    assert chosen == {"eager": light, "traced": heavy, "graphed": heavy}, chosen
-    names = {launcher: flash.tune_space("fwd", launcher, CASE)[0] for launcher in flash.LAUNCHERS}
-    assert len(set(names.values())) == len(names), f"launchers share a tuning key: {names}"
-
-
-def test_traced_launches_take_block_pointers_only() -> None:
-    # A traced graph has no data pointers to build descriptors from: even a forced TMA or Gluon config
-    # runs its tiles with block pointers there (the choice records why), while a CUDA graph records our
-    # launcher, which may use both.
-    assert all(not (c.tma or c.gluon) for c in flash.tune_space("fwd", "traced", CASE)[1])
-    forced = flash.TileConfig(64, 64, tma=True, gluon=True)
-    with flash.forced("fwd", forced):
-        assert flash.pick("fwd", "graphed", CASE, None) == forced
-        choice = flash.resolve(
-            "fwd", flash.pick("fwd", "traced", CASE, None), flash.Case(*CASE), None, "traced"
-        )
-        assert choice.config == flash.TileConfig(64, 64) and choice.kernel == "flash_fwd_kernel"
-        assert choice.requested == forced and choice.refused[0].startswith("traced: ")
-    with pytest.raises(ValueError, match="launcher must be one of"):
-        flash.AttentionPlan(*(torch.zeros(1, 8, 16) for _ in range(3)), True, "inductor")
 
 
 def test_flash_settings_come_from_the_environment_and_name_bad_values() -> None:
@@ -340,20 +298,18 @@ def test_flash_settings_come_from_the_environment_and_name_bad_values() -> None:
         with pytest.raises(ValueError, match=name):
             flash.FlashSettings.from_env({name: bad})
     before = flash.flash_settings()
-    with flash.configured(traced_max_work=0) as inside:
-        assert flash.flash_settings() is inside and inside.traced_max_work == 0
+    with flash.configured(compile_threads=1) as inside:
+        assert flash.flash_settings() is inside and inside.compile_threads == 1
     assert flash.flash_settings() is before
 
 
 @pytest.mark.gpu
-def test_graph_time_metric_leaves_out_host_time(device) -> None:
-    # The traced path's metric replays the launches from a CUDA graph: a launch that spends 2 ms on the
-    # host around a microseconds kernel measures microseconds, where the eager sustained metric counts the
-    # host time. The bound is a quarter of the host time, not the kernel's microseconds: on a loaded host
-    # (the course suite beside this file, H100, 2026-11-25) a replay measured 0.28 ms.
+def test_sustained_metric_counts_host_time(device) -> None:
+    # Calls pay our launcher's host time, so the tuner's metric must count it: a launch that spends 2 ms
+    # on the host around a microseconds kernel measures about 2 ms, not the kernel's microseconds.
     import time
 
-    from cs336_systems.kernels.flash.tuner import graph_time_ms, sustained_time_ms
+    from cs336_systems.kernels.flash.tuner import sustained_time_ms
 
     x = torch.zeros(1024, device=device)
 
@@ -361,7 +317,6 @@ def test_graph_time_metric_leaves_out_host_time(device) -> None:
         time.sleep(2e-3)
         x.add_(1)
 
-    assert graph_time_ms(launch) < 0.5
     assert sustained_time_ms(launch, budget_ms=20, warm_ms=5) > 1.5
     assert x.sum().item() > 0
 
@@ -405,53 +360,28 @@ def test_torch_compile_apply_small(device, generator) -> None:
         assert rel_err(x.grad, x_ref.grad) < tol
 
 
-def spy_on_launchers(monkeypatch) -> list[tuple[str, str]]:
-    """From now on, record each call of our two launchers (eager or graphed plans) as (name, launcher)."""
+def spy_on_plans(monkeypatch) -> list[str]:
+    """From now on, record each call of the plans' entry points that the custom ops call (by name)."""
     calls = []
     for name in ("flash_forward", "flash_backward"):
         original = getattr(flash, name)
 
         def spy(*args, _f=original, _name=name, **kwargs):
-            launcher = args[-1] if isinstance(args[-1], str) else kwargs.get("launcher", "eager")
-            calls.append((_name, launcher))
+            calls.append(_name)
             return _f(*args, **kwargs)
 
         monkeypatch.setattr(flash, name, spy)
     return calls
 
 
-@pytest.mark.parametrize("cudagraphs", [False, True], ids=["inductor", "cudagraphs"])
-def test_traced_ops_hand_cuda_graphs_the_graphed_launcher(cudagraphs, device, generator, monkeypatch) -> None:
-    # The triton_op bodies that compiled graphs trace into, called eagerly here (so the kernels launch
-    # directly; under the CPU interpreter wrap_triton cannot trace). Lowered for CUDA graphs
-    # (mode="reduce-overhead" sets inductor's triton.cudagraphs while a body is traced), they call the
-    # opaque ops with graphed plans, whose launchers the graph records once; otherwise they launch the
-    # block-pointer kernels themselves. Either way the results match the reference.
-    from torch._inductor import config
-
-    calls = spy_on_launchers(monkeypatch)
-    q, k, v, do = (
-        torch.randn(2, 3, 72, 32, generator=generator).to(device, torch.bfloat16) for _ in range(4)
-    )
-    with config.patch({"triton.cudagraphs": cudagraphs}):
-        o, lse = flash_triton._flash_fwd_traced(q, k, v, True)
-        dq, dk, dv = flash_triton._flash_bwd_traced(q, k, v, o, do, lse, True)
-    graphed = [("flash_forward", "graphed"), ("flash_backward", "graphed")]
-    assert calls == (graphed if cudagraphs else []), calls
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    o_ref, lse_ref = reference_attention(q64, k64, v64, True)
-    o_ref.backward(do.double())
-    tol = tolerance(torch.bfloat16, device)
-    for x, ref in ((o, o_ref), (lse, lse_ref), (dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
-        assert rel_err(x, ref) < tol
-
-
 @pytest.mark.gpu
-def test_cuda_graphed_compile_replays_graphed_plans(device, generator, monkeypatch) -> None:
-    # torch.compile(mode="reduce-overhead") of a small case's step: graphed plans (configs tuned by device
-    # time), whose launchers run in the warm-up and recording runs only; replays match. The loss is part of
-    # the compiled step, as in the model (the backward's inputs then live in the graphs' memory pool).
+def test_cuda_graphed_compile_replays_eager_plans(device, generator, monkeypatch) -> None:
+    # torch.compile(mode="reduce-overhead") of a small case's step: the custom ops' bodies build the eager
+    # plan in the warm-up run and the graphs record its launches, so a replay calls none of our Python and
+    # matches. The loss is part of the compiled step, as in the model (the backward's inputs then live in
+    # the graphs' memory pool).
     torch._dynamo.reset()
+    flash.clear_tuning_cache()
     q, k, v = (torch.randn(2, 4, 256, 64, generator=generator).to(device, torch.bfloat16) for _ in range(3))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     weight = torch.randn(2, 4, 256, 64, generator=generator).to(device)
@@ -472,11 +402,11 @@ def test_cuda_graphed_compile_replays_graphed_plans(device, generator, monkeypat
 
     for _ in range(5):  # warm-up, recording (forward and backward), replays
         run()
-    launchers = [plan.launcher for plan in flash.PLANS.values()]
-    assert "graphed" in launchers, launchers
-    calls = spy_on_launchers(monkeypatch)
+    ran = flash.launched((8, 256, 256, 64, True, torch.bfloat16))
+    assert ran is not None and ran.fwd is not None and ran.dkdv is not None, "no eager plan ran"
+    calls = spy_on_plans(monkeypatch)
     o = run()
-    assert not calls, f"launcher calls in a replay: {calls}"
+    assert not calls, f"plan calls in a replay: {calls}"
     with sdpa_kernel(SDPBackend.MATH):
         q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
         o_ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
@@ -485,34 +415,26 @@ def test_cuda_graphed_compile_replays_graphed_plans(device, generator, monkeypat
     assert rel_err(o, o_ref) < tol
     for x, x_ref in ((q, q32), (k, k32), (v, v32)):
         assert rel_err(x.grad, x_ref.grad) < tol
+    eager = FlashAttentionTriton.apply(*(t.detach() for t in (q, k, v)), True)
+    assert torch.equal(o, eager), "the replayed plan's output differs from an eager call's"
     torch._dynamo.reset()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["traced", "opaque"])
-def test_compiled_small_case_runs_none_of_our_python(path, device, generator, monkeypatch) -> None:
-    # The model calls attention 2 x layers times per step: compiled, a small case must launch its kernels
-    # from inductor's code, not through our launchers ("opaque" forces the custom ops, which must call them,
-    # so the counter is shown to see calls).
-    stack = contextlib.ExitStack()
-    if path == "opaque":
-        stack.enter_context(flash.configured(traced_max_work=0))
-    with stack:
-        _compiled_small_case(path, device, generator, monkeypatch)
-
-
-def _compiled_small_case(path, device, generator, monkeypatch) -> None:
+def test_compiled_small_case_runs_the_eager_plan_through_the_op(device, generator, monkeypatch) -> None:
+    # Compiled, every case takes the opaque custom ops, whose bodies run the call signature's eager plan:
+    # one forward and one backward plan call per step, and the eager results.
     torch._dynamo.reset()
     q, k, v = (torch.randn(2, 4, 256, 64, generator=generator).to(device, torch.bfloat16) for _ in range(3))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     compiled = torch.compile(lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True))
     compiled(q, k, v).sum().backward()  # traces, tunes
-    calls = spy_on_launchers(monkeypatch)
+    calls = spy_on_plans(monkeypatch)
     for x in (q, k, v):
         x.grad = None
     o = compiled(q, k, v)
     o.sum().backward()
-    assert (len(calls) == 0) == (path == "traced"), f"{len(calls)} launcher calls on the {path} path"
+    assert calls == ["flash_forward", "flash_backward"], calls
     with sdpa_kernel(SDPBackend.MATH):
         q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
         o_ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)

@@ -209,7 +209,7 @@ def _calls(kernel: str, config, is_causal: bool, q, k, v, do):
     hopper = q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
     facts = flash.layouts_of(hopper, q=q, k=k, v=v, o=o, do=do, lse=lse, dq=dq, dk=dk, dv=dv)
     case = flash.Case(q.shape[0] * q.shape[1], q.shape[2], k.shape[2], q.shape[3], is_causal, q.dtype)
-    choice = flash.resolve(kernel, config, case, facts, "eager")
+    choice = flash.resolve(kernel, config, case, facts)
     c = choice.config
     if kernel == "fwd":
         return flash.fwd_launch(c, is_causal, q, k, v, o, lse), choice
@@ -300,7 +300,6 @@ def test_gluon_configs_fall_back_to_triton_where_gluon_cannot_run(kernel, device
         steps = (c.k_tile, c.q_tile) if name == "dkdv" else (c.q_tile, c.k_tile)
         assert steps[0] % steps[1] == 0, f"{name} {c}: the Triton fallback needs tiles that divide"
     assert (call.constexprs["Q_TILE_SIZE"], call.constexprs["K_TILE_SIZE"]) == (config.q_tile, config.k_tile)
-    assert all(not c.gluon for c in flash.pointer_configs(kernel, 64, torch.bfloat16))
 
 
 # The d = 128 candidate; at d = 64 (listed nowhere: the tuner never chose it) the same tiles.

@@ -58,7 +58,7 @@ def table_tuner():
     table = TuneTable({KEY: C(64, 64, 4, 3)}, path="test")
     with flash.configured(autotune=True, tune_cache=None, tune_table=True):
         tuner = flash.Tuner(
-            timers={"sustained": lambda step: step() or 1.0},
+            timer=lambda step: step() or 1.0,
             warm_up=lambda step: None,
             can_time=True,
             table=lambda: table,
@@ -127,8 +127,7 @@ def test_this_gpus_table_is_used_by_default(device) -> None:
     table = read_table(path)
     assert table.entries, table.why_not
     key, cfg = next(iter(table.entries.items()))
-    kernel, _, launcher = key[0].partition("-")
-    candidates = flash.tune_space(kernel, launcher or "eager", key[1:])[1]
+    candidates = flash.tune_space(key[0], key[1:])[1]
     tuner = flash.Tuner()
     with flash.configured(autotune=True, tune_cache=None, tune_table=True):
         assert tuner.lookup(key, candidates) == cfg and tuner.sources[key] == "table"
@@ -139,7 +138,7 @@ def test_bench_rows_say_where_each_config_came_from() -> None:
     flash.clear_tuning_cache()
     try:
         assert flash.config_sources(case) == {"fwd": "default", "dq": "default", "dkdv": "default"}
-        key = flash.tune_space("dq", "eager", case)[0]
+        key = flash.tune_space("dq", case)[0]
         flash.TUNER.cache[key], flash.TUNER.sources[key] = C(64, 64), "table"
         with flash.forced("fwd", C(32, 32)):
             assert flash.config_sources(case) == {"fwd": "forced", "dq": "table", "dkdv": "default"}

@@ -8,19 +8,14 @@ order: ``torch.use_deterministic_algorithms(True)`` gets the split one).
 (batch, n_queries) for (batch, seq, d) inputs. Inputs may also be (batch, heads, seq, d) with any strides
 (passed to the kernels as they are: no copies), with n_queries != n_keys.
 
-:func:`route` picks one of three routes per call; the table with the figure behind each is in
-docs/architecture.md:
+Each call takes one of two routes (:func:`flash.route_for`, the rule docs/architecture.md tables with the
+figure behind each):
 
 - ``"plan"``: an eager call. The call signature's :class:`~cs336_systems.kernels.flash.AttentionPlan`
   launches the kernels (a custom op's dispatch would cost more host time than the launch itself).
-- ``"op"``: an opaque custom op whose body runs the eager plan: under a Python dispatch mode (selective
-  checkpointing keeps its output by op, FlopCounterMode counts it), and in compiled graphs for large,
-  GPU-bound cases, whose kernels may then use tensor descriptors and Gluon.
-- ``"traced"``: a ``triton_op`` that compiled graphs trace into, for small, host-bound cases: inductor
-  launches block-pointer kernels from its own code. If the graph is being compiled for CUDA graphs
-  (``mode="reduce-overhead"``: known only while it is lowered, which is when the body runs), the body
-  emits the op instead with "graphed" plans: a replay pays no launcher host time, so the faster
-  descriptor and Gluon kernels cost nothing extra there.
+- ``"op"``: an opaque custom op whose body runs the same plan: in compiled graphs, and under a Python
+  dispatch mode (selective checkpointing keeps its output by op, FlopCounterMode counts it). Under CUDA
+  graphs (``mode="reduce-overhead"``) the graph records the plan's launches after the warm-up run built it.
 """
 
 from __future__ import annotations
@@ -34,39 +29,21 @@ from cs336_systems.attention.flash_pytorch import (
 )
 from cs336_systems.kernels import flash
 from cs336_systems.kernels.flash import as_4d
-from cs336_systems.kernels.flash.select import Route
 
 INTERPRET = flash.INTERPRET
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = flash.MAX_HEAD_DIM
 
 
-def route(q: torch.Tensor, k: torch.Tensor) -> Route:
-    """The route of a call with 4-D ``q``, ``k`` (see the module docstring): :func:`flash.route_for`, the
-    rule docs/architecture.md tables (under Triton's CPU interpreter ``wrap_triton`` returns the plain
-    kernel, which cannot be traced: CPU cases never take the traced route)."""
-    batch, heads, n_q, d = q.shape
-    compiling = torch.compiler.is_compiling()
-    return flash.route_for(
-        compiling=compiling,
-        # (not read while compiling: dynamo cannot trace torch's dispatch-mode stack and breaks the graph)
-        dispatch_mode=not compiling and flash.compat.dispatch_mode_active(),
-        cuda=q.is_cuda,
-        work=batch * heads * n_q * k.shape[2] * d,
-        traced_max_work=flash.flash_settings().traced_max_work,
-        cuda_graphs=False,  # known only while lowering (the traced bodies ask)
-    )[0]
-
-
 @torch.library.custom_op("cs336_systems::flash_attention_fwd", mutates_args=())
 def _flash_fwd_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, graphed: bool = False
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash.flash_forward(q, k, v, is_causal, "graphed" if graphed else "eager")
+    return flash.flash_forward(q, k, v, is_causal)
 
 
 @_flash_fwd_op.register_fake
-def _(q, k, v, is_causal, graphed=False):
+def _(q, k, v, is_causal):
     return flash.new_output(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -79,43 +56,13 @@ def _flash_bwd_op(
     do: torch.Tensor,
     lse: torch.Tensor,
     is_causal: bool,
-    graphed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return flash.flash_backward(q, k, v, o, do, lse, is_causal, "graphed" if graphed else "eager")
+    return flash.flash_backward(q, k, v, o, do, lse, is_causal)
 
 
 @_flash_bwd_op.register_fake
-def _(q, k, v, o, do, lse, is_causal, graphed=False):
+def _(q, k, v, o, do, lse, is_causal):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-# Under CUDA graphs the traced bodies emit the op with graphed plans: in the compiled xl model (H100) the
-# traced kernels took 4.33 ms per step, cuDNN's 4.23 and the graphed ones 3.97 (docs/perf-notes.md,
-# H100, 2026-11-24).
-@torch.library.triton_op("cs336_systems::flash_attention_fwd_traced", mutates_args=())
-def _flash_fwd_traced(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if flash.compat.lowering_for_cuda_graphs():
-        flash.tune_ahead(q, k, v, is_causal, "graphed")
-        return _flash_fwd_op(q, k, v, is_causal, True)
-    return flash.flash_forward_traced(q, k, v, is_causal)
-
-
-@torch.library.triton_op("cs336_systems::flash_attention_bwd_traced", mutates_args=())
-def _flash_bwd_traced(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    do: torch.Tensor,
-    lse: torch.Tensor,
-    is_causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if flash.compat.lowering_for_cuda_graphs():
-        flash.tune_ahead(q, k, v, is_causal, "graphed")
-        return _flash_bwd_op(q, k, v, o, do, lse, is_causal, True)
-    return flash.flash_backward_traced(q, k, v, o, do, lse, is_causal)
 
 
 def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: object) -> None:
@@ -133,23 +80,6 @@ def _check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
         )
 
 
-def _forward(ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    check_is_causal(is_causal)
-    ctx.plan = None
-    if torch.compiler.is_compiling() or flash.compat.dispatch_mode_active():
-        _check_triton_inputs(Q, K, V, is_causal)
-        q, k, v = as_4d(Q), as_4d(K), as_4d(V)
-        op = _flash_fwd_traced if route(q, k) == "traced" else _flash_fwd_op
-        o4, lse4 = op(q, k, v, is_causal)
-        O, L = o4.reshape(Q.shape), lse4.reshape(Q.shape[:-1])
-    else:  # the "plan" route (inputs checked once per call signature)
-        ctx.plan = flash.attention_plan(Q, K, V, is_causal, check=_check_triton_inputs)
-        O, L = ctx.plan.forward(Q, K, V)
-    ctx.save_for_backward(L, Q, K, V, O)
-    ctx.is_causal = is_causal
-    return O
-
-
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2: Triton forward and Triton two-pass backward."""
 
@@ -157,7 +87,21 @@ class FlashAttentionTriton(torch.autograd.Function):
     def forward(
         ctx, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False
     ) -> torch.Tensor:
-        return _forward(ctx, Q, K, V, is_causal)
+        check_is_causal(is_causal)
+        ctx.plan = None
+        compiling = torch.compiler.is_compiling()
+        # (not read while compiling: dynamo cannot trace torch's dispatch-mode stack and breaks the graph)
+        dispatch_mode = not compiling and flash.compat.dispatch_mode_active()
+        if flash.route_for(compiling=compiling, dispatch_mode=dispatch_mode) == "op":
+            _check_triton_inputs(Q, K, V, is_causal)
+            o4, lse4 = _flash_fwd_op(as_4d(Q), as_4d(K), as_4d(V), is_causal)
+            O, L = o4.reshape(Q.shape), lse4.reshape(Q.shape[:-1])
+        else:  # the "plan" route (inputs checked once per call signature)
+            ctx.plan = flash.attention_plan(Q, K, V, is_causal, check=_check_triton_inputs)
+            O, L = ctx.plan.forward(Q, K, V)
+        ctx.save_for_backward(L, Q, K, V, O)
+        ctx.is_causal = is_causal
+        return O
 
     @staticmethod
     def backward(ctx, dO: torch.Tensor):
@@ -165,10 +109,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         if ctx.plan is not None:
             return (*ctx.plan.backward(Q, K, V, O, dO, L), None)
         q, k, v, o, do = (as_4d(t) for t in (Q, K, V, O, dO))
-        if torch.compiler.is_compiling():
-            op = _flash_bwd_traced if route(q, k) == "traced" else _flash_bwd_op
-        else:  # the forward ran under a dispatch mode: its plan, launched directly
-            op = flash.flash_backward
+        # Compiled: the op; after a forward under a dispatch mode, its plan, launched directly.
+        op = _flash_bwd_op if torch.compiler.is_compiling() else flash.flash_backward
         dq, dk, dv = op(q, k, v, o, do, L.reshape(q.shape[:-1]), ctx.is_causal)
         return dq.reshape(Q.shape), dk.reshape(K.shape), dv.reshape(V.shape), None
 

@@ -1,4 +1,4 @@
-"""Which FlashAttention kernels a call runs, and why: route, launcher, tuning key, config source, kernels.
+"""Which FlashAttention kernels a call runs, and why: route, tuning key, config source, kernels.
 
     python -m cs336_systems.cli.flash_explain --shape 1,16,16384,64 --dtype bf16 --device cuda --compile
 
@@ -27,7 +27,6 @@ HOPPER = re.compile(r"\b(H100|H200|H800|H20|GH200)\b")  # sm_90 parts
 ROUTES = {
     "plan": "the call signature's plan, launched from Python",
     "op": "an opaque custom op whose body runs the eager plan",
-    "traced": "a triton_op that inductor traces into its own generated code",
 }
 
 
@@ -49,16 +48,12 @@ def _layouts(b: int, h: int, n: int, d: int, dtype: torch.dtype, hopper: bool, c
     return layouts_of(hopper, aligned=True, q=t(), k=t(), v=t(), o=o, do=do, lse=lse, dq=t(), dk=t(), dv=t())
 
 
-def _config(
-    kernel: str, launcher: str, case: Case, name: str, gpu: bool, local: bool
-) -> tuple[str, flash.TileConfig, str]:
+def _config(kernel: str, case: Case, name: str, gpu: bool, local: bool) -> tuple[str, flash.TileConfig, str]:
     """The tuning key, the config the table or tuner supplies, and where it comes from (``local``: this
     machine's GPU, through the tuner)."""
-    suffix = {"eager": "", "traced": "-traced", "graphed": "-graphed"}[launcher]
-    key = tune_key(kernel + suffix, *case)
-    candidates = gpu_candidate_configs(kernel, case.d, case.dtype, pointers_only=launcher == "traced")
-    metric = flash.metric_of(launcher)
-    live = f"live tuning at the first call ({len(candidates)} candidates by {metric} time; shown: the first)"
+    key = tune_key(kernel, *case)
+    candidates = gpu_candidate_configs(kernel, case.d, case.dtype)
+    live = f"live tuning at the first call ({len(candidates)} candidates by sustained time; shown: the first)"
     if not gpu:
         return key_str(key), candidates[0], "no GPU: the first candidate, untuned"
     if local:
@@ -76,7 +71,6 @@ def explain(
     dtype: torch.dtype,
     device: str,
     compile: bool = False,
-    cuda_graphs: bool = False,
     deterministic: bool = False,
     causal: bool = True,
 ) -> str:
@@ -84,29 +78,18 @@ def explain(
     b, h, n, d = shape
     name, gpu, hopper = _device(device)
     case = Case(b * h, n, n, d, causal, dtype)
-    work, limit = b * h * n * n * d, flash.FlashSettings().traced_max_work
-    route, launcher = route_for(
-        compiling=compile,
-        dispatch_mode=False,
-        cuda=gpu,
-        work=work,
-        traced_max_work=limit,
-        cuda_graphs=cuda_graphs,
-    )
+    route = route_for(compiling=compile, dispatch_mode=False)
     configs, lines = {}, []
     for kernel in flash.KERNELS:
-        key, cfg, source = _config(kernel, launcher, case, name, gpu, device == "cuda")
+        key, cfg, source = _config(kernel, case, name, gpu, device == "cuda")
         configs[kernel] = cfg
         lines.append(f"  {kernel}: key {key}\n        config {cfg} from {source}")
-    choice = flash.select(
-        case, launcher, _layouts(b, h, n, d, dtype, hopper, compile), configs, deterministic
-    )
-    mode = "compiled" + (" for CUDA graphs" if cuda_graphs else "") if compile else "eager"
+    choice = flash.select(case, _layouts(b, h, n, d, dtype, hopper, compile), configs, deterministic)
+    mode = "compiled" if compile else "eager"
     out = [
         f"case: batch*heads {case.bh}, n_q {n}, n_k {n}, d {d}, {'causal' if causal else 'full'}, "
         f"{str(dtype).removeprefix('torch.')}; {mode}; device {name} ({'sm_90' if hopper else 'not sm_90'})",
-        f"route: {route} ({ROUTES[route]}; work {work:.3g} vs traced_max_work {limit:.3g})",
-        f"launcher: {launcher}",
+        f"route: {route} ({ROUTES[route]})",
         "configs (the table or the tuner asks):",
         *lines,
         f"kernels (select: what runs; deterministic={deterministic}), backward {choice.backward}:",
@@ -130,17 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--device", default="cuda", help='"cuda", "cpu" or a GPU model, e.g. "NVIDIA H100 80GB HBM3"'
     )
-    p.add_argument("--compile", action="store_true", help="under torch.compile")
-    p.add_argument("--cuda-graphs", action="store_true", help='compiled with mode="reduce-overhead"')
+    p.add_argument("--compile", action="store_true", help="under torch.compile (CUDA graphs or not)")
     p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
     p.add_argument("--full", action="store_true", help="non-causal")
     a = p.parse_args(argv)
     b, h, n, d = (int(x) for x in a.shape.split(","))
-    print(
-        explain(
-            (b, h, n, d), DTYPES[a.dtype], a.device, a.compile, a.cuda_graphs, a.deterministic, not a.full
-        )
-    )
+    print(explain((b, h, n, d), DTYPES[a.dtype], a.device, a.compile, a.deterministic, not a.full))
 
 
 if __name__ == "__main__":

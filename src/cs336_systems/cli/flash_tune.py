@@ -23,35 +23,34 @@ from cs336_systems.kernels.flash.tune_table import table_path, triton_minor, wri
 
 Shape = tuple[int, int, int, int, int, bool]  # (batch, heads, n_q, n_k, d, causal)
 
-# The compiled model's attention at ctx 512 (every size up to xl: batch 4, d 64; batch x heads fall in one
-# key), launched from inductor's code: the traced route's keys.
+# The model's attention at ctx 512 (every size up to xl: batch 4, d 64; batch x heads fall in one key), in
+# its layout. Its keys are also the grid's (4, 25, 512, 512, 64) case's: the set run first tunes them (the
+# tuner keeps a key's choice for the process).
 MODEL_SHAPES: tuple[Shape, ...] = ((4, 25, 512, 512, 64, True),)
-SHAPE_SETS: dict[str, tuple[tuple[Shape, ...], flash.Launcher]] = {
-    "grid": (ATTENTION_SHAPES, "eager"),
-    "breadth": (BREADTH_SHAPES, "eager"),
-    "model": (MODEL_SHAPES, "traced"),
+SHAPE_SETS: dict[str, tuple[tuple[Shape, ...], bool]] = {  # (shapes, in the model's layout)
+    "grid": (ATTENTION_SHAPES, False),
+    "breadth": (BREADTH_SHAPES, False),
+    "model": (MODEL_SHAPES, True),
 }
 
 
-def tune_case(shape: Shape, launcher: flash.Launcher, dtype: torch.dtype) -> None:
-    """Tune the three kernels of one case under ``launcher``, with the layout its callers pass: the grid's
-    contiguous (batch, heads, seq, d) tensors (the attention bench's and the handout's), or for the model's
-    traced keys heads-major views of (batch, seq, heads, d) tensors. The layout matters: the Gluon kernels
-    need contiguous tensors, and a Gluon config runs as its Triton twin otherwise, so a table tuned on
-    views never picks Gluon (H100, 2026-11-25: up to 1.05x the grid's time with such a table)."""
+def tune_case(shape: Shape, model_layout: bool, dtype: torch.dtype) -> None:
+    """Tune the three kernels of one case through a plan on tensors of the layout its callers pass: the
+    grid's contiguous (batch, heads, seq, d) tensors (the attention bench's and the handout's), or the
+    model's heads-major views of (batch, seq, heads, d) tensors, dO in O's layout. The layout matters: the
+    Gluon kernels need contiguous tensors, and a Gluon config runs as its Triton twin otherwise, so a table
+    tuned on views never picks Gluon (H100, 2026-11-25: up to 1.05x the grid's time with such a table)."""
     batch, heads, n_q, n_k, d, causal = shape
-    if launcher == "traced":
-        q, k, v = (
-            torch.randn(batch, n, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
-            for n in (n_q, n_k, n_k)
-        )
-        flash.tune_ahead(q, k, v, causal, "traced")
-        return
-    q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype) for n in (n_q, n_k, n_k))
-    o, lse = flash.flash_forward(q, k, v, causal, launcher)
-    do = torch.randn_like(q)  # contiguous, as the grid's (O's own layout is a view: no Gluon backward)
-    flash.flash_backward(q, k, v, o, do, lse, causal, launcher)
-    flash.clear_plans()
+    if model_layout:
+        draw = lambda n: torch.randn(batch, n, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
+    else:
+        draw = lambda n: torch.randn(batch, heads, n, d, device="cuda", dtype=dtype)
+    q, k, v = draw(n_q), draw(n_k), draw(n_k)
+    plan = flash.AttentionPlan(q, k, v, causal)
+    o, lse = plan.forward(q, k, v)
+    # The grid's dO is contiguous (O's own layout is a view: no Gluon backward); the model's is O's.
+    do = torch.randn_like(o) if model_layout else torch.randn_like(q)
+    plan.backward(q, k, v, o, do, lse)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     flash.clear_tuning_cache()
     with flash.configured(autotune=True, tune_table=False, tune_cache=None):
         for name in args.shapes.split(","):
-            shapes, launcher = SHAPE_SETS[name]
+            shapes, model_layout = SHAPE_SETS[name]
             for shape in shapes:
-                tune_case(shape, launcher, dtype)
+                tune_case(shape, model_layout, dtype)
     report = flash.tuning_report()
     tuned = {k: c for k, c in flash.TUNER.cache.items() if flash.TUNER.sources.get(k) == "tuned"}
     meta = {

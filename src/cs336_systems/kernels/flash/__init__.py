@@ -13,16 +13,14 @@ routing live in ``attention/flash_triton.py``):
   copy engine into a float32 accumulator; D from ``triton_bwd.flash_bwd_delta_kernel``);
 - ``configs``: tile configs as data (candidates per case class) and tuning keys;
 - ``select``: :func:`select.select`, the one pure function that decides which kernel runs each pass (every
-  gate: Gluon, descriptors, the one-pass backward, determinism, the traced route), and the routing rule;
+  gate: Gluon, descriptors, the one-pass backward, determinism), and the routing rule;
 - ``compat``: every private Triton and torch hook, for the versions pinned in pyproject.toml;
-- ``tuner``: :class:`Tuner`, which chooses a config per key by the metric of the route that launches it;
+- ``tuner``: :class:`Tuner`, which chooses a config per key by sustained time (host included);
 - ``tune_table``: the tuning tables shipped per GPU model (``tuned/*.json``, written by
   ``python -m cs336_systems.cli.flash_tune``), whose keys take their config untimed;
 - ``launch``: one launch's arguments per kernel family, and :class:`KernelPlan` (a launch compiled for a
   call signature);
 - ``plan``: :class:`AttentionPlan` per call signature, ``flash_forward`` / ``flash_backward``;
-- ``traced``: the ``triton_op`` bodies that torch.compile traces into its graphs;
-- ``analysis_memo``: torch's analysis of what a traced kernel writes, once per kernel signature;
 - ``settings``: :class:`FlashSettings`, the ``CS336_FLASH_*`` knobs, and :func:`configured`.
 """
 
@@ -36,7 +34,7 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources, PTXASError
 
 from . import compat  # checks the Triton and torch versions before any private hook is imported
-from .configs import KERNELS, TileConfig, candidate_configs, gpu_candidates, pointer_configs, tune_key
+from .configs import KERNELS, TileConfig, candidate_configs, gpu_candidates, tune_key
 from .gluon_bwd import flash_bwd_dkdv_gluon_kernel, flash_bwd_dq_gluon_kernel
 from .gluon_fwd import flash_fwd_gluon_kernel
 from .gluon_ws_bwd import flash_bwd_dkdv_ws_kernel, flash_bwd_dq_ws_kernel
@@ -45,10 +43,8 @@ from .gluon_ws_one_pass import flash_bwd_one_pass_ws_kernel
 from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, one_pass_launches
 from .plan import (
     LAUNCHED,
-    LAUNCHERS,
     PLANS,
     AttentionPlan,
-    Launcher,
     OnePassBackward,
     SplitBackward,
     as_4d,
@@ -58,14 +54,11 @@ from .plan import (
     flash_forward,
     launched,
     launched_info,
-    metric_of,
     new_output,
-    pick,
     tune_space,
 )
 from .select import Case, KernelChoice, PassChoice, layouts_of, resolve, route_for, select
 from .settings import INTERPRET, FlashSettings, configured, flash_settings
-from .traced import flash_backward_traced, flash_forward_traced, tune_ahead
 from .triton_bwd import flash_bwd_delta_kernel, flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from .triton_fwd import flash_fwd_kernel
 from .tuner import TUNER, Tuner
@@ -103,16 +96,16 @@ def tuning_report() -> dict[str, Any]:
     return TUNER.report()
 
 
-def config_sources(case: tuple, launcher: Launcher = "eager") -> dict[str, str]:
+def config_sources(case: tuple) -> dict[str, str]:
     """Where each kernel's config for ``case`` came from: "tuned", "table", "tune cache"; "forced" or
     "default" (not chosen yet, or tuning off)."""
     return {
-        kernel: "forced" if kernel in TUNER.forced else TUNER.source(tune_space(kernel, launcher, case)[0])
+        kernel: "forced" if kernel in TUNER.forced else TUNER.source(tune_space(kernel, case)[0])
         for kernel in KERNELS
     }
 
 
-def candidate_timings(case: tuple, launcher: Launcher = "eager") -> dict[str, dict[str, float]]:
+def candidate_timings(case: tuple) -> dict[str, dict[str, float]]:
     """The tuner's ms per candidate of each kernel for ``case`` = (batch * heads, n_q, n_k, d, causal,
     dtype); empty where it did not tune in this process (a disk-cache hit, a forced config, tuning off)."""
-    return {kernel: dict(TUNER.timings.get(tune_space(kernel, launcher, case)[0], {})) for kernel in KERNELS}
+    return {kernel: dict(TUNER.timings.get(tune_space(kernel, case)[0], {})) for kernel in KERNELS}

@@ -2,8 +2,8 @@
 
 Targets: triton 3.6 (``TRITON_TARGET``; pinned in pyproject.toml) and torch 2.11 (the GPU machines) to
 2.13 (CPU CI) (``TORCH_TARGETS``). Each hook below reads an internal that another version may rename or
-change in meaning; read wrongly, a launcher takes shifted arguments and faults, or the analysis memo
-answers for the wrong function. So :func:`check_versions` (run when this module, the first that ``kernels.flash`` imports, is imported)
+change in meaning; read wrongly, a launcher takes shifted arguments and faults. So
+:func:`check_versions` (run when this module, the first that ``kernels.flash`` imports, is imported)
 refuses other versions in one line, at import, instead of letting a hook misbehave.
 
 The hooks, and why each exists (figures: docs/perf-notes.md, H100):
@@ -12,16 +12,13 @@ The hooks, and why each exists (figures: docs/perf-notes.md, H100):
   calls at short sequences are host-bound: 0.140 ms per fwd+bwd against SDPA flash's 0.247, 2026-11-24);
 - :func:`reduce_add_async`: Gluon 3.6 has the copy engine's reduction only on its op builder (the
   one-pass backward adds dQ's shares with it);
-- :func:`install_analysis_memo`: torch's mutation analysis answered once per kernel signature (49 s of
-  the compiled xl step's cold start, 2026-11-25), installed when the traced path first compiles;
-- :func:`current_raw_stream`, :func:`dispatch_mode_active`, :func:`no_dispatch_modes`,
-  :func:`lowering_for_cuda_graphs`: torch internals that the plans and the routing read.
+- :func:`current_raw_stream`, :func:`dispatch_mode_active`: torch internals that the plans and the routing
+  read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -109,25 +106,6 @@ def reduce_add_async(tensor_desc, coord, src, _semantic=None):
     )
 
 
-def install_analysis_memo(kernels: Collection[Any]) -> Any:
-    """Put the analysis memo (``analysis_memo.py``) in front of torch's mutation analysis for ``kernels``;
-    idempotent. Called before the traced path first launches, not at import: importing the package then
-    leaves torch as it found it."""
-    import torch._higher_order_ops.triton_kernel_wrap as module
-
-    from .analysis_memo import memoize_analysis
-
-    return memoize_analysis(kernels, module)
-
-
-def lowering_for_cuda_graphs() -> bool:
-    """Whether the graph being lowered will be replayed from CUDA graphs (inductor's ``triton.cudagraphs``,
-    which ``mode="reduce-overhead"`` sets while the graph is lowered, when a triton_op's body runs)."""
-    from torch._inductor import config
-
-    return bool(config.triton.cudagraphs)
-
-
 def current_raw_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
 
@@ -137,12 +115,3 @@ def dispatch_mode_active() -> bool:
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     return _get_current_dispatch_mode() is not None
-
-
-@contextmanager
-def no_dispatch_modes() -> Iterator[None]:
-    """Leave every tracing and dispatch mode for a while (tuning launches real kernels on real tensors)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        yield

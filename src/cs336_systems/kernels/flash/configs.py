@@ -71,7 +71,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     # - one pass (H100, 2026-11-26): the whole backward 0.95x the split one at (1, 32, 32768, 128) causal; at
     #   (2, 32, 4096, 128) 1.07x in short bursts and 0.98x sustained. At d = 64 0.92-0.94x sustained on
     #   (1, 16, 16384) (the leaderboard case: 3.22 vs 3.50 ms by do_bench) but 1.02-1.09x in short bursts:
-    #   listed at both head dims; eager keys are timed sustained (plan.metric_of).
+    #   listed at both head dims; keys are timed sustained (tuner.sustained_time_ms).
     ONE_PASS = replace(WS, one_pass=True)
 
     return {
@@ -143,37 +143,22 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     }[kernel, wide, big_d]
 
 
-def gpu_candidate_configs(
-    kernel: str, d: int, dtype: torch.dtype, pointers_only: bool = False
-) -> tuple[TileConfig, ...]:
+def gpu_candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
     """The candidates of ``kernel`` for head dim ``d`` on a GPU: the short list plus the block-pointer
     twin of its first entry (for short sequences, building descriptors on the host costs more than TMA
-    saves); with ``pointers_only``, each with block pointers (what a compiled graph's code launches: it
-    has no data pointer on the host to build a descriptor from)."""
+    saves)."""
     listed = gpu_candidates(kernel, triton.next_power_of_2(d), dtype)
     twin = replace(listed[0], tma=False)
-    configs = tuple(listed) if twin in listed else (*listed, twin)
-    if pointers_only:  # the warp-specialized pass's tiles were never a Triton candidate
-        configs = tuple(dict.fromkeys(replace(c, tma=False, gluon=False) for c in configs if not c.ws))
-    return configs
-
-
-def _interpreter_configs(kernel: str) -> tuple[TileConfig, ...]:
-    """Under the interpreter, small tiles, so that the tiny CPU test shapes span several tiles and loop
-    phases."""
-    return (TileConfig(16, 32),) if kernel == "dkdv" else (TileConfig(32, 16),)
+    return tuple(listed) if twin in listed else (*listed, twin)
 
 
 @functools.cache
 def candidate_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
-    """The candidates of ``kernel`` for head dim ``d`` (:func:`gpu_candidate_configs`, or the interpreter's)."""
-    return _interpreter_configs(kernel) if INTERPRET else gpu_candidate_configs(kernel, d, dtype)
-
-
-@functools.cache
-def pointer_configs(kernel: str, d: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
-    """The candidates with block pointers only: the traced route's."""
-    return _interpreter_configs(kernel) if INTERPRET else gpu_candidate_configs(kernel, d, dtype, True)
+    """The candidates of ``kernel`` for head dim ``d``: :func:`gpu_candidate_configs`, or under the
+    interpreter small tiles, so that the tiny CPU test shapes span several tiles and loop phases."""
+    if INTERPRET:
+        return (TileConfig(16, 32),) if kernel == "dkdv" else (TileConfig(32, 16),)
+    return gpu_candidate_configs(kernel, d, dtype)
 
 
 def bucket(n: int) -> int:

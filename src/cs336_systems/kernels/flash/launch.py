@@ -46,7 +46,10 @@ class Launch:
     def jit(self) -> Any:
         """Launch through Triton's JIT (compiling on first use); the compiled kernel (None when
         interpreted)."""
-        return self.launch_with(self.fn)
+        c = self.config
+        return self.fn[self.grid](
+            *self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
+        )
 
     def warmup(self) -> None:
         """Compile without launching (under AsyncCompileMode: submit the compile and return)."""
@@ -54,17 +57,6 @@ class Launch:
         self.fn.warmup(
             *self.args, grid=self.grid, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages
         )
-
-    def traced(self) -> None:
-        """The launch as ``torch.library.wrap_triton`` sees it: inside a ``triton_op`` under torch.compile,
-        inductor puts the kernel into its own generated code (and CUDA graphs can capture it)."""
-        from torch.library import wrap_triton
-
-        self.launch_with(wrap_triton(self.fn))
-
-    def launch_with(self, fn: Any) -> Any:
-        c = self.config
-        return fn[self.grid](*self.args, **self.constexprs, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
 def _rows(t: torch.Tensor, rows: int, use_tma: bool):

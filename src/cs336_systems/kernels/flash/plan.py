@@ -3,32 +3,24 @@ device and causality fix, made once per call signature. The model calls attentio
 step, and at short sequences a call is host-bound, so a known signature's call only allocates its outputs
 and hands the tensors to compiled kernels' launchers: no checks, tuning lookups or argument building.
 
-Who launches a plan's kernels decides what its tuner measures and which configs it may use
-(:data:`Launcher`); each launcher tunes under keys of its own. The tuner (or the shipped table) supplies
-each pass's config; :mod:`select` decides what runs, and the plan builds its launches from that choice
-and records it (:func:`launched`), so bench rows name the kernels that ran.
+The tuner (or the shipped table) supplies each pass's config; :mod:`select` decides what runs, and the
+plan builds its launches from that choice and records it (:func:`launched`), so bench rows name the
+kernels that ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from . import compat
-from .configs import KERNELS, TileConfig, candidate_configs, pointer_configs, tune_key
+from .configs import KERNELS, TileConfig, candidate_configs, tune_key
 from .launch import KernelPlan, Launch, dkdv_launch, dq_launch, fwd_launch, one_pass_launches
 from .select import Case, KernelChoice, Layouts, PassChoice, is_hopper, layouts_of, resolve, select
 from .settings import INTERPRET
-from .tuner import TUNER, Metric, Tuner
-
-# - "eager": our launcher on every call (host time counts: tuned by sustained time; any config);
-# - "traced": the code of a compiled graph (device time; block pointers only: a descriptor is built
-#   from a data pointer, which a traced graph does not have);
-# - "graphed": our launcher once, while a CUDA graph records it, then replays (device time; any config).
-Launcher = Literal["eager", "traced", "graphed"]
-LAUNCHERS: tuple[Launcher, ...] = ("eager", "traced", "graphed")
+from .tuner import TUNER, Tuner
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -58,72 +50,60 @@ def layout_key(*tensors: torch.Tensor) -> tuple:
     return tuple((t.stride(), t.data_ptr() & 15) for t in tensors)
 
 
-def tune_space(kernel: str, launcher: Launcher, case: tuple) -> tuple[tuple, tuple[TileConfig, ...]]:
+def tune_space(kernel: str, case: tuple) -> tuple[tuple, tuple[TileConfig, ...]]:
     """The tuning key and the candidates of ``kernel`` for ``case`` = (batch * heads, n_q, n_k, d, causal,
-    dtype) under ``launcher``: each launcher tunes under keys of its own."""
-    d, dtype = case[3], case[5]
-    if launcher == "traced":
-        name, candidates = f"{kernel}-traced", pointer_configs(kernel, d, dtype)
-    else:
-        name = f"{kernel}-graphed" if launcher == "graphed" else kernel
-        candidates = candidate_configs(kernel, d, dtype)
-    return tune_key(name, *case), candidates
-
-
-def metric_of(launcher: Launcher) -> Metric:
-    """What a launcher's configs are timed by: host time counts only where our launcher runs per call
-    (sustained: what do_bench's long runs and a training loop see; tuner.sustained_time_ms)."""
-    return "sustained" if launcher == "eager" else "graph"
+    dtype)."""
+    return tune_key(kernel, *case), candidate_configs(kernel, case[3], case[5])
 
 
 def pick(
     kernel: str,
-    launcher: Launcher,
     case: tuple,
     launch: Callable[[TileConfig], None],
     calls: Callable[[TileConfig], list[Launch]] | None = None,
     tuner: Tuner | None = None,
 ) -> TileConfig:
-    """``kernel``'s requested config for ``case`` = (batch * heads, n_q, n_k, d, causal, dtype) under
-    ``launcher`` (what runs: :func:`select.resolve`)."""
-    key, candidates = tune_space(kernel, launcher, case)
-    return (tuner or TUNER).choose(kernel, key, candidates, launch, calls, metric_of(launcher))
+    """``kernel``'s requested config for ``case`` = (batch * heads, n_q, n_k, d, causal, dtype) (what runs:
+    :func:`select.resolve`)."""
+    key, candidates = tune_space(kernel, case)
+    return (tuner or TUNER).choose(kernel, key, candidates, launch, calls)
 
 
-# What ran, per (case, launcher): the latest plan's choice (bench rows and flash_explain read it).
-LAUNCHED: dict[tuple, KernelChoice] = {}
+# What ran, per case: the latest plan's choice (bench rows read it).
+LAUNCHED: dict[Case, KernelChoice] = {}
 
 
-def record(case: tuple, launcher: str, passes: dict[str, PassChoice], deterministic: bool) -> None:
+def record(case: tuple, passes: dict[str, PassChoice], deterministic: bool) -> None:
     """Merge ``passes`` into what ran for ``case`` (a one-pass backward leaves no dQ pass)."""
-    old = LAUNCHED.get((Case(*case), launcher))
+    old = LAUNCHED.get(Case(*case))
     merged = {**(old.passes() if old else {}), **passes}
     if "dkdv" in passes and passes["dkdv"].config.one_pass:
         merged.pop("dq", None)
     det = deterministic if "dkdv" in passes or old is None else old.deterministic
-    choice = KernelChoice(Case(*case), launcher, det, merged.get("fwd"), merged.get("dq"), merged.get("dkdv"))
-    LAUNCHED[Case(*case), launcher] = choice
+    LAUNCHED[Case(*case)] = KernelChoice(
+        Case(*case), det, merged.get("fwd"), merged.get("dq"), merged.get("dkdv")
+    )
 
 
-def launched(case: tuple, launcher: Launcher = "eager") -> KernelChoice | None:
-    return LAUNCHED.get((Case(*case), launcher))
+def launched(case: tuple) -> KernelChoice | None:
+    return LAUNCHED.get(Case(*case))
 
 
 def launched_info(case: tuple) -> dict[str, object]:
-    """What ran for ``case`` per launcher and pass (kernel, config as run, refusals), for a bench row."""
-    ran = {name: c.describe() for name in LAUNCHERS if (c := launched(case, name)) is not None}
-    return {"launched": ran} if ran else {}
+    """What ran for ``case`` per pass (kernel, config as run, refusals), for a bench row."""
+    choice = launched(case)
+    return {"launched": choice.describe()} if choice is not None else {}
 
 
-def chosen_configs(case: tuple, launcher: Launcher = "eager") -> dict[str, str]:
+def chosen_configs(case: tuple) -> dict[str, str]:
     """The config of each pass that ran for ``case`` (as it ran: a refused feature's flag cleared; no dQ
     pass under the one-pass backward); before any ran, the tuner's (forced, chosen or default) ones."""
-    choice = launched(case, launcher)
+    choice = launched(case)
     if choice is not None:
         return {name: str(p.config) for name, p in choice.passes().items()}
     out = {}
     for kernel in KERNELS:
-        key, candidates = tune_space(kernel, launcher, case)
+        key, candidates = tune_space(kernel, case)
         out[kernel] = str(TUNER.forced.get(kernel) or TUNER.cache.get(key) or candidates[0])
     return out
 
@@ -181,15 +161,12 @@ class AttentionPlan:
         k: torch.Tensor,
         v: torch.Tensor,
         is_causal: bool,
-        launcher: Launcher = "eager",
         tuner: Tuner | None = None,
     ):
-        if launcher not in LAUNCHERS:
-            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
         q4, k4 = as_4d(q), as_4d(k)
         batch, heads, n_q, d = q4.shape
         self.case = Case(batch * heads, n_q, k4.shape[2], d, is_causal, q.dtype)
-        self.is_causal, self.launcher, self.four_d = is_causal, launcher, q.ndim == 4
+        self.is_causal, self.four_d = is_causal, q.ndim == 4
         self.tuner = tuner or TUNER
         self.device = q.get_device()
         if q.is_cuda and self.device != torch.cuda.current_device():
@@ -242,7 +219,7 @@ class AttentionPlan:
             else:
                 built[c] = build(c)
 
-        cfg = pick(kernel, self.launcher, self.case, launch, calls, self.tuner)
+        cfg = pick(kernel, self.case, launch, calls, self.tuner)
         launch(cfg)  # the call's own launch (after tuning, whose launches wrote the same outputs)
         return built[cfg], cfg
 
@@ -253,13 +230,11 @@ class AttentionPlan:
         tensors = (q, k, v, o, lse) if self.four_d else (*map(as_4d, (q, k, v, o)), lse)
         if self.fwd is None:
             facts = self._facts(**dict(zip(("q", "k", "v", "o", "lse"), tensors, strict=True)))
-            run = lambda c: resolve("fwd", c, self.case, facts, self.launcher).config
+            run = lambda c: resolve("fwd", c, self.case, facts).config
             self.fwd, cfg = self._tuned(
                 "fwd", tensors, lambda c: [fwd_launch(run(c), self.is_causal, *tensors)]
             )
-            record(
-                self.case, self.launcher, {"fwd": resolve("fwd", cfg, self.case, facts, self.launcher)}, False
-            )
+            record(self.case, {"fwd": resolve("fwd", cfg, self.case, facts)}, False)
         else:
             self.fwd(self._stream(), *tensors)
         return o, lse
@@ -301,7 +276,7 @@ class AttentionPlan:
         facts = self._facts(
             **dict(zip(("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv"), tensors, strict=True))
         )
-        run = lambda kernel, c: resolve(kernel, c, self.case, facts, self.launcher, deterministic)
+        run = lambda kernel, c: resolve(kernel, c, self.case, facts, deterministic)
         causal = self.is_causal
         delta = torch.empty_like(lse)
         dq_tensors = (q, k, v, o, do, lse, delta, dq)
@@ -328,8 +303,8 @@ class AttentionPlan:
             return OnePassBackward(*plans)
 
         plan, dkdv_cfg = self._tuned("dkdv", tensors, calls, build)
-        chosen = select(self.case, self.launcher, facts, {"dq": dq_cfg, "dkdv": dkdv_cfg}, deterministic)
-        record(self.case, self.launcher, chosen.passes(), deterministic)
+        chosen = select(self.case, facts, {"dq": dq_cfg, "dkdv": dkdv_cfg}, deterministic)
+        record(self.case, chosen.passes(), deterministic)
         return plan
 
     def _empty(self, which: int) -> torch.Tensor:
@@ -347,7 +322,6 @@ def attention_plan(
     v: torch.Tensor,
     is_causal: bool,
     *,
-    launcher: Launcher = "eager",
     check: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None] | None = None,
 ) -> AttentionPlan:
     """The plan for this call's signature; ``check`` validates the inputs when a new plan is made (a known
@@ -355,7 +329,7 @@ def attention_plan(
     try:
         key = (
             q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(),
-            is_causal, launcher, *layout_key(q, k, v),
+            is_causal, *layout_key(q, k, v),
         )  # fmt: skip
     except (AttributeError, TypeError, RuntimeError):
         if check is not None:
@@ -365,21 +339,17 @@ def attention_plan(
     if plan is None:
         if check is not None:
             check(q, k, v, is_causal)
-        plan = PLANS[key] = AttentionPlan(q, k, v, is_causal, launcher)
+        plan = PLANS[key] = AttentionPlan(q, k, v, is_causal)
     return plan
 
 
-def flash_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, launcher: Launcher = "eager"
-):
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
     """O (input dtype, layout of :func:`new_output`) and L (float32, contiguous (batch, heads, n_q)) for 4-D
     (batch, heads, seq, d) inputs of any strides."""
-    return attention_plan(q, k, v, is_causal, launcher=launcher).forward(q, k, v)
+    return attention_plan(q, k, v, is_causal).forward(q, k, v)
 
 
-def flash_backward(
-    q, k, v, o, do, lse, is_causal: bool, launcher: Launcher = "eager", deterministic: bool | None = None
-):
+def flash_backward(q, k, v, o, do, lse, is_causal: bool, deterministic: bool | None = None):
     """dQ, dK, dV (input dtype) for 4-D inputs of any strides, L contiguous (batch, heads, n_q);
     ``deterministic`` defaults to torch's flag."""
-    return attention_plan(q, k, v, is_causal, launcher=launcher).backward(q, k, v, o, do, lse, deterministic)
+    return attention_plan(q, k, v, is_causal).backward(q, k, v, o, do, lse, deterministic)

@@ -1,9 +1,9 @@
 """Which kernel runs: one pure function, :func:`select`, in the manner of FlashAttention's ``hopper/``
 ``tile_size.h`` / ``heuristics.h``. The table and the tuner supply configs only (what was *asked* for a
 pass); every gate that decides what *runs* lives here: Gluon (Hopper, dtype, head dim, tile multiples,
-layouts), tensor descriptors, the traced route's block pointers, the one-pass backward and determinism.
-A gate that refuses leaves a recorded reason in the :class:`PassChoice`, never a silent fallback, and
-the launches are built from the choice, so what a row records is what ran.
+layouts), tensor descriptors, the one-pass backward and determinism. A gate that refuses leaves a recorded
+reason in the :class:`PassChoice`, never a silent fallback, and the launches are built from the choice, so
+what a row records is what ran.
 
 Also here: :func:`route_for`, the routing rule that docs/architecture.md tables (a test holds the two
 together).
@@ -20,7 +20,7 @@ import torch
 from .configs import TileConfig
 
 Pass = Literal["fwd", "dq", "dkdv"]
-Route = Literal["plan", "op", "traced"]
+Route = Literal["plan", "op"]
 GLUON_HEAD_DIMS = (64, 128)
 _PREFIX = {"fwd": "flash_fwd", "dq": "flash_bwd_dq", "dkdv": "flash_bwd_dkdv"}
 
@@ -83,7 +83,6 @@ class KernelChoice:
     """What runs for a call: per pass, and which backward (no dQ pass where the one-pass kernel runs)."""
 
     case: Case
-    launcher: str
     deterministic: bool
     fwd: PassChoice | None  # None: not chosen (yet)
     dq: PassChoice | None  # None: not chosen, or the one-pass backward runs no dQ pass
@@ -100,7 +99,7 @@ class KernelChoice:
 
     def describe(self) -> dict[str, object]:
         passes = {name: p.describe() for name, p in self.passes().items()}
-        return {"launcher": self.launcher, "backward": self.backward, **passes}
+        return {"backward": self.backward, **passes}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -205,14 +204,11 @@ def one_pass_refusal(c: TileConfig, layouts: Layouts, deterministic: bool) -> st
 
 
 def resolve(
-    pass_: Pass, c: TileConfig, case: Case, layouts: Layouts, launcher: str, deterministic: bool = False
+    pass_: Pass, c: TileConfig, case: Case, layouts: Layouts, deterministic: bool = False
 ) -> PassChoice:
     """What runs for ``pass_`` given the requested config ``c``: each feature kept or refused with why."""
     refused: list[str] = []
     run = c
-    if launcher == "traced" and (c.gluon or c.tma):
-        refused.append("traced: a compiled graph's code has no data pointer to build a descriptor from")
-        run = replace(c, tma=False, gluon=False, ws=False, one_pass=False)
     if run.one_pass:
         why = one_pass_refusal(run, layouts, deterministic)
         if why is not None:
@@ -231,7 +227,6 @@ def resolve(
 
 def select(
     case: Case,
-    launcher: str,
     layouts: Layouts,
     configs: Mapping[str, TileConfig],
     deterministic: bool | None = None,
@@ -241,25 +236,13 @@ def select(
     to ``torch.are_deterministic_algorithms_enabled()``."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    chosen = {
-        name: resolve(name, cfg, case, layouts, launcher, deterministic) for name, cfg in configs.items()
-    }
+    chosen = {name: resolve(name, cfg, case, layouts, deterministic) for name, cfg in configs.items()}
     if "dkdv" in chosen and chosen["dkdv"].config.one_pass:
         chosen.pop("dq", None)
-    return KernelChoice(
-        case, launcher, deterministic, chosen.get("fwd"), chosen.get("dq"), chosen.get("dkdv")
-    )
+    return KernelChoice(case, deterministic, chosen.get("fwd"), chosen.get("dq"), chosen.get("dkdv"))
 
 
-def route_for(
-    *, compiling: bool, dispatch_mode: bool, cuda: bool, work: int, traced_max_work: int, cuda_graphs: bool
-) -> tuple[Route, str]:
-    """The route of a call and the launcher whose plans run it (docs/architecture.md's route table):
-    eager calls take their plan; under a Python dispatch mode the op; while compiling, small CUDA cases
-    (``work`` = batch·heads·n_q·n_k·d) are traced (lowered for CUDA graphs: the op with graphed plans) and
-    large ones the op."""
-    if compiling:
-        if cuda and work <= traced_max_work:
-            return "traced", "graphed" if cuda_graphs else "traced"
-        return "op", "eager"
-    return ("op" if dispatch_mode else "plan"), "eager"
+def route_for(*, compiling: bool, dispatch_mode: bool) -> Route:
+    """The route of a call (docs/architecture.md's route table): an eager call takes its plan; a compiled
+    one, or one under a Python dispatch mode, the opaque op (whose body runs the same plan)."""
+    return "op" if compiling or dispatch_mode else "plan"

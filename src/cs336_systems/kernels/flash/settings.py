@@ -27,18 +27,12 @@ class FlashSettings:
     # Threads that compile a key's candidates side by side before they are timed (1: one after the other).
     # Measured: 2.07x faster cold tuning of the grid with 8 (H100, 2026-11-24, docs/perf-notes.md).
     compile_threads: int = min(8, os.cpu_count() or 1)
-    # Up to this many batch·heads·n_q·n_k·d, compiled graphs launch the kernels from their own code (the
-    # traced route); larger cases are GPU-bound and take the custom op, whose kernels may use tensor
-    # descriptors and Gluon. The xl model at ctx 512 is 1.7e9, (4, 16, 1024, 1024, 128) 8.6e9.
-    traced_max_work: int = 1 << 33
     # The tuning table shipped for this GPU model (tune_table.py): its keys take their config untimed.
     tune_table: bool = True
 
     def __post_init__(self) -> None:
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads must be >= 1, got {self.compile_threads}")
-        if self.traced_max_work < 0:
-            raise ValueError(f"traced_max_work must be >= 0, got {self.traced_max_work}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> FlashSettings:

@@ -76,13 +76,8 @@ def write_table(path: Path, entries: Mapping[tuple, TileConfig], meta: Mapping[s
 
 def stale_entries(table: TuneTable) -> list[str]:
     """Keys whose config is no longer among their GPU candidates (ignored when looked up)."""
-    stale = []
-    for key, cfg in table.entries.items():
-        kernel, _, launcher = key[0].partition("-")
-        d, dtype = key[4], key[6]
-        if cfg not in gpu_candidate_configs(kernel, d, dtype, pointers_only=launcher == "traced"):
-            stale.append(key_str(key))
-    return stale
+    entries = table.entries.items()
+    return [key_str(key) for key, cfg in entries if cfg not in gpu_candidate_configs(key[0], key[4], key[6])]
 
 
 def table_for_device(device_name: str, folder: Path = TABLES) -> TuneTable:

@@ -2,9 +2,8 @@
 cached (in memory, and in a JSON file when ``FlashSettings.tune_cache`` names one).
 
 Why not ``@triton.autotune``: a key's candidates span two kernel families (Triton and Gluon, whose
-launches take different arguments) and a whole backward; what a call pays differs by route (an eager
-call pays our launcher's host time, which autotune's do_bench leaves out, while a compiled or CUDA-graphed
-launch pays device time only); and the candidates compile side by side before any is timed (2.07x faster
+launches take different arguments) and a whole backward; a call pays our launcher's host time, which
+autotune's do_bench leaves out; and the candidates compile side by side before any is timed (2.07x faster
 cold tuning of the grid, H100, 2026-11-24). Candidates are timed in interleaved rounds with the order rotated per
 round and each one's median round counts: timed one after the other, near-ties went whichever way the
 clocks drifted (H100, 2026-11-24).
@@ -17,11 +16,11 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 import triton
@@ -30,11 +29,6 @@ from .configs import TileConfig, key_str, parse_key
 from .settings import INTERPRET, FlashSettings, flash_settings
 from .tune_table import TuneTable, device_table
 
-# "sustained": event time per launch over ~0.3 s of back-to-back launches after ~0.1 s of the same: what
-# an eager call pays in a loop (a host-bound call's events wait for the host) and what do_bench's long runs
-# see; "graph": device time of launches replayed from a CUDA graph (what a compiled graph's or a CUDA
-# graph's launch pays).
-Metric = Literal["sustained", "graph"]
 Timer = Callable[[Callable[[], None]], float]
 
 
@@ -65,34 +59,6 @@ def sustained_time_ms(launch: Callable[[], None], budget_ms: float = 300.0, warm
     return start.elapsed_time(end) / reps
 
 
-def graph_time_ms(launch: Callable[[], None], budget_ms: float = 2.0) -> float:
-    """Per launch of ~``budget_ms`` of back-to-back launches captured in a CUDA graph and replayed: device
-    time only, L2 warm (the model's attention inputs were just written by the QKV projection). Not
-    triton's do_bench_cudagraph: torch.cuda.graph runs a full garbage collection per capture, 0.1-0.3 s
-    in a compiling process, and tuning captures once per candidate and round."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        reps = max(1, min(200, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(capture_error_mode="thread_local")
-        for _ in range(reps):
-            launch()
-        graph.capture_end()
-        graph.replay()  # the first replay uploads the graph
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-    torch.cuda.current_stream().wait_stream(stream)
-    return start.elapsed_time(end) / reps
-
-
 def warm_clocks(launch: Callable[[], None], ms: float = 20.0) -> None:
     """Keep the GPU busy for ~``ms``, one launch at a time, so that timing starts on boosted clocks:
     compiles leave it idle for seconds."""
@@ -109,22 +75,22 @@ class CandidateFailed(Exception):
 
 class Tuner:
     """Chosen configs by tuning key, with the timings behind each choice, where each came from and why
-    candidates failed. ``timers`` (by metric) and ``warm_up`` are the GPU clock, ``can_time`` says whether
-    there is one (not under Triton's CPU interpreter), ``table`` gives the shipped tuning table; tests pass
-    their own. ``settings``: fixed settings instead of the ones in force (:func:`configured`)."""
+    candidates failed. ``timer`` and ``warm_up`` are the GPU clock, ``can_time`` says whether there is one
+    (not under Triton's CPU interpreter), ``table`` gives the shipped tuning table; tests pass their own.
+    ``settings``: fixed settings instead of the ones in force (:func:`configured`)."""
 
     ROUNDS = 3
 
     def __init__(
         self,
-        timers: Mapping[str, Timer] | None = None,
+        timer: Timer = sustained_time_ms,
         warm_up: Callable[[Callable[[], None]], None] = warm_clocks,
         can_time: bool = not INTERPRET,
         table: Callable[[], TuneTable] = device_table,
         settings: FlashSettings | None = None,
     ):
-        self.timers = dict(timers or {"sustained": sustained_time_ms, "graph": graph_time_ms})
-        self.warm_up, self.can_time, self.table, self.settings = warm_up, can_time, table, settings
+        self.timer, self.warm_up, self.can_time, self.table = timer, warm_up, can_time, table
+        self.settings = settings
         self.cache: dict[tuple, TileConfig] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
         self.sources: dict[tuple, str] = {}  # "tuned", "tune cache" (the settings' file) or "table"
@@ -140,12 +106,11 @@ class Tuner:
         candidates: Sequence[TileConfig],
         launch: Callable[[TileConfig], None],
         calls: Callable[[TileConfig], Sequence[Compilable]] | None = None,
-        metric: Metric = "sustained",
     ) -> TileConfig:
         """The config for ``key``: forced, cached, the first candidate (tuning off, the interpreter, one
-        candidate), or the fastest by ``metric``. Every candidate is built (``launch(c)`` compiles and
-        launches it) before any is timed; ``calls(c)``, a candidate's launches, lets them compile side by
-        side first."""
+        candidate), or the fastest by ``timer`` (:func:`sustained_time_ms`). Every candidate is built
+        (``launch(c)`` compiles and launches it) before any is timed; ``calls(c)``, a candidate's launches,
+        lets them compile side by side first."""
         if kernel in self.forced:
             return self.forced[kernel]
         settings = self.settings or flash_settings()
@@ -161,7 +126,7 @@ class Tuner:
         built = {c: step for c, step in steps.items() if _builds(step)}
         timings = {str(c): math.inf for c in candidates}
         if built:
-            timings.update(self._time(built, self.timers[metric]))
+            timings.update(self._time(built))
         cfg = min(candidates, key=lambda c: timings[str(c)])
         if math.isinf(timings[str(cfg)]):
             raise RuntimeError(f"no candidate config builds for {key_str(key)}: {self.errors}")
@@ -190,7 +155,7 @@ class Tuner:
         "default" (none chosen yet: a call takes the first candidate)."""
         return self.sources.get(key) or ("tune cache" if key in self.cache else "default")
 
-    def _time(self, built: dict[TileConfig, Callable[[], None]], timer: Timer) -> dict[str, float]:
+    def _time(self, built: dict[TileConfig, Callable[[], None]]) -> dict[str, float]:
         """Median ms of each candidate over interleaved rounds, the order rotated per round."""
         self.warm_up(next(iter(built.values())))
         rounds: dict[TileConfig, list[float]] = {c: [] for c in built}
@@ -198,7 +163,7 @@ class Tuner:
         for r in range(self.ROUNDS):
             for c in order[r % len(order) :] + order[: r % len(order)]:
                 try:
-                    rounds[c].append(timer(built[c]))
+                    rounds[c].append(self.timer(built[c]))
                 except CandidateFailed:
                     rounds[c].append(math.inf)
         return {str(c): statistics.median(t) for c, t in rounds.items()}
