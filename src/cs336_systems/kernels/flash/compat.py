@@ -45,6 +45,7 @@ def check_versions(triton_version: str = triton.__version__, torch_version: str 
 # Before the private imports below, which another version may not have.
 check_versions()
 
+from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: E402
 from triton._C.libtriton import ir  # noqa: E402
 from triton.experimental.gluon.language._core import builtin  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
@@ -111,7 +112,6 @@ def current_raw_stream(device: int) -> int:
 
 
 def dispatch_mode_active() -> bool:
-    """Whether a Python dispatch mode (selective checkpointing, FlopCounterMode) is active."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
+    """Whether a Python dispatch mode (selective checkpointing, FlopCounterMode) is active (every eager
+    call asks: the lookup is imported once, not per call)."""
     return _get_current_dispatch_mode() is not None
