@@ -32,7 +32,7 @@ import timeit
 import pytest
 import torch
 
-from cs336_systems.harness.adapters import IMPL, TRITON_HOOK, adapters_param, timed
+from cs336_systems.harness.adapters import IMPL, TRITON_HOOK, adapters_param, standing, timed
 from cs336_systems.harness.attention import make_grad, make_qkv, resolve_impl
 from cs336_systems.harness.environment import environment_info
 from cs336_systems.harness.record import log_case, record_oom, record_times, run_benchmark
@@ -160,7 +160,10 @@ def _adapters_row(benchmark, config: pytest.Config, info: dict) -> None:
         fwd, bwd = result["fwd_ms"], result["bwd_ms"]
         record_times(benchmark, [f + b for f, b in zip(fwd, bwd, strict=True)], **info)
         benchmark.extra_info.update(
-            status="ok", **_pass_stats(fwd, bwd), mem_before_bwd_mib=result["mem_before_bwd_mib"]
+            status="ok",
+            **_pass_stats(fwd, bwd),
+            mem_before_bwd_mib=result["mem_before_bwd_mib"],
+            **standing(config, result, None),
         )
     log_case(benchmark)
 

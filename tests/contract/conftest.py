@@ -1,19 +1,22 @@
-"""Fixtures of the contract tests: every check runs in worker processes of the graded code
-(``cs336_systems.grading``), this process only collects, runs workers and reports.
+"""Fixtures of the contract tests: every hook runs in worker processes of the graded code, and this
+process makes the inputs, computes the references and decides (``cs336_systems.grading``).
 
 The adapters file under test: ``--adapters PATH`` or ``CS336_ADAPTERS``, else the suite's own
-``tests/adapters.py``. Each test carries ``@pytest.mark.hook(...)`` and ``@pytest.mark.tier(...)``; the
-grading summary (``grading.summary``) counts it under each hook and tier.
+``tests/adapters.py``. Each test carries ``@pytest.mark.hook(...)`` and ``@pytest.mark.tier(...)`` and
+records its case's verdict for the report (``grading.summary``). Grading another implementation, only
+the hook tests are collected: the suite's own self-checks would only cost the student time.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.pytest_plugin import ROOTS
+from cs336_systems.grading.pytest_plugin import PROBE, ROOTS, SEED
 from cs336_systems.grading.roots import StudentRoots
-from cs336_systems.grading.runner import CaseRuns
-from cs336_systems.grading.summary import HOOKS_PROPERTY, TIER_PROPERTY
+from cs336_systems.grading.session import Grader
+from cs336_systems.grading.summary import CASE_PROPERTY
+from cs336_systems.grading.verdict import FAILED, SKIPPED, Verdict
+from cs336_systems.grading.worker.cases import Case
 
 WORKER_TIMEOUT_S = 240.0
 
@@ -23,59 +26,74 @@ def roots(pytestconfig: pytest.Config) -> StudentRoots:
     return pytestconfig.stash[ROOTS]
 
 
-@pytest.fixture
-def suite_self_check(roots: StudentRoots) -> None:
-    """For tests of the contract suite itself (planted bugs, bench rows): skipped while grading
-    another implementation, where they would only cost the student time."""
-    if not roots.self_grade:
-        pytest.skip("a self-check of the contract suite; runs without --adapters")
-
-
 @pytest.fixture(scope="session")
-def case_runs(roots: StudentRoots) -> CaseRuns:
-    return CaseRuns(roots, WORKER_TIMEOUT_S)
+def grader(pytestconfig: pytest.Config, roots: StudentRoots) -> Grader:
+    return Grader(roots, pytestconfig.stash[PROBE], pytestconfig.stash[SEED], WORKER_TIMEOUT_S)
+
+
+def _record(node: pytest.Item, case: Case, verdict: Verdict) -> None:
+    node.user_properties.append(
+        (
+            CASE_PROPERTY,
+            {
+                "id": case.id,
+                "tier": case.tier,
+                "hooks": list(case.hooks),
+                "status": verdict.status,
+                "kind": verdict.kind,
+                "message": verdict.message,
+            },
+        )
+    )
 
 
 @pytest.fixture
-def verdict(request: pytest.FixtureRequest, case_runs: CaseRuns):
-    """``verdict(module, case)``: the case's result from the workers, as this test's outcome. The
-    module's other selected cases at the same world size run in the same workers."""
+def verdict(request: pytest.FixtureRequest, grader: Grader):
+    """``verdict(case)``: the case's verdict as this test's outcome. The function's other selected cases
+    at the same world size run in the same workers."""
 
-    def check(module: str, case: dict) -> None:
-        ws = case.get("world_size", 1)
-        selected = [
-            item.callspec.params["case"]["id"]
+    def check(case: Case) -> None:
+        batch = [
+            item.callspec.params["case"].id
             for item in request.session.items
             if getattr(item, "function", None) is request.function
-            and item.callspec.params["case"].get("world_size", 1) == ws
+            and item.callspec.params["case"].world_size == case.world_size
         ]
-        result = case_runs.verdict(module, case["id"], selected, ws)
-        if result["status"] == "skipped":
-            pytest.skip(result["message"])
-        if result["status"] != "passed":
-            pytest.fail(result["message"], pytrace=False)
+        result = grader.verdict(case, batch)
+        _record(request.node, case, result)
+        if result.status == SKIPPED:
+            pytest.skip(result.message)
+        if result.status == FAILED:
+            pytest.fail(result.message, pytrace=False)
+        if result.status != "passed":
+            pytest.fail(f"cannot grade ({result.kind}): {result.message}", pytrace=False)
 
     return check
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # user_properties travel with the reports (to the xdist controller too), the markers do not.
-    for item in items:
-        hook, tier = item.get_closest_marker("hook"), item.get_closest_marker("tier")
-        if hook is not None:
-            item.user_properties.append((HOOKS_PROPERTY, tuple(hook.args)))
-            item.user_properties.append((TIER_PROPERTY, tier.args[0] if tier else "course"))
+def _other_edition(item: pytest.Item, probe) -> bool:
+    """A hook test whose hooks the file does not have at all (a 1.0.5 file has no get_fsdp)."""
+    marker = item.get_closest_marker("hook")
+    return marker is not None and probe.absent(marker.args)
 
 
-@pytest.fixture(autouse=True)
-def _skip_blank_hooks(request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> None:
-    """A test whose hooks include a blank one (the course's template) skips, naming it, before any
-    worker starts (known from the probe when grading another file)."""
-    from cs336_systems.grading.pytest_plugin import PROBE
-
-    marker, probe = request.node.get_closest_marker("hook"), pytestconfig.stash.get(PROBE, None)
-    if marker is None or probe is None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    roots, probe = config.stash.get(ROOTS, None), config.stash.get(PROBE, None)
+    if roots is None or roots.self_grade or not config.getoption("--adapters", None):
         return
-    for name in marker.args:
-        if probe["blank"].get(name):
-            pytest.skip(probe["blank"][name])
+    keep = [
+        i
+        for i in items
+        if (i.get_closest_marker("hook") is not None or "contract" not in str(i.path)) and not _other_edition(i, probe)
+    ]
+    dropped = [i for i in items if i not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+@pytest.fixture
+def suite_self_check(roots: StudentRoots) -> None:
+    """For tests of the contract suite itself (planted bugs, fixtures, bench rows)."""
+    if not roots.self_grade:
+        pytest.skip("a self-check of the contract suite; runs without --adapters")

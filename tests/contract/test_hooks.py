@@ -1,54 +1,52 @@
-"""The grading contract: every hook of either edition, checked in worker processes of the graded
-code (``cs336_systems.grading.worker``: attention, ddp, sharded, fsdp; each module's docstring says
-what it checks and how its tiers differ). ``course`` is what the course promises; ``leaderboard`` the
-2025 leaderboard's case (Triton, GPU); ``beyond`` what a careful implementation also gets right."""
+"""The grading contract: every case of ``cs336_systems.grading.worker.cases`` (one table: hooks, tier,
+device, dtype, shape, world size, tolerance), run in worker processes of the graded code and judged
+here. ``course`` is what the course's tests run; ``leaderboard`` the 2025 leaderboard's case (Triton,
+GPU); ``beyond`` what a careful implementation also gets right."""
 
 from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.worker import attention, ddp, fsdp, sharded
+from cs336_systems.grading.worker.cases import of_family
 
 
-def _params(module, hooks_of) -> list:
+def _params(family: str) -> list:
     params = []
-    for case in module.CASES.values():
-        marks = [pytest.mark.hook(*hooks_of(case)), pytest.mark.tier(case["tier"])]
-        if case.get("gpu"):
-            marks.append(pytest.mark.gpu)
-        if case.get("world_size", 1) > 1:
+    for case in of_family(family):
+        marks = [pytest.mark.hook(*case.hooks), pytest.mark.tier(case.tier)]
+        if case.world_size > 1:
             marks.append(pytest.mark.distributed)
-        params.append(pytest.param(case, marks=marks, id=case["id"]))
+        params.append(pytest.param(case, marks=marks, id=case.id))
     return params
 
 
-@pytest.mark.timeout(1200)
-@pytest.mark.parametrize("case", _params(attention, lambda c: (attention.HOOK[c["kind"]],)))
-def test_attention(verdict, case: dict) -> None:
-    """O, the saved L and dQ, dK, dV against float64 within plain PyTorch's same-dtype error; bad input
+@pytest.mark.timeout(1200)  # the first test of a family and world size runs the whole batch
+@pytest.mark.parametrize("case", _params("attention"))
+def test_attention(verdict, case) -> None:
+    """O, the saved L and dQ, dK, dV against float64; the repository's own kernel ran; bad input
     raises; the leaderboard's shape runs under torch.compile."""
-    verdict("attention", case)
-
-
-@pytest.mark.timeout(1200)  # the first test of a world size runs its batch of cases
-@pytest.mark.parametrize("case", _params(ddp, lambda c: c["hooks"]))
-def test_ddp(verdict, case: dict) -> None:
-    """Broadcast at construction, per-step gradients = the full-batch average, final weights = the
-    single-process ones and the same on every rank."""
-    verdict("ddp", case)
+    verdict(case)
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("case", _params(sharded, lambda c: c["hooks"]))
-def test_sharded_optimizer(verdict, case: dict) -> None:
-    """Weights = the unsharded optimizer's at every step, the same on every rank; each parameter's
-    state on exactly one rank."""
-    verdict("sharded", case)
+@pytest.mark.parametrize("case", _params("ddp"))
+def test_ddp(verdict, case) -> None:
+    """Broadcast at construction, each step's parameters (and, beyond, gradients) equal the
+    non-parallel run's, ranks agree."""
+    verdict(case)
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("case", _params(fsdp, lambda c: c["hooks"]))
-def test_fsdp(verdict, case: dict) -> None:
-    """fp32 masters and gradients of the shard's shape, sharded weights, replicated gradients equal
-    across ranks, gathered weights = single-process training after every step."""
-    verdict("fsdp", case)
+@pytest.mark.parametrize("case", _params("sharded"))
+def test_sharded_optimizer(verdict, case) -> None:
+    """Parameters equal the unsharded optimizer's; beyond, each parameter's state on exactly one rank
+    and equal to the unsharded state."""
+    verdict(case)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("case", _params("fsdp"))
+def test_fsdp(verdict, case) -> None:
+    """Gathered parameters equal single-process training; gradients of the parameters' own shape and
+    dtype; replicated gradients bitwise equal across ranks; beyond, sharded weights and fp32 masters."""
+    verdict(case)

@@ -4,7 +4,8 @@ PATH as a test path, and import the student's ``tests/conftest.py`` from it.
 
 ``--adapters PATH`` (or ``CS336_ADAPTERS``) names the adapters file to grade; ``--repo-root``,
 ``--package-root`` and ``--basics-root`` override where its code is found; ``--grade-json`` writes the
-per-hook report. Before any test runs, one worker loads the adapters file: if it cannot (missing, a
+report; ``--grade-seed`` fixes the run's inputs (fresh ones every run otherwise). Before any test runs,
+the file's source is read for blank hooks (``probe``) and one worker loads it: if it cannot (missing, a
 directory, a syntax error, a missing dependency), the run stops with that one line.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .settings import adapters_from_env, cache_probe, cached_probe
+from .settings import adapters_from_env, loaded_before, mark_loaded, share_seed, shared_seed
 
 DEFAULT_ADAPTERS = "tests/adapters.py"
 OPTIONS = {
@@ -23,14 +24,24 @@ OPTIONS = {
     "--repo-root": "the graded repository's root (default: the folder above the adapters file holding pyproject.toml)",
     "--package-root": "the folder holding the graded cs336_systems (default: module-root in pyproject.toml, src/ or the repo root)",
     "--basics-root": "the folder holding the graded cs336_basics (default: [tool.uv.sources] cs336-basics in pyproject.toml)",
-    "--grade-json": "write the per-hook, per-tier results (with each failure's message) to this JSON file",
+    "--grade-json": "write the report (groups, tiers, every case's verdict and message, the seed) to this JSON file",
+    "--grade-seed": "the seed of the run's inputs (default: fresh each run; the report records it)",
 }
+ROOTS = pytest.StashKey()
+PROBE = pytest.StashKey()
+SEED = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cs336 grading")
     for flag, help_text in OPTIONS.items():
-        group.addoption(flag, default=None, metavar="PATH", help=help_text)
+        group.addoption(flag, default=None, metavar="PATH" if flag != "--grade-seed" else "N", help=help_text)
+    group.addoption(
+        "--grade-summary",
+        choices=("table", "none"),
+        default="table",
+        help="print the hook x tier table at the end (none: the report goes to --grade-json only)",
+    )
 
 
 def requested_adapters(config: pytest.Config) -> Path | None:
@@ -41,56 +52,75 @@ def requested_adapters(config: pytest.Config) -> Path | None:
 def student_roots(config: pytest.Config, adapters: Path):
     from .roots import discover
 
-    return discover(
-        adapters, *(config.getoption(f) for f in ("--repo-root", "--package-root", "--basics-root"))
-    )
+    return discover(adapters, *(config.getoption(f) for f in ("--repo-root", "--package-root", "--basics-root")))
 
 
-def _probe(roots) -> dict:
-    from .runner import run_job
+def check_loads(roots) -> None:
+    """One worker imports the adapters file; the run stops with one line when it cannot."""
+    from .runner import Job, run
 
-    (payload,) = run_job(roots, "probe", {}, timeout=120)
-    if "error" in payload:
-        raise pytest.UsageError(f"cannot grade {roots.adapters}: {payload['error']}")
-    return payload["result"]
+    got = run(Job(roots, "load", timeout=180))
+    record = got.records.get(("load", 0))
+    if got.job_problem is None and record is not None and record.get("status") == "loaded":
+        return
+    if got.job_problem:
+        why = got.job_problem
+    elif record is not None and record.get("status") == "load-error":
+        why = record.get("message")
+    elif record is not None:
+        why = f"the load check's record was rewritten (status {record.get('status')!r}, not 'loaded')"
+    else:
+        why = got.problems.get(("load", 0), "no record of the load check")
+    raise pytest.UsageError(f"cannot grade {roots.adapters}: {why}")
+
+
+def _seed(config: pytest.Config) -> int:
+    from .session import fresh_seed
+
+    value = config.getoption("--grade-seed")
+    seed = int(value) if value else shared_seed()
+    seed = fresh_seed() if seed is None else seed
+    share_seed(seed)
+    return seed
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from .probe import probe
     from .roots import SUITE_ROOT, GradingSetupError
     from .summary import GradeSummary
 
     config.addinivalue_line("markers", "hook(*names): a contract test of these grading hooks")
-    config.addinivalue_line(
-        "markers", "tier(name): the contract tier of a test: course, leaderboard or beyond"
-    )
+    config.addinivalue_line("markers", "tier(name): the contract tier of a test: course, leaderboard or beyond")
     adapters = requested_adapters(config)
     try:
         roots = student_roots(config, adapters or SUITE_ROOT / DEFAULT_ADAPTERS)
     except GradingSetupError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[ROOTS] = roots
-    probe = None
-    if adapters is not None:
-        probe = cached_probe(str(adapters)) or _probe(roots)
-        cache_probe(str(adapters), probe)
-    config.stash[PROBE] = probe
+    config.stash[PROBE] = probe(roots.adapters)
+    if adapters is not None and not loaded_before(str(roots.adapters)):
+        check_loads(roots)
+        mark_loaded(str(roots.adapters))
     grade_json = config.getoption("--grade-json")
-    external = adapters is not None and not roots.self_grade
-    config.pluginmanager.register(
-        GradeSummary(external, Path(grade_json) if grade_json else None, probe), "cs336-grade-summary"
+    config.stash[SEED] = _seed(config)
+    summary = GradeSummary(
+        external=adapters is not None and not roots.self_grade,
+        grade_json=Path(grade_json) if grade_json else None,
+        seed=config.stash[SEED],
+        adapters=str(roots.adapters),
+        show=config.getoption("--grade-summary") == "table",
     )
-
-
-ROOTS = pytest.StashKey()
-PROBE = pytest.StashKey()
+    config.pluginmanager.register(summary, "cs336-grade-summary")
 
 
 def unimplemented(config: pytest.Config, hooks: tuple[str, ...]) -> str | None:
     """Why a bench row needing ``hooks`` cannot run (its first hook with no implemented alternative,
-    ``"a|b"`` meaning either), from the probe of the adapters file; None when all are there."""
-    blank = (config.stash.get(PROBE, None) or {}).get("blank", {})
+    ``"a|b"`` meaning either), from the adapters file's source; None when all are there."""
+    found = config.stash.get(PROBE, None)
+    if found is None:
+        return None
     for alternatives in hooks:
-        reasons = [blank.get(h, f"{h}: not implemented (not a known hook)") for h in alternatives.split("|")]
+        reasons = [found.reason(h) for h in alternatives.split("|")]
         if all(reasons):
             return reasons[0]
     return None

@@ -42,6 +42,10 @@ class StudentRoots:
         found = [p for p in (self.package_root, self.basics_root, self.repo_root) if p is not None]
         return [str(p) for p in dict.fromkeys(found)]
 
+    def folders(self) -> list[Path]:
+        """The folders whose files are the student's (provenance and failure frames are judged by them)."""
+        return [Path(p) for p in self.paths()]
+
     def describe(self) -> str:
         return (
             f"adapters {self.adapters}; package root {self.package_root or '(none found)'}; "
@@ -84,10 +88,13 @@ def discover(
     file = Path(adapters).expanduser().resolve()
     if file.is_dir():
         hint = file / "tests" / "adapters.py"
-        more = f" (did you mean {hint}?)" if hint.is_file() else ""
-        raise GradingSetupError(f"--adapters {file} is a directory, not an adapters file{more}")
+        more = f" (its adapters file is {hint})" if hint.is_file() else " and holds no tests/adapters.py"
+        raise GradingSetupError(f"{file} is a folder, not an adapters file{more}")
     if not file.is_file():
-        raise GradingSetupError(f"--adapters: no adapters file at {file}")
+        raise GradingSetupError(f"no adapters file at {file}")
+    for flag, value in (("--repo-root", repo_root), ("--package-root", package_root), ("--basics-root", basics_root)):
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise GradingSetupError(f"{flag} {value}: no such folder")
     repo = Path(repo_root).resolve() if repo_root else _repo_root(file)
     meta = _pyproject(repo)
     module_root = meta.get("tool", {}).get("uv", {}).get("build-backend", {}).get("module-root")

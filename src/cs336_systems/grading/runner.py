@@ -1,35 +1,72 @@
-"""Starting grading workers and collecting what they report.
+"""Starting grading workers, and collecting what they wrote as untrusted data.
 
-One worker process per rank runs ``worker/__main__.py`` with the student's roots on its path. A rank
-that dies ends its peers at once (they would wait on it), and a run past its time limit is killed:
-either way every case of the run gets that error. ``CaseRuns`` runs the selected cases of a check
-together (ranks cost seconds to start), and when such a run crashes, runs each case again alone, so
-that one case's crash fails that case only.
+A job runs one worker process per rank (``worker/__main__.py``, the student's roots first on its path)
+in a folder this process makes: ``job.json`` (what to run, and a fresh token), ``inputs/<case>.pt`` (the
+judge's inputs), ``out/`` (where each rank writes ``<name>.rank<r>.pt``). A rank that dies ends its peers
+at once (they would wait on it), a job past its time limit is killed, and what the workers wrote is
+read by name only (``exchange.read_payload``): a missing or malformed record, one without this job's
+token, or a file nobody asked for is a problem of the case or of the job, never a pass. Exit codes are
+read only to say why a record is missing. ``CaseRuns`` runs the selected cases of a family and world
+size in one job (ranks cost seconds to start) and reruns alone each case a crash left without records.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from cs336_systems.distributed.launch import find_free_port
 
+from .exchange import Untrusted, read_payload, text
 from .roots import SUITE_PACKAGE, StudentRoots, suite_paths
-from .worker.settings import OUT_ENV
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
-WHOLE_RUN_ERRORS = ("load", "refused")  # the adapters did not load / the guard refused: every case's verdict
+EXIT_MEANING = {3: "the adapters file did not load", 4: "refused to grade the suite's own code", 5: "a case raised"}
 
 
-def _env(rank: int, world_size: int, port: int, out: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER", "PYTEST_CURRENT_TEST")}
+@dataclass
+class Job:
+    roots: StudentRoots
+    task: str  # "cases", "load" or "timing.<function>"
+    cases: list[str] = field(default_factory=list)
+    inputs: dict[str, dict] = field(default_factory=dict)
+    args: dict = field(default_factory=dict)
+    world_size: int = 1
+    timeout: float = 300.0
+    backend: str = "gloo"
+
+    def names(self) -> list[str]:
+        return {"cases": self.cases, "load": ["load"]}.get(self.task, ["timing"])
+
+
+@dataclass
+class Collected:
+    """What a job left: each (name, rank)'s validated record, or why there is none; a problem of the
+    whole job (timed out, wrote files nobody asked for); each rank's exit code and last output line."""
+
+    records: dict[tuple[str, int], dict] = field(default_factory=dict)
+    problems: dict[tuple[str, int], str] = field(default_factory=dict)
+    job_problem: str | None = None
+    exit_codes: list[int | None] = field(default_factory=list)
+
+    def complete(self, name: str, world_size: int) -> bool:
+        return all((name, r) in self.records for r in range(world_size))
+
+
+def _env(rank: int, world_size: int, port: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_GRADE"))}
     # PYTHONPATH may hold what the grader installed beside (``--target`` folders): keep it, absolute
     # (a worker runs in the student's repo), without the suite's own roots.
     banned = {Path(p).resolve() for p in suite_paths()}
@@ -41,7 +78,6 @@ def _env(rank: int, world_size: int, port: int, out: Path) -> dict:
         LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-        **{OUT_ENV: str(out)},
         PYTHONUNBUFFERED="1",
     )
     if not torch.cuda.is_available():
@@ -50,119 +86,165 @@ def _env(rank: int, world_size: int, port: int, out: Path) -> dict:
     return env
 
 
+NOISE = ("USDT:", "STAGE:", "SyncActivityProfilerHandler", "Kineto")  # torch.profiler's own log lines
+
+
 def _tail(file: Path) -> str:
-    lines = [line for line in file.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip()[:400] if lines else "(no output)"
+    lines = [line for line in file.read_text(errors="replace").splitlines() if line.strip() and not any(n in line for n in NOISE)]
+    return text(lines[-1].strip(), 400) if lines else "(no output)"
 
 
-def run_job(
-    roots: StudentRoots,
-    task: str,
-    args: dict,
-    world_size: int = 1,
-    timeout: float = 300.0,
-    backend: str = "gloo",
-) -> list[dict]:
-    """Each rank's payload: ``{"result": ...}`` or ``{"error": one line, "kind": load|refused|crash|timeout}``."""
-    job = {
-        "paths": roots.paths(),
-        "suite_paths": suite_paths(),
-        "dists": [{"name": k, "version": v} for k, v in roots.dists.items()],
-        "adapters": str(roots.adapters),
-        "forbidden": None if roots.self_grade else str(SUITE_PACKAGE),
-        "task": task,
-        "args": args,
-        "backend": backend,
-    }
-    with tempfile.TemporaryDirectory(prefix="cs336-grade-") as tmp:
-        folder = Path(tmp)
-        (folder / "job.json").write_text(json.dumps(job))
-        port = find_free_port()
-        procs = []
-        for rank in range(world_size):
-            log = (folder / f"rank{rank}.log").open("w")
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(WORKER), str(folder / "job.json")],
-                    cwd=roots.repo_root,
-                    env=_env(rank, world_size, port, folder / f"rank{rank}.json"),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        failure = _watch(procs, timeout)
-        return [_payload(folder, rank, p.returncode, failure) for rank, p in enumerate(procs)]
-
-
-def _watch(procs: list[subprocess.Popen], timeout: float) -> str | None:
-    """Wait for every rank; on the first one that fails, or past ``timeout``, kill the rest."""
+def _watch(procs: list[subprocess.Popen], timeout: float) -> bool:
+    """Wait for every rank; on the first that exits non-zero, or past ``timeout``, kill the rest.
+    Whether it timed out."""
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs):
-        bad = [p for p in procs if p.poll() not in (None, 0)]
-        if bad or time.monotonic() > deadline:
+        bad = any(p.poll() not in (None, 0) for p in procs)
+        late = time.monotonic() > deadline
+        if bad or late:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
             for p in procs:
                 p.wait()
-            return None if bad else f"timed out after {timeout:.0f} s"
+            return late and not bad
         time.sleep(0.05)
-    return None
+    return False
 
 
-def _payload(folder: Path, rank: int, code: int, failure: str | None) -> dict:
-    out = folder / f"rank{rank}.json"
-    if out.is_file():
-        return json.loads(out.read_text())
-    if failure:
-        return {"error": f"rank {rank} {failure}", "kind": "timeout"}
-    how = "was killed after a peer failed" if code in (-9, None) else f"exited with code {code}"
-    return {"error": f"rank {rank} {how}: {_tail(folder / f'rank{rank}.log')}", "kind": "crash"}
+def run(job: Job) -> Collected:
+    folder = Path(tempfile.mkdtemp(prefix="cs336-grade-"))
+    try:
+        return _run_in(job, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def merge(per_rank: list[dict], case_id: str) -> dict:
-    """One verdict of a case from every rank's: failed if any rank failed (its messages prefixed with
-    the rank), skipped if any skipped, else passed."""
-    results = [p["result"][case_id] for p in per_rank]
-    failed = [(r, res) for r, res in enumerate(results) if res["status"] == "failed"]
-    if failed:
-        prefix = len(results) > 1
-        text = "\n".join((f"rank {r}: " if prefix else "") + res["message"] for r, res in failed)
-        return {"status": "failed", "message": text}
-    return next((res for res in results if res["status"] == "skipped"), results[0])
+def _run_in(job: Job, folder: Path) -> Collected:
+    token = secrets.token_hex(16)
+    (folder / "inputs").mkdir()
+    (folder / "out").mkdir()
+    for case_id, inputs in job.inputs.items():
+        torch.save(inputs, folder / "inputs" / f"{case_id}.pt")
+    spec = {
+        "token": token,
+        "paths": job.roots.paths(),
+        "suite_paths": suite_paths(),
+        "dists": [{"name": k, "version": v} for k, v in job.roots.dists.items()],
+        "adapters": str(job.roots.adapters),
+        "forbidden": None if job.roots.self_grade else str(SUITE_PACKAGE),
+        "roots": job.roots.paths(),
+        "task": job.task,
+        "cases": job.cases,
+        "args": job.args,
+        "backend": job.backend,
+        "inputs": str(folder / "inputs"),
+        "out": str(folder / "out"),
+    }
+    (folder / "job.json").write_text(json.dumps(spec))
+    port = find_free_port()
+    procs = []
+    for rank in range(job.world_size):
+        log = (folder / f"rank{rank}.log").open("w")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), str(folder / "job.json")],
+                cwd=job.roots.repo_root,
+                env=_env(rank, job.world_size, port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    timed_out = _watch(procs, job.timeout)
+    return _collect(job, folder, token, [p.returncode for p in procs], timed_out)
 
 
+def _collect(job: Job, folder: Path, token: str, codes: list[int | None], timed_out: bool) -> Collected:
+    got = Collected(exit_codes=codes)
+    optional = ["refused", "load"]  # written instead of the asked-for records when the job cannot start
+    expected = {f"{n}.rank{r}.pt" for n in [*job.names(), *optional] for r in range(job.world_size)}
+    extra = sorted(p.name for p in (folder / "out").iterdir() if p.name not in expected)
+    if extra:
+        got.job_problem = f"the graded process wrote files the grader did not ask for: {', '.join(extra[:5])}"
+    elif timed_out:
+        got.job_problem = f"timed out after {job.timeout:.0f} s"
+    for name in dict.fromkeys([*job.names(), *optional]):
+        for rank in range(job.world_size):
+            path = folder / "out" / f"{name}.rank{rank}.pt"
+            if name in optional and name not in job.names() and not path.exists():
+                continue
+            try:
+                got.records[(name, rank)] = read_payload(path, token, name, rank)
+            except Untrusted as exc:
+                got.problems[(name, rank)] = _why_missing(str(exc), rank, codes[rank], folder, timed_out)
+    return got
+
+
+def _why_missing(problem: str, rank: int, code: int | None, folder: Path, timed_out: bool) -> str:
+    if not problem.startswith("no output"):
+        return problem
+    if timed_out:
+        return f"rank {rank} did not finish: the job timed out"
+    if code in (-9, None):
+        return f"rank {rank} was stopped after a peer failed"
+    if code < 0:
+        how = f"was killed by {signal.Signals(-code).name} (a crash" + (
+            ": an out-of-bounds access under Triton's interpreter is one cause)" if code == -signal.SIGSEGV else ")"
+        )
+    else:
+        how = f"exited with code {code} ({EXIT_MEANING.get(code, 'a process that leaves in the middle of a case fails it')})"
+    return f"rank {rank} {how} before writing this case's outputs; its last output: {_tail(folder / f'rank{rank}.log')}"
+
+
+@dataclass
+class Outcome:
+    """A case's records from every rank (some may say the call raised), or why there are none;
+    ``error`` names a problem of the grading rather than of the case (load, refused)."""
+
+    records: list[dict] | None = None
+    problem: str | None = None
+    error: str | None = None
+
+
+@dataclass
 class CaseRuns:
-    """Per-case verdicts of a check module's cases, run together per world size, and each alone
-    again when the shared run crashed. Errors of the whole run (the adapters did not load, the guard
-    refused) are every case's verdict."""
+    """The outcome of each case, from jobs of the selected cases of one family and world size, each case
+    rerun alone when a job left it without records. A job-wide refusal or load failure is every case's."""
 
-    def __init__(self, roots: StudentRoots, timeout: float):
-        self.roots, self.timeout = roots, timeout
-        self.done: dict[tuple[str, str], dict] = {}
+    roots: StudentRoots
+    timeout: float
+    done: dict[str, Outcome] = field(default_factory=dict)
 
-    def verdict(
-        self, module: str, case_id: str, selected: list[str], world_size: int = 1, backend: str = "gloo"
-    ) -> dict:
-        if (module, case_id) not in self.done:
-            batch = [c for c in selected if (module, c) not in self.done] or [case_id]
-            self._run(module, batch, world_size, backend, retry_alone=len(batch) > 1)
-        return self.done[(module, case_id)]
+    def outcome(self, case_id: str, batch: list[str], world_size: int, make_inputs: Any) -> Outcome:
+        if case_id not in self.done:
+            todo = [c for c in batch if c not in self.done] or [case_id]
+            self._run(todo, world_size, make_inputs, retry_alone=len(todo) > 1)
+        return self.done[case_id]
 
-    def _run(self, module: str, batch: list[str], world_size: int, backend: str, retry_alone: bool) -> None:
-        per_rank = run_job(self.roots, module, {"cases": batch}, world_size, self.timeout, backend)
-        errors = [p for p in per_rank if "error" in p]
-        if not errors:
-            self.done.update({(module, c): merge(per_rank, c) for c in batch})
-            return
-        first = min(errors, key=lambda p: p["kind"] != "crash")  # a crash names its cause; kills follow it
-        if first["kind"] in ("crash", "timeout") and retry_alone:
-            for case_id in batch:
-                self._run(module, [case_id], world_size, backend, retry_alone=False)
-            return
-        verdict = {
-            "status": "error" if first["kind"] in WHOLE_RUN_ERRORS else "failed",
-            "message": first["error"],
-            "kind": first["kind"],
-        }
-        self.done.update({(module, c): verdict for c in batch})
+    def _run(self, batch: list[str], world_size: int, make_inputs: Any, retry_alone: bool) -> None:
+        job = Job(self.roots, "cases", batch, {c: make_inputs(c) for c in batch}, world_size=world_size, timeout=self.timeout)
+        got = run(job)
+        whole = _job_wide(got)
+        for case_id in batch:
+            present = [got.records[(case_id, r)] for r in range(world_size) if (case_id, r) in got.records]
+            if whole is not None:
+                self.done[case_id] = whole
+            elif len(present) == world_size or any(p.get("status") != "done" for p in present):
+                # complete, or a rank that raised wrote its record and left (its peers were stopped)
+                self.done[case_id] = Outcome(records=present)
+            elif not retry_alone:
+                problems = [got.problems[(case_id, r)] for r in range(world_size) if (case_id, r) in got.problems]
+                self.done[case_id] = Outcome(problem=problems[0] if problems else "no output")
+        for case_id in [c for c in batch if c not in self.done]:
+            self._run([case_id], world_size, make_inputs, retry_alone=False)
+
+
+def _job_wide(got: Collected) -> Outcome | None:
+    """Every case's outcome when the job as a whole failed: the adapters did not load, the guard
+    refused, or the graded process wrote files nobody asked for / ran out of time."""
+    for (name, _), record in got.records.items():
+        if name == "load" and record.get("status") == "load-error":
+            return Outcome(problem=text(record.get("message", "the adapters file did not load")), error="load")
+        if name == "refused":
+            return Outcome(problem=text(record.get("message", "refused")), error="refused")
+    return Outcome(problem=got.job_problem) if got.job_problem else None

@@ -1,28 +1,35 @@
 """The grading knobs read from the environment (every ``CS336_*`` variable lives in a settings module).
 
 - ``CS336_ADAPTERS``: the adapters file to grade, as ``--adapters`` (the option wins).
-- ``CS336_GRADE_PROBE``: set by the run itself: the controller's probe of the adapters file, handed to
-  its pytest-xdist workers so that each does not load the file again.
+- ``CS336_GRADE_LOADED``, ``CS336_GRADE_SEED``: set by the run itself, so that its pytest-xdist workers
+  neither load the adapters file again nor draw another seed. Workers of the graded code never see them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 ADAPTERS_ENV = "CS336_ADAPTERS"
-PROBE_ENV = "CS336_GRADE_PROBE"
+LOADED_ENV = "CS336_GRADE_LOADED"
+SEED_ENV = "CS336_GRADE_SEED"
 
 
 def adapters_from_env() -> str | None:
-    return os.environ.get("CS336_ADAPTERS") or None
+    return os.environ.get(ADAPTERS_ENV) or None
 
 
-def cached_probe(adapters: str) -> dict | None:
-    """The probe of ``adapters`` made by this run's controller, if any."""
-    cached = json.loads(os.environ.get("CS336_GRADE_PROBE", "{}"))
-    return cached["probe"] if cached.get("adapters") == adapters else None
+def loaded_before(adapters: str) -> bool:
+    return os.environ.get(LOADED_ENV) == adapters
 
 
-def cache_probe(adapters: str, probe: dict) -> None:
-    os.environ["CS336_GRADE_PROBE"] = json.dumps({"adapters": adapters, "probe": probe})
+def mark_loaded(adapters: str) -> None:
+    os.environ[LOADED_ENV] = adapters
+
+
+def shared_seed() -> int | None:
+    value = os.environ.get(SEED_ENV)
+    return int(value) if value else None
+
+
+def share_seed(seed: int) -> None:
+    os.environ[SEED_ENV] = str(seed)

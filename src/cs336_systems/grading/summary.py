@@ -1,118 +1,141 @@
-"""The grader's report: one row per hook, one column per tier (passed / failed / skipped), the failures
-with their messages, optionally as JSON (``--grade-json``); and the exit status, which only a ``course``
-failure makes non-zero when another implementation is graded."""
+"""The grader's report: one row per hook group (a hook and the hooks it is graded with, e.g. ``get_ddp``
+with ``ddp_on_after_backward``), one column per tier, each case counted once; the failures with their
+messages; the JSON of ``--grade-json``; and the exit status.
+
+Every contract test records its case's verdict in ``user_properties`` (which travel to the xdist
+controller); the kinds of skips and errors are structured fields, never searched for in message text.
+"""
 
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-HOOKS_PROPERTY, TIER_PROPERTY = "contract_hooks", "contract_tier"
-TIERS = ("course", "leaderboard", "beyond")
-NOT_IMPLEMENTED = "not implemented"
+from .probe import ALL_HOOKS
+from .verdict import ERROR, FAILED, PASSED, SKIPPED
+from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS
+
+CASE_PROPERTY = "grade_case"
+STATUSES = (PASSED, FAILED, SKIPPED, ERROR)
+SKIP_WORDS = {
+    NOT_IMPLEMENTED: "not implemented",
+    NEEDS_GPU: "needs a GPU: skipped here",
+    REFUSES_CPU: "refuses CPU tensors: skipped here",
+}
 
 
-def skip_kind(report: pytest.TestReport) -> str:
-    """Why a test skipped: the hook is not implemented, the machine lacks a GPU, or something else."""
-    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
-    if NOT_IMPLEMENTED in reason:
-        return "blank"
-    return "gpu" if "CUDA GPU" in reason or "refuses CPU" in reason else "other"
+def group_verdict(cases: list[dict]) -> str:
+    """One word for a hook group: FAIL on a course failure; ``cannot grade`` on an error of the
+    grading; else whether the course tier passed, or why it was skipped, and the other tiers that fail."""
+    errors = [c for c in cases if c["status"] == ERROR]
+    if errors:
+        return f"cannot grade: {errors[0]['message'].splitlines()[0][:160]}"
+    course = [c for c in cases if c["tier"] == "course"]
+    if any(c["status"] == FAILED for c in course):
+        return "FAIL"
+    failing = [t for t in TIERS[1:] if any(c["status"] == FAILED and c["tier"] == t for c in cases)]
+    if any(c["status"] == PASSED for c in course) or not course:
+        head = "ok" if not failing else "course ok"
+    else:
+        kinds = Counter(c["kind"] for c in course)
+        head = SKIP_WORDS.get(kinds.most_common(1)[0][0], "skipped") if kinds else "skipped"
+    return head + (f"; fails {', '.join(failing)}" if failing else "")
+
+
+def build(cases: list[dict], seed: int | None, adapters: str | None) -> dict[str, Any]:
+    groups: dict[str, dict] = {}
+    for case in cases:
+        g = groups.setdefault(case["hooks"][0], {"hooks": case["hooks"], "cases": []})
+        g["cases"].append(case)
+    table = {}
+    for name, g in sorted(groups.items(), key=lambda kv: ALL_HOOKS.index(kv[0]) if kv[0] in ALL_HOOKS else 99):
+        table[name] = {
+            "hooks": list(g["hooks"]),
+            "verdict": group_verdict(g["cases"]),
+            **{t: dict(Counter(c["status"] for c in g["cases"] if c["tier"] == t)) for t in TIERS},
+            "failures": [
+                {"case": c["id"], "tier": c["tier"], "message": c["message"]}
+                for c in g["cases"]
+                if c["status"] in (FAILED, ERROR)
+            ],
+        }
+    hooks = {h: {"group": name, **row} for name, row in table.items() for h in row["hooks"]}
+    return {
+        "adapters": adapters,
+        "seed": seed,
+        "groups": table,
+        "hooks": hooks,
+        "cases": cases,
+        "totals": dict(Counter(c["status"] for c in cases)),
+    }
+
+
+def exit_status(report: dict, external: bool, pytest_status: int) -> int:
+    """Grading another implementation, only a course failure or an error of the grading fails the run;
+    grading the suite's own hooks, pytest's status stands."""
+    if not external:
+        return pytest_status
+    bad = any(c["status"] == ERROR or (c["status"] == FAILED and c["tier"] == "course") for c in report["cases"])
+    return 1 if bad else 0
+
+
+def _cell(counts: dict) -> str:
+    if not counts:
+        return "-"
+    return "/".join(str(counts.get(s, 0)) for s in (PASSED, FAILED, SKIPPED)) + (
+        f" +{counts[ERROR]}err" if counts.get(ERROR) else ""
+    )
+
+
+def render(report: dict) -> list[str]:
+    """The hook group x tier table (passed/failed/skipped), and a totals line that adds up."""
+    rows = [("hook (graded with)", *TIERS, "verdict")]
+    for name, row in report["groups"].items():
+        label = name + (f" (+{len(row['hooks']) - 1})" if len(row["hooks"]) > 1 else "")
+        rows.append((label, *(_cell(row[t]) for t in TIERS), row["verdict"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
+    totals = report["totals"]
+    lines.append(
+        f"{len(report['cases'])} cases: " + ", ".join(f"{totals.get(s, 0)} {s}" for s in STATUSES)
+        + f" (cells: passed/failed/skipped; seed {report['seed']})"
+    )
+    return lines
 
 
 class GradeSummary:
-    """Counts each contract test once per hook and tier (its call phase, or the setup phase that
-    skipped or failed), and prints the table at the end of the run."""
+    """Collects each contract test's case verdict; prints the table (``--grade-summary table``) and writes
+    ``--grade-json`` at the end of the run; sets the exit status when another implementation is graded."""
 
-    def __init__(self, external: bool, grade_json: Path | None, probe: dict | None):
-        self.external, self.grade_json, self.probe = external, grade_json, probe
-        self.counts: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
-        self.failures: dict[str, list[dict]] = defaultdict(list)
-        self.other_failures = 0
+    def __init__(self, external: bool, grade_json: Path | None, seed: int | None, adapters: str | None, show: bool):
+        self.external, self.grade_json, self.seed, self.adapters, self.show = external, grade_json, seed, adapters, show
+        self.cases: dict[str, dict] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        props = dict(report.user_properties)
-        hooks, tier = props.get(HOOKS_PROPERTY), props.get(TIER_PROPERTY, "course")
-        counted = report.when == "call" or report.outcome != "passed"
-        if report.when == "teardown" and report.outcome == "skipped":
-            counted = False
-        if not counted:
-            return
-        if hooks is None:
-            self.other_failures += report.outcome == "failed"
-            return
-        outcome = report.outcome if report.outcome != "skipped" else f"skipped:{skip_kind(report)}"
-        for hook in hooks:
-            self.counts[hook][tier][outcome] += 1
-            if report.outcome == "failed":
-                message = str(
-                    (getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message)
-                    or report.longrepr
-                )
-                self.failures[hook].append({"test": report.nodeid, "tier": tier, "message": message})
+        for key, value in report.user_properties:
+            if key == CASE_PROPERTY:
+                self.cases[value["id"]] = value
 
-    def verdict(self, hook: str) -> str:
-        tiers = self.counts[hook]
-        failed = [t for t in TIERS if tiers[t]["failed"]]
-        passed = sum(c["passed"] for c in tiers.values())
-        skip_kinds = {k for c in tiers.values() for k, n in c.items() if k.startswith("skipped") and n}
-        if "course" in failed:
-            return "FAIL"
-        if failed:
-            return "course ok; fails " + ", ".join(failed)
-        if passed:
-            return "ok"
-        if "skipped:blank" in skip_kinds:
-            return NOT_IMPLEMENTED
-        return "needs a GPU: skipped here" if "skipped:gpu" in skip_kinds else "skipped"
-
-    def table(self) -> dict:
-        return {
-            hook: {
-                "verdict": self.verdict(hook),
-                **{t: dict(self.counts[hook][t]) for t in TIERS},
-                "failures": self.failures[hook],
-            }
-            for hook in self._hooks()
-        }
-
-    def _hooks(self) -> list[str]:
-        defined = set(self.probe["defined"]) if self.probe else set(self.counts)
-        return sorted(h for h in self.counts if h in defined)
-
-    def _cell(self, c: Counter) -> str:
-        skipped = sum(n for k, n in c.items() if k.startswith("skipped"))
-        return f"{c['passed']:>3}/{c['failed']:<2}/{skipped:<3}" if c else "      -     "
+    def report(self) -> dict:
+        return build(list(self.cases.values()), self.seed, self.adapters)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.counts:
+        if not self.cases:
             return
-        write = terminalreporter.write_line
-        terminalreporter.write_sep("=", "grading summary: hook x tier (passed/failed/skipped)")
-        width = max(map(len, self.counts))
-        write(f"{'hook':<{width}}  " + "  ".join(f"{t:^12}" for t in TIERS) + "  verdict")
-        for hook in self._hooks():
-            cells = "  ".join(self._cell(self.counts[hook][t]) for t in TIERS)
-            write(f"{hook:<{width}}  {cells}  {self.verdict(hook)}")
-        absent = sorted(set(self.counts) - set(self._hooks()))
-        if absent:
-            write(f"not in this adapters file (the other edition's hooks): {', '.join(absent)}")
+        report = self.report()
         if self.grade_json:
             self.grade_json.parent.mkdir(parents=True, exist_ok=True)
-            self.grade_json.write_text(json.dumps({"hooks": self.table()}, indent=2))
-            write(f"per-hook results written to {self.grade_json}")
+            self.grade_json.write_text(json.dumps(report, indent=2))
+        if self.show:
+            terminalreporter.write_sep("=", "grading summary: hook x tier (passed/failed/skipped)")
+            for line in render(report):
+                terminalreporter.write_line(line)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Grading another implementation, only a course-tier failure fails the run."""
-        course = sum(self.counts[h]["course"]["failed"] for h in self.counts)
-        if (
-            self.external
-            and exitstatus == pytest.ExitCode.TESTS_FAILED
-            and not course
-            and not self.other_failures
-        ):
-            session.exitstatus = pytest.ExitCode.OK
+        if self.cases and self.external and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            session.exitstatus = exit_status(self.report(), True, exitstatus)

@@ -3,8 +3,10 @@
 ``--adapters PATH`` (or ``CS336_ADAPTERS``) adds an ``adapters`` row to the attention, leaderboard, DDP
 and sharding benches. The row's code never runs in the bench process (whose ``cs336_systems`` is the
 suite's): ``timed`` hands the case to a grading worker (``cs336_systems.grading.worker.timing``), which
-loads the student's package and returns the times. A hook that is not implemented skips the row by name
-(known from the probe of the adapters file, before any worker starts).
+loads the student's package and returns the times, and what one call of the timed function ran. A hook
+that is not implemented skips the row by name (read from the adapters file's source before any worker
+starts). ``standing`` decides, here, whether an attention row may be ranked: a kernel of the repository's
+own ran, torch's attention did not, and the time is not below what the GPU's peak allows.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from cs336_systems.grading.pytest_plugin import ROOTS
-from cs336_systems.grading.runner import run_job
+from cs336_systems.grading.judge import provenance
+from cs336_systems.grading.pytest_plugin import PROBE, ROOTS
+from cs336_systems.grading.runner import Job, run
 from cs336_systems.grading.worker.timing import TRITON_HOOK  # noqa: F401  (the benches' rows name it)
 
 IMPL = "adapters"  # the implementation value of the benches' adapters rows
@@ -39,16 +42,36 @@ def adapters_param(*values: Any, hooks: tuple[str, ...], id: str = IMPL, gpu: bo
 
 
 def timed(config: pytest.Config, task: str, args: dict, world_size: int = 1, backend: str = "gloo") -> dict:
-    """Rank 0's result of ``timing.<task>`` run on the adapters' code in worker processes; skips the
-    row when a hook it needs is not implemented, fails it with the worker's one-line error."""
-    payloads = run_job(config.stash[ROOTS], f"timing.{task}", args, world_size, WORKER_TIMEOUT_S, backend)
-    errors = [p["error"] for p in payloads if "error" in p]
-    if errors:
-        pytest.fail(f"the adapters' {task} run failed: {errors[0]}", pytrace=False)
-    result = payloads[0]["result"]
-    if "skip" in result:
-        pytest.skip(result["skip"])
-    return result
+    """Rank 0's result of ``timing.<task>`` run on the adapters' code in worker processes; fails the row
+    with the job's one-line problem. The times are the graded process's own report: ``standing`` says
+    whether an attention row may be ranked."""
+    if task == "ddp" and args.get("bucket_mb") is None:
+        probe = config.stash[PROBE]
+        args = {**args, "individual_hook": "get_ddp" if probe.reason("get_ddp_individual_parameters") else "get_ddp_individual_parameters"}
+    got = run(Job(config.stash[ROOTS], f"timing.{task}", args=args, world_size=world_size, timeout=WORKER_TIMEOUT_S, backend=backend))
+    record = got.records.get(("timing", 0))
+    problems = [got.job_problem, *got.problems.values()]
+    if record is None or record.get("status") != "done" or not isinstance(record.get("result"), dict):
+        why = next((p for p in problems if p), record and record.get("message"))
+        pytest.fail(f"the adapters' {task} run failed: {why}", pytrace=False)
+    return record["result"]
+
+
+def standing(config: pytest.Config, result: dict, floor_ms: float | None) -> dict[str, Any]:
+    """Whether an attention row may be ranked, and what its timed call ran: ``ranked`` is False, with
+    ``unranked_because``, when no Triton kernel of the repository ran, when torch's attention did, or when
+    the reported time is under ``floor_ms`` (the FLOPs at the GPU's dense peak: no kernel can be faster)."""
+    folders = [p.resolve() for p in config.stash[ROOTS].folders()]
+    record = result.get("provenance")
+    try:
+        misses = provenance.attention_misses("triton", record, folders, on_gpu=True)
+        ran = provenance.summary(record, folders)
+    except Exception as exc:  # a malformed record is unranked, never a crash of the bench
+        misses, ran = [f"no usable provenance record ({type(exc).__name__})"], {}
+    mean = result.get("mean_ms")
+    if floor_ms is not None and mean is not None and mean < floor_ms:
+        misses.append(f"reported {mean:.3f} ms is below {floor_ms:.3f} ms, the GPU's dense peak for these FLOPs")
+    return {"ranked": not misses, "unranked_because": "; ".join(misses) or None, **ran}
 
 
 def workload(on_gpu: bool) -> dict:

@@ -1,10 +1,12 @@
 """A grading worker: ``python <this file> JOB.json``, started by ``cs336_systems.grading.runner``.
 
-Run as a file, never as ``-m cs336_systems...``: this process's ``cs336_systems`` must be the student's.
-It loads this folder as the private package ``_cs336_grader``, makes the import system the student's
-(``isolate``), loads the adapters file, runs one task on it and writes the result as JSON to the path
-in ``CS336_GRADE_OUT``. Exit codes: 0 done, 3 the adapters file did not load, 4 refused (the suite's own
-code answered a hook).
+It computes and never judges. Run as a file, never as ``-m cs336_systems...``: this process's
+``cs336_systems`` must be the student's. It loads this folder as the private package ``_cs336_grader``,
+makes the import system the student's (``isolate``), loads the adapters file, and for each case it was
+asked for runs the hooks on the judge's inputs (``inputs/<case>.pt``) and saves what came out to
+``<out>/<case>.rank<r>.pt`` (tensors and plain data, read back with ``torch.load(weights_only=True)``).
+Everything written here is untrusted by the judge, which checks it against references it computes
+itself. Exit codes: 0 done, 3 the adapters file did not load, 4 refused (the suite's own code answered).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = "_cs336_grader"
@@ -28,8 +32,51 @@ def _install_package() -> None:
     spec.loader.exec_module(module)
 
 
-def _write(payload: dict) -> None:
-    importlib.import_module(f"{PACKAGE}.settings").out_path().write_text(json.dumps(payload))
+def _mod(name: str) -> Any:
+    return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+def _save(job: dict, name: str, payload: dict) -> None:
+    import torch
+
+    rank = int(os.environ.get("RANK", "0"))
+    body = {"token": job["token"], "case": name, "rank": rank, **payload}
+    torch.save(body, Path(job["out"]) / f"{name}.rank{rank}.pt")
+
+
+def _run_case(job: dict, hooks: Any, case_id: str, rank: int) -> dict:
+    import torch
+
+    cases, dist, outcome, provenance = _mod("cases"), _mod("dist"), _mod("outcome"), _mod("provenance")
+    case = cases.CASES[case_id]
+    device = dist.device_for(case.device, rank)
+    inputs = torch.load(Path(job["inputs"]) / f"{case_id}.pt", weights_only=True)
+    recorder = provenance.Recorder()
+    try:
+        if case.family == "attention":
+            fn = getattr(hooks, case.hooks[0])()
+            result = _mod("attention").run(fn, case, inputs, device, recorder)
+        else:
+            result = _mod(case.family).run(hooks, case, inputs, device, rank)
+        result = _to_cpu(result)
+        status: dict[str, Any] = {"status": "done", "result": result}
+    except Exception as exc:
+        status = {"status": "raised", **outcome.describe(exc, job["roots"])}
+    if case.family == "attention":
+        status["provenance"] = recorder.report(job["roots"])
+    return {"device": str(device), **status}
+
+
+def _to_cpu(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_to_cpu(v) for v in obj]
+    return obj
 
 
 def main(job_file: str) -> int:
@@ -37,30 +84,33 @@ def main(job_file: str) -> int:
         del sys.path[0]
     _install_package()
     job = json.loads(Path(job_file).read_text())
-    isolate = importlib.import_module(f"{PACKAGE}.isolate")
-    hooks_mod = importlib.import_module(f"{PACKAGE}.hooks")
+    isolate = _mod("isolate")
     isolate.isolate(job["paths"], job["suite_paths"], job["dists"])
     try:
         module = isolate.load_adapters(job["adapters"])
     except isolate.AdaptersError as exc:
-        _write({"error": str(exc), "kind": "load"})
+        _save(job, "load", {"status": "load-error", "message": str(exc)})
         return 3
+    if job["task"] == "load":
+        _save(job, "load", {"status": "loaded"})
+        return 0
+    hooks_mod, dist = _mod("hooks"), _mod("dist")
     hooks = hooks_mod.Hooks(module, job.get("forbidden"))
-    task_module, _, task = job["task"].partition(".")
+    rank, world_size = dist.init(job.get("backend", "gloo"))
     try:
-        if task_module == "probe":
-            result = hooks_mod.probe(module)
-        else:
-            dist = importlib.import_module(f"{PACKAGE}.dist")
-            dist.init(job.get("backend", "gloo"))
-            result = getattr(importlib.import_module(f"{PACKAGE}.{task_module}"), task or "run")(
-                hooks, job["args"]
-            )
-            dist.close()
+        if job["task"] == "cases":
+            for case_id in job["cases"]:
+                payload = _run_case(job, hooks, case_id, rank)
+                _save(job, case_id, payload)
+                if payload["status"] != "done" and world_size > 1:
+                    os._exit(5)  # its peers may wait on it in a collective: the runner stops them
+        else:  # timing.<function>
+            result = getattr(_mod("timing"), job["task"].partition(".")[2])(hooks, job["args"], job["roots"])
+            _save(job, "timing", {"status": "done", "result": _to_cpu(result)})
     except hooks_mod.SuiteCodeGraded as exc:
-        _write({"error": str(exc), "kind": "refused"})
+        _save(job, "refused", {"status": "refused", "message": str(exc)})
         return 4
-    _write({"result": result})
+    dist.close()
     return 0
 
 

@@ -1,16 +1,10 @@
-"""Calling an adapters file's hooks: which count as not implemented, and the guard that refuses to
-grade code of the suite's own tree as the student's.
-
-A hook the file does not define, or one that raises ``NotImplementedError`` itself (the course's blank
-template), is *not implemented*: its checks skip by name. A ``NotImplementedError`` raised deeper,
-inside the student's code, is a real error and fails the check.
-"""
+"""Calling an adapters file's hooks in a worker, with the guard that refuses to grade code of the suite's
+own tree as the student's. Which hooks are blank (not implemented) is decided by the judging process
+from the file's source (``grading/probe.py``), never from what a call here raises."""
 
 from __future__ import annotations
 
-import ast
 import inspect
-import textwrap
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -18,70 +12,11 @@ from typing import Any
 
 import torch
 
-from . import outcome
-
-
-class HookNotImplemented(Exception):
-    """The adapters file lacks ``hook`` or the hook raises ``NotImplementedError`` itself."""
-
-    def __init__(self, hook: str, why: str):
-        super().__init__(f"hook {hook} {why}")
-        self.hook = hook
-
-    @property
-    def skip_reason(self) -> str:
-        return f"{self.hook}: not implemented ({self.args[0]})"
-
 
 class SuiteCodeGraded(BaseException):
     """A hook handed back code from the grading suite's own package: reporting it would grade the
     suite as the student (the shadowing this package exists to prevent). A BaseException, so that no
-    check's ``except Exception`` turns the refusal into an ordinary failed case: it ends the worker."""
-
-
-def _raised_by_hook(exc: BaseException, fn: Callable) -> bool:
-    """Whether ``exc`` was raised in ``fn``'s own body (its last traceback frame is ``fn``'s code)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code is getattr(fn, "__code__", None)
-
-
-def _is_not_implemented(node: ast.expr | None) -> bool:
-    target = node.func if isinstance(node, ast.Call) else node
-    return isinstance(target, ast.Name) and target.id == "NotImplementedError"
-
-
-def blank_hook(module: types.ModuleType, hook: str) -> HookNotImplemented | None:
-    """Why ``hook`` is not implemented, read from the source without calling it (a hook may need a
-    process group to be called): missing, or a body that only raises ``NotImplementedError`` (after an
-    optional docstring). None when it has a body of its own."""
-    fn = getattr(module, hook, None)
-    if fn is None:
-        return HookNotImplemented(hook, f"is not defined in {module.__file__}")
-    try:
-        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
-    except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
-        return None  # no readable source: find out by calling it
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # the docstring
-    if len(body) == 1 and isinstance(body[0], ast.Raise) and _is_not_implemented(body[0].exc):
-        return HookNotImplemented(hook, "raises NotImplementedError")
-    return None
-
-
-def call_hook(module: types.ModuleType, hook: str, *args: Any, **kwargs: Any) -> Any:
-    """``module.<hook>(*args, **kwargs)``; raises :class:`HookNotImplemented` when the hook is missing
-    or is a blank that raises ``NotImplementedError`` itself."""
-    fn = getattr(module, hook, None)
-    if fn is None:
-        raise HookNotImplemented(hook, f"is not defined in {module.__file__}")
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as exc:
-        if _raised_by_hook(exc, fn):
-            raise HookNotImplemented(hook, "raises NotImplementedError") from None
-        raise
+    ``except Exception`` turns the refusal into an ordinary failed case: it ends the worker."""
 
 
 def defining_file(obj: Any) -> str | None:
@@ -102,8 +37,12 @@ class Hooks:
         self.forbidden = Path(forbidden).resolve() if forbidden else None
 
     def __getattr__(self, hook: str) -> Callable[..., Any]:
+        fn = getattr(self.module, hook, None)
+        if fn is None:
+            raise AttributeError(f"the adapters file defines no hook {hook}")
+
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self.check_origin(hook, call_hook(self.module, hook, *args, **kwargs))
+            return self.check_origin(hook, fn(*args, **kwargs))
 
         return call
 
@@ -128,49 +67,3 @@ def held_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimi
             values = list(value) if isinstance(value, list | tuple) else [value]
         found += [v for v in values if isinstance(v, torch.optim.Optimizer) and v is not optimizer]
     return found
-
-
-EDITIONS = {
-    "1.0.5": (
-        "get_flashattention_autograd_function_pytorch",
-        "get_flashattention_autograd_function_triton",
-        "get_ddp_individual_parameters",
-        "ddp_individual_parameters_on_after_backward",
-        "get_ddp_bucketed",
-        "ddp_bucketed_on_after_backward",
-        "ddp_bucketed_on_train_batch_start",
-        "get_sharded_optimizer",
-    ),
-    "26.1": (
-        "get_flashattention_autograd_function_pytorch",
-        "get_flashattention_autograd_function_triton",
-        "get_ddp",
-        "ddp_on_after_backward",
-        "get_sharded_optimizer",
-        "get_fsdp",
-        "fsdp_on_after_backward",
-        "fsdp_gather_full_params",
-    ),
-}
-ALL_HOOKS = tuple(dict.fromkeys(h for hooks in EDITIONS.values() for h in hooks))
-
-
-def probe(module: types.ModuleType) -> dict:
-    """Which hooks the file defines, and why each blank one is not implemented (read from source)."""
-    blank = {h: (b.skip_reason if (b := blank_hook(module, h)) else None) for h in ALL_HOOKS}
-    defined = [h for h in ALL_HOOKS if getattr(module, h, None) is not None]
-    return {"blank": blank, "defined": defined}
-
-
-def run_cases(train: Callable[[Hooks, dict], list[str]], hooks: Hooks, table: dict, ids: list[str]) -> dict:
-    """Each case's verdict: ``train(hooks, case)``'s list of misses (none: passed); a blank hook skips
-    it; any other exception fails it, naming where it was raised."""
-    verdicts = {}
-    for cid in ids:
-        try:
-            verdicts[cid] = outcome.from_misses(train(hooks, table[cid]))
-        except HookNotImplemented as exc:
-            verdicts[cid] = outcome.skipped(exc.skip_reason)
-        except Exception as exc:
-            verdicts[cid] = outcome.describe(exc)
-    return verdicts

@@ -1,11 +1,12 @@
-"""Small float64 models for the data-parallel checks, and the batches they train on.
+"""The models the data-parallel checks train, built the same way by the judging process (for the
+reference run) and by the workers (for the student's run); initial weights always come from the judge.
 
-``course`` tier: models shaped like the course's own test models (a bias-free MLP, and the same with one
-weight tied between two layers). ``beyond`` tier: a frozen layer, a buffer, an embedding tied to the
-output head, and a layer ``extra`` that only the samples flagged in a mask pass through: every rank
-uses it ("all"), no rank does ("none": no gradient anywhere), or only rank 0's samples do ("rank0").
-``beyond`` models are float64, so any mismatch is a bug and not rounding; ``course`` models are float32
-and compared with the tolerances of ``torch.testing.assert_close``, as the course's tests compare them.
+``course-toy`` and ``course-tied``: the course's test models (an MLP 10 -> 10 -> 50 -> 5 with a frozen
+bias and a frozen parameter; the same with one weight tied between two layers), float32. ``toy`` and
+``tied`` (beyond): a frozen layer, a buffer, an embedding tied to the output head, and a layer ``extra``
+that only the samples flagged in ``use_extra`` pass through (set before each forward, so that every model
+is called as the course calls it, ``model(x)``), float64 so that any mismatch is a bug, not rounding.
+``LayersModel``: the course's FSDP model, of Linear / Embedding / RMSNorm classes given to it.
 """
 
 from __future__ import annotations
@@ -14,36 +15,40 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-DTYPE = torch.float64
-COURSE_DTYPE = torch.float32
-TOL = {"course": (1e-5, 1.3e-6), "beyond": (1e-10, 0.0)}  # (atol, rtol) of |got - ref| <= atol + rtol |ref|
 IN, HIDDEN, OUT, VOCAB = 10, 16, 5, 20
 
 
-class CourseMLP(nn.Module):
+class CourseToy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(IN, IN, bias=False)
+        self.fc2 = nn.Linear(IN, 50)
+        self.fc2.bias.requires_grad_(False)
+        self.fc3 = nn.Linear(50, OUT, bias=False)
+        self.fixed = nn.Parameter(torch.tensor([2.0, 2.0]), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class CourseTied(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = nn.Linear(IN, IN, bias=False)
         self.fc2 = nn.Linear(IN, 50, bias=False)
-        self.fc3 = nn.Linear(50, OUT, bias=False)
+        self.fc3 = nn.Linear(50, IN, bias=False)
+        self.fc4 = nn.Linear(IN, 50, bias=False)
+        self.fc5 = nn.Linear(50, OUT, bias=False)
+        self.fc4.weight = self.fc2.weight  # one Parameter, used twice
 
-    def forward(self, x: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
-
-
-class CourseTiedMLP(CourseMLP):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc4 = nn.Linear(50, IN, bias=False)
-        self.fc5 = nn.Linear(IN, 50, bias=False)
-        self.fc5.weight = self.fc2.weight  # one Parameter, used twice
-
-    def forward(self, x: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.fc4(F.relu(self.fc2(F.relu(self.fc1(x))))))
-        return self.fc3(F.relu(self.fc5(h)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.fc2(F.relu(self.fc1(x))))
+        return self.fc5(F.relu(self.fc4(F.relu(self.fc3(h)))))
 
 
 class ToyModel(nn.Module):
+    use_extra: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = nn.Linear(IN, HIDDEN)
@@ -54,14 +59,17 @@ class ToyModel(nn.Module):
         self.frozen.requires_grad_(False)
         self.register_buffer("scale", 1.0 + 0.1 * torch.randn(OUT))
 
-    def forward(self, x: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc2(F.relu(self.ln(self.fc1(x)))) * self.scale
+        use_extra = self.use_extra
         if use_extra.any():  # skipped entirely, so `extra` gets no gradient at all
             h = torch.where(use_extra[:, None], self.extra(h), h)
         return self.frozen(h)
 
 
 class TiedToyModel(nn.Module):
+    use_extra: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
@@ -70,53 +78,30 @@ class TiedToyModel(nn.Module):
         self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
         self.head.weight = self.embed.weight  # one Parameter, used twice
 
-    def forward(self, tokens: torch.Tensor, use_extra: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.mid(self.embed(tokens)))
+        use_extra = self.use_extra
         if use_extra.any():
             h = torch.where(use_extra[:, None, None], self.extra(h), h)
         return self.head(h)
 
 
 MODELS: dict[str, type[nn.Module]] = {
-    "course": CourseMLP,
-    "course-tied": CourseTiedMLP,
+    "course-toy": CourseToy,
+    "course-tied": CourseTied,
     "toy": ToyModel,
     "tied": TiedToyModel,
 }
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
-def make_model(name: str, seed: int) -> nn.Module:
+def make_model(name: str, dtype: str, state: dict[str, torch.Tensor] | None = None, seed: int = 0) -> nn.Module:
+    """``name``'s model in ``dtype``, with ``state`` loaded when given (else seeded weights)."""
     torch.manual_seed(seed)
-    return MODELS[name]().to(dtype=dtype_of(name))
-
-
-def dtype_of(name: str) -> torch.dtype:
-    return COURSE_DTYPE if name.startswith("course") else DTYPE
-
-
-def within(got: torch.Tensor, ref: torch.Tensor, tier: str) -> bool:
-    atol, rtol = TOL[tier]
-    return bool(((got - ref).abs() <= atol + rtol * ref.abs()).all())
-
-
-def make_batch(
-    name: str, step: int, global_batch: int, extra: str, world_size: int
-) -> tuple[torch.Tensor, ...]:
-    """The global batch of a step, the same on every rank: inputs, targets, and the per-sample flag of
-    who passes through ``extra``."""
-    gen = torch.Generator().manual_seed(1000 + step)
-    if name == "tied":
-        x = torch.randint(VOCAB, (global_batch, 6), generator=gen)
-        y = torch.randint(VOCAB, (global_batch, 6), generator=gen)
-    else:
-        x = torch.randn(global_batch, IN, generator=gen, dtype=DTYPE).to(dtype_of(name))
-        y = torch.randn(global_batch, OUT, generator=gen, dtype=DTYPE).to(dtype_of(name))
-    mask = torch.zeros(global_batch, dtype=torch.bool)
-    if extra == "all":
-        mask[:] = True
-    elif extra == "rank0":
-        mask[: global_batch // world_size] = True
-    return x, y, mask
+    model = MODELS[name]().to(DTYPES[dtype])
+    if state is not None:
+        model.load_state_dict(state)
+    return model
 
 
 def loss_fn(name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -125,7 +110,20 @@ def loss_fn(name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out, y)
 
 
-@torch.no_grad()
-def max_diff(a: nn.Module, b: nn.Module) -> float:
-    pairs = [*zip(a.parameters(), b.parameters(), strict=True), *zip(a.buffers(), b.buffers(), strict=True)]
-    return max((x - y).abs().max().item() for x, y in pairs)
+class LayersModel(nn.Module):
+    """The course's FSDP test model: Embedding -> RMSNorm -> Linear -> ReLU -> RMSNorm -> Linear -> Linear."""
+
+    def __init__(self, layers: tuple[type, type, type], vocab: int, d: int, d_ff: int) -> None:
+        super().__init__()
+        linear, embedding, norm = layers
+        self.embedding = embedding(vocab, d)
+        self.norm1 = norm(d)
+        self.linear1 = linear(d, d_ff)
+        self.norm2 = norm(d_ff)
+        self.linear2 = linear(d_ff, d)
+        self.lm_head = linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(self.embedding(ids))
+        x = self.norm2(torch.relu(self.linear1(x)))
+        return self.lm_head(self.linear2(x))

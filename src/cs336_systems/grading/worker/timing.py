@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .attention import compile_failure
-from .hooks import HookNotImplemented, Hooks
+from .hooks import Hooks
+from .provenance import Recorder
 
 TRITON_HOOK = "get_flashattention_autograd_function_triton"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -26,13 +26,15 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def leaderboard(hooks: Hooks, args: dict[str, Any]) -> dict:
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:4000]}"
+
+
+def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
+    """The course's timing, and what one call of the timed function ran (``provenance``)."""
     from triton.testing import do_bench
 
-    try:
-        fn = getattr(hooks, TRITON_HOOK)()
-    except HookNotImplemented as exc:
-        return {"skip": exc.skip_reason}
+    fn = getattr(hooks, TRITON_HOOK)()
     heads, seq, d = args.get("shape", (16, 16384, 64))
     q, k, v = torch.randn(3, heads, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     result: dict[str, Any] = {"compiled": True, "compile_error": None}
@@ -41,8 +43,16 @@ def leaderboard(hooks: Hooks, args: dict[str, Any]) -> dict:
     try:
         flash(q, k, v, True).sum().backward()
     except Exception as exc:
-        result.update(compiled=False, compile_error=compile_failure(exc))
+        result.update(compiled=False, compile_error=_failure(exc))
         flash = fn.apply
+    recorder = Recorder()
+    try:
+        with recorder.active():
+            flash(q, k, v, True).sum().backward()
+            torch.cuda.synchronize()
+    except Exception as exc:
+        return {**result, "error": _failure(exc), "provenance": recorder.report(roots)}
+    result["provenance"] = recorder.report(roots)
     try:
         times = do_bench(
             lambda: flash(q, k, v, True).sum().backward(),
@@ -51,17 +61,16 @@ def leaderboard(hooks: Hooks, args: dict[str, Any]) -> dict:
             return_mode="all",
         )
     except Exception as exc:
-        return {**result, "error": ("oom: " if _is_oom(exc) else "") + compile_failure(exc).split(": ", 1)[1]}
+        return {**result, "error": ("oom: " if _is_oom(exc) else "") + _failure(exc)}
     return {**result, "mean_ms": statistics.fmean(times), "times_ms": list(times)}
 
 
-def attention(hooks: Hooks, args: dict[str, Any]) -> dict:
-    """Per-pass forward and backward wall times (synchronized) and the memory held before backward."""
-    try:
-        fn = getattr(hooks, TRITON_HOOK)()
-    except HookNotImplemented as exc:
-        return {"skip": exc.skip_reason}
+def attention(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
+    """Per-pass forward and backward wall times (synchronized), the memory held before backward, and
+    what the last pass ran (``provenance``)."""
+    fn = getattr(hooks, TRITON_HOOK)()
     batch, seq, d = args["batch"], args["seq"], args["d"]
+    recorder = Recorder()
     fwd, bwd, phase, mem = [], [], "inputs", None
     try:
         q, k, v = (
@@ -83,11 +92,13 @@ def attention(hooks: Hooks, args: dict[str, Any]) -> dict:
             if i >= args["warmup"]:
                 fwd.append((mid - start) * 1e3)
                 bwd.append((time.perf_counter() - mid) * 1e3)
+        with recorder.active():
+            fn.apply(q, k, v, args["causal"]).backward(dout)
     except Exception as exc:
         if _is_oom(exc):
             return {"oom": True, "phase": phase, "mem_before_bwd_mib": mem}
         raise
-    return {"fwd_ms": fwd, "bwd_ms": bwd, "mem_before_bwd_mib": mem}
+    return {"fwd_ms": fwd, "bwd_ms": bwd, "mem_before_bwd_mib": mem, "provenance": recorder.report(roots)}
 
 
 # -- data-parallel steps: the student's wrapper beside torch's, on one workload, in the same ranks ----
@@ -131,7 +142,7 @@ def _slowest_rank(times: list[float]) -> list[float]:
     return [max(ts) for ts in zip(*gather(times), strict=True)]
 
 
-def ddp(hooks: Hooks, args: dict[str, Any]) -> dict:
+def ddp(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
     """Training steps (forward, backward, the after-backward hook, AdamW) of an MLP of
     ``layers`` x (d -> 4d -> d) with the adapters' DDP (bucketed when ``bucket_mb`` is given) and with
     ``torch.nn.parallel.DistributedDataParallel`` (the same bucket size), slowest rank per step."""
@@ -144,24 +155,13 @@ def ddp(hooks: Hooks, args: dict[str, Any]) -> dict:
         if bucket_mb
         else None
     )
-    try:
-        if names is None:
-            individual = (
-                "get_ddp_individual_parameters"
-                if hasattr(hooks.module, "get_ddp_individual_parameters")
-                else "get_ddp"
-            )
-            after = (
-                "ddp_individual_parameters_on_after_backward"
-                if individual != "get_ddp"
-                else "ddp_on_after_backward"
-            )
-            ours = getattr(hooks, individual)(_mlp(args["d_model"], args["layers"], device))
-        else:
-            ours = getattr(hooks, names[0])(_mlp(args["d_model"], args["layers"], device), bucket_mb)
-            after = names[2]
-    except HookNotImplemented as exc:
-        return {"skip": exc.skip_reason}
+    if names is None:
+        individual = args.get("individual_hook", "get_ddp_individual_parameters")
+        after = "ddp_on_after_backward" if individual == "get_ddp" else "ddp_individual_parameters_on_after_backward"
+        ours = getattr(hooks, individual)(_mlp(args["d_model"], args["layers"], device))
+    else:
+        ours = getattr(hooks, names[0])(_mlp(args["d_model"], args["layers"], device), bucket_mb)
+        after = names[2]
     theirs = DistributedDataParallel(
         _mlp(args["d_model"], args["layers"], device), bucket_cap_mb=bucket_mb or 25
     )
@@ -183,7 +183,7 @@ def ddp(hooks: Hooks, args: dict[str, Any]) -> dict:
     return result
 
 
-def sharded(hooks: Hooks, args: dict[str, Any]) -> dict:
+def sharded(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
     """Optimizer steps of the adapters' ``get_sharded_optimizer(params, AdamW)`` beside torch's
     ``ZeroRedundancyOptimizer`` and plain AdamW on the same MLP (gradients given): step time and the
     optimizer state each rank holds."""
@@ -202,10 +202,7 @@ def sharded(hooks: Hooks, args: dict[str, Any]) -> dict:
     }
     result: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
     for name, make in makers.items():
-        try:
-            opt = make(list(model.parameters()))
-        except HookNotImplemented as exc:
-            return {"skip": exc.skip_reason}
+        opt = make(list(model.parameters()))
         result[f"{name}_ms"] = _slowest_rank(_timed_steps(opt.step, args["warmup"], args["steps"], device))
         state = sum(
             v.numel() * v.element_size()

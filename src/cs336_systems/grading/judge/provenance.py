@@ -1,0 +1,95 @@
+"""Whose kernel ran: the judge's reading of a worker's provenance record (``worker/provenance.py``).
+
+A Triton hook passes only when a Triton kernel defined in the graded repository's own files ran: one the
+worker saw launched (eager calls, and the CPU interpreter) or, on a GPU, one whose name the profiler saw
+(calls compiled by ``torch.compile``, which launch user kernels through inductor). Either hook fails when
+torch's own attention ran (an SDPA operator, or a flash / memory-efficient / cuDNN attention kernel that
+is not the repository's): the implementation must be the student's. The record comes from the graded
+process; it is read as data and every file path in it is checked against the repository's roots here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..exchange import Untrusted, text
+
+# Substrings of torch's (and flash-attn's) attention operators and GPU kernels, as the profiler names them.
+TORCH_ATTENTION = (
+    "scaled_dot_product",
+    "flash_attention",
+    "efficient_attention",
+    "cudnn_attention",
+    "pytorch_flash",
+    "fmha",
+    "flash_fwd",
+    "flash_bwd",
+    "sdpa",
+)
+
+
+def inside(file: str, roots: list[Path]) -> bool:
+    """A file of the graded repository: under one of its roots, and not in an environment inside it
+    (a ``.venv`` in the repository holds torch's and Triton's own files)."""
+    try:
+        path = Path(file).resolve()
+    except (OSError, ValueError):
+        return False
+    skip = {"site-packages", "dist-packages", ".venv", "venv", ".tox"}
+    return any(path.is_relative_to(r) for r in roots) and not skip & set(path.parts)
+
+
+def _names(record: Any, key: str) -> list:
+    value = record.get(key) if isinstance(record, dict) else None
+    if not isinstance(value, list | dict):
+        raise Untrusted(f"the provenance record has no {key!r}")
+    return value
+
+
+def read(record: Any, roots: list[Path]) -> dict[str, Any]:
+    """The record's facts, validated: the repository's kernels launched, the repository's kernel names,
+    and every name the profiler saw."""
+    launched = [x for x in _names(record, "launched") if isinstance(x, list) and len(x) == 2]
+    kernels = _names(record, "repository_kernels")
+    repo_kernels = {str(n) for n, f in kernels.items() if inside(str(f), roots)} if isinstance(kernels, dict) else set()
+    return {
+        "launched_repo": sorted({str(n) for n, f in launched if inside(str(f), roots)}),
+        "launched_other": sorted({str(n) for n, f in launched if not inside(str(f), roots)}),
+        "repo_kernels": repo_kernels,
+        "operators": [str(n) for n in _names(record, "operators")],
+        "kernels": [str(n) for n in _names(record, "kernels")],
+    }
+
+
+def is_torch_attention(name: str, repo_kernels: set[str]) -> bool:
+    low = name.lower()
+    return name not in repo_kernels and any(k in low for k in TORCH_ATTENTION)
+
+
+def attention_misses(kind: str, record: Any, roots: list[Path], on_gpu: bool) -> list[str]:
+    """Why the call's provenance fails (empty when it passes)."""
+    facts = read(record, roots)
+    kernels, repo = facts["kernels"], facts["repo_kernels"]
+    foreign = sorted({n for n in facts["operators"] + kernels if is_torch_attention(n, repo)})
+    misses = []
+    if foreign:
+        shown = ", ".join(text(n, 80) for n in foreign[:4])
+        misses.append(f"torch's attention ran instead of the student's own: {shown}")
+    if kind == "triton":
+        ran = facts["launched_repo"] or (on_gpu and sorted(repo & set(kernels)))
+        if not ran:
+            others = facts["launched_other"] or kernels[:6]
+            what = ", ".join(text(n, 80) for n in others) or "no Triton kernel at all, only torch operators"
+            misses.append(f"no Triton kernel of this repository ran: the call ran {what}")
+    return misses
+
+
+def summary(record: Any, roots: list[Path]) -> dict[str, Any]:
+    """What a bench row records of a timed call: the repository's kernels that ran, torch's attention
+    that ran, and the GPU kernels the profiler named."""
+    facts = read(record, roots)
+    repo = facts["repo_kernels"]
+    ran = sorted(set(facts["launched_repo"]) | (repo & set(facts["kernels"])))
+    foreign = sorted({n for n in facts["operators"] + facts["kernels"] if is_torch_attention(n, repo)})
+    return {"repository_kernels_ran": ran, "torch_attention_ran": foreign, "kernels": facts["kernels"][:40]}

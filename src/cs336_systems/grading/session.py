@@ -1,0 +1,92 @@
+"""One grading run of one adapters file: the run's seed, each case's inputs, the workers' outcomes and
+the verdicts, decided here from validated records (``judge``), never by the graded process.
+
+Before any worker starts, a case skips when a hook it needs is blank in the file's source (``probe``:
+``not-implemented``) or when it needs a GPU this machine lacks (``needs-gpu``). A case whose record says
+the call raised fails with where it raised, except a missing dependency of the student's code, which is
+an error of the grading environment named once (``missing-dependency``), and a Triton kernel that
+refuses CPU tensors before launching anything (``refuses-cpu``, decided by the attention judge).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import judge
+from .exchange import text
+from .probe import Probe
+from .roots import StudentRoots
+from .runner import CaseRuns, Outcome
+from .verdict import Verdict
+from .worker.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, Case
+
+
+def fresh_seed() -> int:
+    return secrets.randbelow(2**31)
+
+
+@dataclass
+class Grader:
+    roots: StudentRoots
+    probe: Probe
+    seed: int
+    timeout: float
+    on_gpu: bool = field(default_factory=torch.cuda.is_available)
+
+    def __post_init__(self) -> None:
+        self.runs = CaseRuns(self.roots, self.timeout)
+        self._inputs: dict[str, dict] = {}
+
+    def inputs(self, case_id: str) -> dict[str, Any]:
+        if case_id not in self._inputs:
+            digest = hashlib.sha256(f"{self.seed}/{case_id}".encode()).digest()
+            self._inputs[case_id] = judge.make_inputs(CASES[case_id], int.from_bytes(digest[:4], "little"))
+        return self._inputs[case_id]
+
+    def precheck(self, case: Case) -> Verdict | None:
+        """A skip decided before any worker runs."""
+        for hook in case.hooks:
+            if reason := self.probe.reason(hook):
+                return Verdict.skipped(NOT_IMPLEMENTED, reason)
+        if not case.runs_here(self.on_gpu):
+            return Verdict.skipped(NEEDS_GPU, "needs a CUDA GPU (none on this machine)")
+        return None
+
+    def verdict(self, case: Case, batch: list[str]) -> Verdict:
+        """``case``'s verdict; the other ``batch`` cases (same family and world size) run in the same job."""
+        early = self.precheck(case)
+        if early is not None:
+            return early
+        runnable = [c for c in batch if self.precheck(CASES[c]) is None] or [case.id]
+        outcome = self.runs.outcome(case.id, runnable, case.world_size, self.inputs)
+        try:
+            return decide(case, self.inputs(case.id), outcome, self.roots, self.on_gpu)
+        finally:
+            self._inputs.pop(case.id, None)
+
+
+def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_gpu: bool) -> Verdict:
+    if outcome.error:
+        return Verdict.error(outcome.error, outcome.problem or outcome.error)
+    if outcome.records is None:
+        return Verdict.failed(outcome.problem or "no output")
+    folders = [p.resolve() for p in roots.folders()]
+    for rank, record in enumerate(outcome.records):
+        if record.get("status") == "done":
+            continue
+        if dep := record.get("missing_dependency"):
+            name = text(dep, 60)
+            return Verdict.error(
+                "missing-dependency", f"cannot grade: needs {name} (install it where the grader runs: pip install {name})"
+            )
+        if case.family == "attention":
+            return judge.attention.judge_raised(case, record, folders, on_gpu)
+        frame = text(record.get("student_frame") or record.get("innermost_frame") or "", 300)
+        prefix = f"rank {rank} " if case.world_size > 1 else ""
+        return Verdict.failed(f"{prefix}raised {text(record.get('message', ''))}" + (f" (at {frame})" if frame else ""))
+    return judge.judge(case, inputs, outcome.records, folders, on_gpu)
