@@ -170,3 +170,14 @@ def matmul_tflops(device: torch.device):
         return cache[dtype]
 
     return rate
+
+
+@pytest.fixture
+def fresh_flash():
+    """The FlashAttention plans, tuning results and record of what ran, empty before and after a test (a
+    test that fakes a launcher must not leave plans built on it to later tests)."""
+    from cs336_systems.kernels import flash
+
+    flash.clear_tuning_cache()
+    yield
+    flash.clear_tuning_cache()
