@@ -170,3 +170,24 @@ def matmul_tflops(device: torch.device):
         return cache[dtype]
 
     return rate
+
+
+@pytest.fixture
+def fresh_flash():
+    """The FlashAttention plans, tuning results and record of what ran, empty before and after a test (a
+    test that fakes a launcher must not leave plans built on it to later tests)."""
+    from cs336_systems.kernels import flash
+
+    flash.clear_tuning_cache()
+    yield
+    flash.clear_tuning_cache()
+
+
+@pytest.fixture
+def deterministic_flag():
+    """``deterministic_flag(on)`` sets torch's deterministic-algorithms flag for the test; the flag (and its
+    warn-only mode) is as it was afterwards."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield lambda on: torch.use_deterministic_algorithms(on)
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)

@@ -34,7 +34,7 @@ import pytest
 
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.step_8b import PROXY_ROWS, proxy_options, record_proxy_skip, run_proxy_row
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 STARTUP_GRACE_S = 60  # a spawn is killed this long after its timeout (launch.spawn's start-up grace)
 

@@ -24,7 +24,7 @@ from cs336_systems.distributed.launch import spawn
 from cs336_systems.harness.distributed import GroupedRuns, backend_device_name, cuda_count, selected_params
 from cs336_systems.harness.record import record_times
 from cs336_systems.harness.settings import settings
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 BACKENDS = ("gloo", "nccl")
 WORLD_SIZES = (2, 4, 6)

@@ -39,7 +39,7 @@ from cs336_systems.harness.record import log_case, record_oom, record_times, run
 from cs336_systems.harness.settings import settings
 from cs336_systems.profiling.memory import free_device_memory, memory_allocated_mib
 from cs336_systems.profiling.timing import is_oom, synchronize
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 D6_BATCH = 8
 D6_DS = (16, 32, 64, 128)

@@ -109,7 +109,7 @@ from cs336_systems.profiling.timing import (
     paired_ratio,
     rounds_for,
 )
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 D11_SEQS = tuple(2**i for i in range(7, 17))  # 128 .. 65536
 D11_DS = (16, 32, 64, 128)

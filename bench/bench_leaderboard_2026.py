@@ -52,7 +52,7 @@ import pytest
 
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.step_8b import record_step, spawn_step_8b, step_extra_info
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 from cs336_systems.training.step_8b import ABLATIONS, StepOptions, recipe
 
 WORLD_SIZE = 2

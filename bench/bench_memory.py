@@ -40,7 +40,7 @@ from cs336_systems.model import TransformerLM, get_preset
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import is_oom
 from cs336_systems.profiling.workload import Case
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")

@@ -47,7 +47,7 @@ from cs336_systems.model import TABLE1_SIZES
 from cs336_systems.profiling.flops import MODES
 from cs336_systems.profiling.workload import DTYPES as WORKLOAD_DTYPES
 from cs336_systems.profiling.workload import Case
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 CONTEXTS = (128, 256, 512, 1024)
 DTYPES = tuple(WORKLOAD_DTYPES)

@@ -27,7 +27,7 @@ from cs336_systems.model import TABLE1_SIZES
 from cs336_systems.profiling.flops import forward_flops
 from cs336_systems.profiling.profiler import profile_step
 from cs336_systems.profiling.workload import Case, Workload
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 ON_GPU = torch.cuda.is_available()
 

@@ -21,7 +21,7 @@ import os
 import pytest
 
 from cs336_systems.harness.adapters import MARKER as ADAPTERS_ROW
-from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict
+from cs336_systems.rows.contention import INTERPRETER_NOTE, row_verdict
 
 _UNTIMED = pytest.StashKey[int]()
 _MARKED = pytest.StashKey[dict[str, int]]()

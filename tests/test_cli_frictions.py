@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from cs336_systems.cli import benchmark as cli
-from cs336_systems.harness.contention import INTERPRETER_NOTE
 from cs336_systems.profiling.timing import is_oom
+from cs336_systems.rows.contention import INTERPRETER_NOTE
 
 ROOT = Path(__file__).resolve().parents[1]
 

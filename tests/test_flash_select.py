@@ -11,6 +11,8 @@ import torch
 
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.kernels import flash
+from cs336_systems.kernels.flash.select import Layouts, gluon_refusal
+from cs336_systems.kernels.flash.select import facts as facts_of
 
 from .helpers.attention import check_against_reference, make_inputs, tolerance
 
@@ -47,7 +49,7 @@ def test_a_refused_gate_is_recorded_and_the_row_names_the_kernel_that_ran(device
     flash.clear_tuning_cache()
 
 
-def _hopper_facts(case: flash.Case) -> flash.select.Layouts:
+def _hopper_facts(case: flash.Case) -> Layouts:
     """Contiguous bf16 tensors of ``case`` on an (imagined) Hopper GPU: meta tensors, taken as aligned."""
     t = lambda n: torch.empty(1, case.bh, n, case.d, dtype=case.dtype, device="meta")
     tensors = dict(q=t(case.n_q), k=t(case.n_k), v=t(case.n_k), do=t(case.n_q), dq=t(case.n_q))
@@ -162,3 +164,77 @@ def test_an_expanded_grad_output_is_made_readable(device, generator) -> None:
     ran = flash.launched((2, 64, 64, 32, True, torch.float32)).dkdv
     assert ran.config.tma and not ran.refused, ran
     flash.clear_tuning_cache()
+
+
+# -- the gates one by one (issue 57: one-line breaks of each passed every test before these) ---------------
+
+LEADERBOARD = flash.Case(16, 16384, 16384, 64, True, torch.bfloat16)
+GLUON = {  # a Gluon config per pass whose tiles every gate but the one under test lets through
+    "fwd": C(128, 128, 4, 3, True, True, True),
+    "dq": C(128, 64, 4, 3, True, True, True),
+    "dkdv": C(64, 128, 4, 2, True, True, True),
+}
+
+
+def _replaced(layouts: Layouts, **tensors: torch.Tensor) -> Layouts:
+    """``layouts`` with the facts of ``tensors`` (meta tensors, taken as aligned) in place of its own."""
+    return Layouts(
+        layouts.hopper, {**layouts.tensors, **{n: facts_of(t, aligned=True) for n, t in tensors.items()}}
+    )
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
+def test_select_defaults_to_torchs_determinism_flag(on: bool, deterministic_flag) -> None:
+    # The documented default: no ``deterministic`` argument means torch's flag, which rules out the
+    # one-pass backward (dQ added up in no fixed order). The GPU test passes the flag explicitly, so only
+    # this sees select ignore it. Break tried: select without its ``deterministic is None`` default -> "on"
+    # runs the one-pass backward and records deterministic=None.
+    one_pass = next(c for c in flash.gpu_candidates("dkdv", 64, torch.bfloat16) if c.one_pass)
+    configs = {"dq": GLUON["dq"], "dkdv": one_pass}
+    layouts = _hopper_facts(LEADERBOARD)
+    deterministic_flag(on)
+    chosen = flash.select(LEADERBOARD, layouts, configs)
+    assert chosen.deterministic is on
+    assert chosen.backward == ("split" if on else "one-pass")
+    assert chosen == flash.select(LEADERBOARD, layouts, configs, deterministic=on)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "dq", "dkdv"])
+def test_a_refused_tma_gate_records_why(pass_: str) -> None:
+    # Block pointers instead of descriptors where a row stride is not a multiple of 16 bytes (33 fp32
+    # elements: 132 bytes): the pass runs without TMA and says so, never silently. Aligned strides keep
+    # it (the control: the gate itself decides). Break tried: the TMA gate without its recorded reason.
+    case = flash.Case(2, 64, 64, 32, True, torch.float32)
+    t = lambda stride: torch.empty_strided(
+        (1, 2, 64, 32), (2 * 64 * stride, 64 * stride, stride, 1), device="meta"
+    )
+    dense = flash.layouts_of(
+        False, aligned=True, **{n: t(32) for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv")}
+    )
+    asked = C(16, 16, tma=True)
+    kept = flash.resolve(pass_, asked, case, dense)
+    assert kept.config.tma and not kept.refused
+    refused = flash.resolve(pass_, asked, case, _replaced(dense, k=t(33)))
+    assert not refused.config.tma and refused.requested == asked
+    assert len(refused.refused) == 1 and refused.refused[0].startswith("tma: ")
+    assert refused.describe()["refused"] == list(refused.refused)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "dq", "dkdv"])
+@pytest.mark.parametrize("lse", ["bf16", "strided-fp32"])
+def test_the_gluon_gate_takes_only_contiguous_float32_l(pass_: str, lse: str) -> None:
+    # The Gluon kernels take L as a contiguous float32 vector (the dK/dV passes through a 1-D descriptor):
+    # an L of another dtype, or a float32 one with gaps, must send the pass to Triton's kernel with the
+    # reason. Each half of the check apart. Control: the contiguous float32 L of the same layouts keeps
+    # Gluon. Breaks tried: the check dropped, and ``and`` for its ``or`` -> both fail here.
+    n, bh = LEADERBOARD.n_q, LEADERBOARD.bh
+    bad = {
+        "bf16": torch.empty(1, bh, n, dtype=torch.bfloat16, device="meta"),
+        "strided-fp32": torch.empty(1, bh, 2 * n, device="meta")[..., ::2],
+    }[lse]
+    good = _hopper_facts(LEADERBOARD)
+    assert gluon_refusal(pass_, GLUON[pass_], LEADERBOARD, good) is None
+    why = gluon_refusal(pass_, GLUON[pass_], LEADERBOARD, _replaced(good, lse=bad))
+    assert why == "L not contiguous float32"
+    ran = flash.resolve(pass_, GLUON[pass_], LEADERBOARD, _replaced(good, lse=bad))
+    assert not ran.config.gluon and ran.refused[0] == f"gluon: {why}"

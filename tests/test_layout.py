@@ -1,9 +1,16 @@
 """The package layout as a contract (issues 13 and 36), read from the source (no imports executed), so a
 violation anywhere fails here:
 
-- layers: the library never imports ``training/``, the harness, the report or the CLI; ``training/``
-  (which composes the library into a step) never imports the harness, the report or the CLI; the
-  model, attention and kernels never import profiling either; only ``harness/`` knows pytest;
+- layers: the library never imports ``training/``, ``rows/``, the harness, the report or the CLI;
+  ``training/`` (which composes the library into a step) never imports ``rows/``, the harness, the report
+  or the CLI; the model, attention and kernels never import profiling either; only ``harness/`` knows
+  pytest;
+- floors inside the library: the model imports attention and the kernels, attention the kernels, so the
+  kernels import neither and attention not the model; the leaf modules (``nvtx.py``, ``units.py``,
+  ``adamw_base.py``) import nothing of the package;
+- the harness (which writes rows) and the report (which reads them) never import each other: what both
+  need, the group contract and the verdict on a row's timing, is ``rows/``, which imports nothing else of
+  the package;
 - no import cycle among the modules of ``src/``, function-local imports included;
 - no file under ``src/cs336_systems/`` over 500 lines;
 - ``CS336_*`` environment variables read only in settings modules;
@@ -24,12 +31,31 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SRC_ROOT = REPO / "src"
 SRC = SRC_ROOT / "cs336_systems"
-LIBRARY = ("model", "attention", "kernels", "distributed", "profiling", "accounting", "nvtx.py", "units.py")
+LEAVES = ("nvtx.py", "units.py", "adamw_base.py")  # import nothing of the package
+LIBRARY = ("model", "attention", "kernels", "distributed", "profiling", "accounting", *LEAVES)
 TRAINING = ("training",)  # composes the library; the harness and the CLI import it, the library does not
+ROWS = ("rows",)  # what a bench row is (its group, its verdict): below the harness and the report
 ABOVE = ("harness", "grading", "report", "cli")  # grading: the harness of another implementation
-ABOVE_TRAINING = tuple(f"cs336_systems.{part}" for part in ABOVE)
+ABOVE_TRAINING = tuple(f"cs336_systems.{part}" for part in (*ROWS, *ABOVE))
 ABOVE_LIBRARY = ("cs336_systems.training", *ABOVE_TRAINING)
 CORE = ("model", "attention", "kernels", "nvtx.py")  # below profiling too
+PACKAGE = ("cs336_systems",)
+OUTSIDE_ROWS = tuple(f"cs336_systems.{p.removesuffix('.py')}" for p in (*LIBRARY, *TRAINING, *ABOVE))
+
+# (parts, the imports they must not make, id). The last three ids are edges that once ran up the floors:
+# kernels/fused_adamw.py -> model/optim.py (the AdamW base class, now adamw_base.py), and
+# harness/distributed.py -> report/schema.py with report/load.py -> harness/contention.py (both now rows/).
+LAYER_RULES = [
+    (LIBRARY, ABOVE_LIBRARY, "library-below-training-rows-harness-report-cli"),
+    (TRAINING, ABOVE_TRAINING, "training-below-rows-harness-report-cli"),
+    (CORE, ("cs336_systems.profiling",), "core-below-profiling"),
+    (("attention",), ("cs336_systems.model",), "attention-below-model"),
+    (LEAVES, PACKAGE, "leaves-import-nothing-of-the-package"),
+    (ROWS, OUTSIDE_ROWS, "rows-import-only-rows"),
+    (("kernels",), ("cs336_systems.model", "cs336_systems.attention"), "kernels-below-model-and-attention"),
+    (("harness",), ("cs336_systems.report",), "harness-never-imports-report"),
+    (("report",), ("cs336_systems.harness",), "report-never-imports-harness"),
+]
 
 MAX_LINES = 500
 MAX_SCRIPT_LINES = 400
@@ -66,17 +92,19 @@ def _imports(path: Path, root: Path = SRC_ROOT) -> set[str]:
     return names
 
 
-def _modules(part: str) -> list[Path]:
-    root = SRC / part
+def _modules(part: str, src: Path = SRC) -> list[Path]:
+    root = src / part
     return [root] if root.suffix == ".py" else sorted(root.rglob("*.py"))
 
 
-def _violations(parts: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+def _violations(parts: tuple[str, ...], forbidden: tuple[str, ...], src: Path = SRC) -> list[str]:
+    """``path imports name`` for every import of a module of ``parts`` (under the package ``src``) that
+    names one of ``forbidden`` or something inside it."""
     return [
-        f"{path.relative_to(SRC)} imports {name}"
+        f"{path.relative_to(src)} imports {name}"
         for part in parts
-        for path in _modules(part)
-        for name in sorted(_imports(path))
+        for path in _modules(part, src)
+        for name in sorted(_imports(path, src.parent))
         if any(name == f or name.startswith(f + ".") for f in forbidden)
     ]
 
@@ -93,22 +121,44 @@ def test_only_the_harness_imports_pytest() -> None:
 
 
 @pytest.mark.parametrize(
-    "parts, forbidden",
-    [(LIBRARY, ABOVE_LIBRARY), (TRAINING, ABOVE_TRAINING), (CORE, ("cs336_systems.profiling",))],
-    ids=[
-        "library-below-training-harness-report-cli",
-        "training-below-harness-report-cli",
-        "core-below-profiling",
-    ],
+    "parts, forbidden", [rule[:2] for rule in LAYER_RULES], ids=[rule[2] for rule in LAYER_RULES]
 )
 def test_imports_never_run_upwards(parts: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
-    assert not _violations(parts, forbidden)
+    violations = _violations(parts, forbidden)
+    assert not violations, violations
 
 
 def test_every_package_has_a_layer() -> None:
     """A new top-level package or module must take a place in the layers above, or nothing checks it."""
     present = {p.name for p in SRC.iterdir() if p.name not in ("__init__.py", "__pycache__")}
-    assert present == {*LIBRARY, *TRAINING, *ABOVE}
+    assert present == {*LIBRARY, *TRAINING, *ROWS, *ABOVE}
+
+
+@pytest.mark.parametrize(
+    "path, line",
+    [
+        ("kernels/fused_adamw.py", "from cs336_systems.model.optim import AdamW"),
+        ("harness/distributed.py", "from cs336_systems.report.schema import tag"),
+        ("report/load.py", "def f():\n    from ..harness import contention"),
+    ],
+    ids=["kernels-model", "harness-report", "report-harness"],
+)
+def test_the_layer_rules_see_the_edges_that_ran_upwards(tmp_path: Path, path: str, line: str) -> None:
+    # The three edges of issue 57, planted in a copy of the package's tree one at a time (the last one
+    # function-local and relative): the rules flag the planted module, and only it.
+    src = tmp_path / "cs336_systems"
+    for part in (*LIBRARY, *TRAINING, *ROWS, *ABOVE):
+        (src / part).parent.mkdir(parents=True, exist_ok=True)
+        if part.endswith(".py"):
+            (src / part).write_text("")
+        else:
+            (src / part).mkdir()
+            (src / part / "__init__.py").write_text("")
+    (src / path).write_text(line + "\n")
+    flagged = {
+        v.split()[0] for parts, forbidden, _ in LAYER_RULES for v in _violations(parts, forbidden, src)
+    }
+    assert flagged == {path}
 
 
 def test_the_check_sees_a_violation(tmp_path: Path) -> None:

@@ -55,10 +55,16 @@ def _optimizer(name: str, params: list[nn.Parameter]):
     return torch.optim.AdamW(params, **kwargs)
 
 
-def _train(in_backward: bool, optim: str, compute_dtype: torch.dtype | None) -> dict:
+def _train(
+    in_backward: bool, optim: str, compute_dtype: torch.dtype | None, frozen: tuple[str, ...] = ()
+) -> dict:
+    """3 steps; ``frozen``: names of the Net's parameters that do not train."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    fsdp = FSDP(Net(), compute_dtype=compute_dtype)
+    net = Net()
+    for name, p in net.named_parameters():
+        p.requires_grad_(name not in frozen)
+    fsdp = FSDP(net, compute_dtype=compute_dtype)
     if in_backward:
         opt = OptimizerInBackward(fsdp, lambda ps: _optimizer(optim, ps))
     else:
@@ -82,6 +88,7 @@ def _train(in_backward: bool, optim: str, compute_dtype: torch.dtype | None) -> 
         "grads_after_backward": grads_after_backward,
         "stepped": getattr(opt, "stepped_in_backward", None),
         "units": len(fsdp.unit_shards()),
+        "trainable_units": sum(bool(shards) for shards in fsdp.unit_shards()),
     }
 
 
@@ -125,6 +132,42 @@ def test_gradients_are_freed_during_backward(runs: dict, case: tuple) -> None:
     assert all(n >= plain["units"] - 2 for n in plain["grads_after_backward"]), plain
     assert inside["grads_after_backward"] == [0] * STEPS, inside
     assert inside["stepped"] == STEPS * inside["units"]
+
+
+# up.1 is the third of the 8 units (embedding, up.0, up.1, ...): a unit with no trainable shard between
+# trainable ones, so every later unit's index is past it.
+FROZEN = ("up.1.weight",)
+
+
+def _frozen_rank() -> dict:
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)  # _train's seed: the frozen weight's value
+    initial = Net().state_dict()
+    return {
+        "runs": {mode: _train(mode, "torch", None, FROZEN) for mode in (False, True)},
+        "initial": {name: initial[name] for name in FROZEN},
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_a_frozen_unit_between_trainable_ones() -> None:
+    """A unit without trainable shards announces no gradients and has no optimizer: each other unit's
+    optimizer must still be the one its index names (one process: the property is the bookkeeping, not
+    the collectives). Break tried: the optimizers numbered after dropping the frozen unit (its
+    successors' indices shift by one) -> a unit's optimizer steps before its gradients exist, another
+    never steps: parameters differ from the plain step's, gradients are left after the backward."""
+    from cs336_systems.distributed.launch import spawn
+
+    [result] = spawn(_frozen_rank, 1, backend="gloo", timeout=60)
+    plain, inside = result["runs"][False], result["runs"][True]
+    assert inside["trainable_units"] == inside["units"] - len(FROZEN)
+    for name in plain["params"]:
+        assert torch.equal(plain["params"][name], inside["params"][name]), name
+    for name, before in result["initial"].items():  # frozen: not stepped by anyone's optimizer
+        assert torch.equal(inside["params"][name], before), name
+    assert inside["grads_after_backward"] == [0] * STEPS, inside
+    assert inside["stepped"] == STEPS * inside["trainable_units"]
 
 
 def _clip_rank() -> dict:

@@ -16,11 +16,11 @@ import pytest
 
 from cs336_systems import report
 from cs336_systems.cli import benchmark as cli
-from cs336_systems.harness import contention
 from cs336_systems.harness.record import Recorder, run_benchmark
 from cs336_systems.report.answers import flash_speedups
 from cs336_systems.report.load import Record
 from cs336_systems.report.parallelism import parallelism_answer
+from cs336_systems.rows import contention
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = {"load_avg_1m": 1.0, "cpu_cores": 2.0, "rounds_spread": 0.02}

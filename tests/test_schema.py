@@ -1,4 +1,4 @@
-"""The contract between bench/ and the report (``report/schema.py``): every group a bench emits is
+"""The contract between bench/ and the report (``rows/schema.py``): every group a bench emits is
 declared, every declared group is emitted by some bench, every group the writeup routes is declared,
 and no bench names a group with a string of its own. Bench files are read as text (collecting them
 would import torch-heavy modules and GPU-only cases)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.report import SECTIONS, Section, register_section
-from cs336_systems.report.schema import GROUPS, group, tag
+from cs336_systems.rows.schema import GROUPS, group, tag
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -54,9 +54,9 @@ BENCH_FILES = sorted(BENCH.glob("bench_*.py"))
 def test_bench_groups_match_the_schema() -> None:
     emitted = {key: [p.name for p in BENCH_FILES if key in _tag_keys(p)] for key in GROUPS}
     undeclared = {k for p in BENCH_FILES for k in _tag_keys(p)} - set(GROUPS)
-    assert not undeclared, f"benches emit groups report/schema.py does not declare: {sorted(undeclared)}"
+    assert not undeclared, f"benches emit groups rows/schema.py does not declare: {sorted(undeclared)}"
     unused = sorted(k for k, files in emitted.items() if not files)
-    assert not unused, f"report/schema.py declares groups no bench emits: {unused}"
+    assert not unused, f"rows/schema.py declares groups no bench emits: {unused}"
 
 
 def test_benches_name_groups_only_through_the_schema() -> None:
@@ -90,7 +90,7 @@ def test_tag_writes_the_routing_fields() -> None:
     tag(bench, "ddp", "xl")
     assert bench.group == "D14-D17 DDP xl"
     assert bench.extra_info == {"group_key": "ddp", "deliverable": "D14-D17"}
-    with pytest.raises(KeyError, match=r"declare it in report/schema\.py"):
+    with pytest.raises(KeyError, match=r"declare it in rows/schema\.py"):
         group("nosuch")
 
 

@@ -361,7 +361,7 @@ def test_proxy_rows_through_spawned_steps_into_the_report(tmp_path) -> None:
     process group of one), recorded as the bench records it, then the report's section with its ratio."""
     from cs336_systems.harness.record import Recorder
     from cs336_systems.report import write_report
-    from cs336_systems.report.schema import tag
+    from cs336_systems.rows.schema import tag
 
     small = dict(model_changes=SMALL, seq_len=16, compile=False, compute_dtype="fp32", warmup=0, steps=2)
     measured: dict = {}

@@ -5,10 +5,14 @@ against its budget, the course's timing protocol and cold-start verdict, MFU bot
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from cs336_systems.accounting import checkpointing as acc
 from cs336_systems.distributed.fsdp_units import in_backward
@@ -188,6 +192,60 @@ def test_course_do_bench_calls_and_mean() -> None:
     n = 1 + ct.ESTIMATE_CALLS + out["course_n_warmup"] + out["course_n_repeat"]
     assert len(calls) == n and out["course_n_repeat"] >= 2
     assert 10 <= out["course_mean_ms"] < 40
+
+
+class ScriptedSteps:
+    """A step that takes ``duration_ms(call index)`` on a clock only the steps advance: installed as
+    course_timing's ``time``, it is the host clock the protocol reads on a CPU, so every figure is exact."""
+
+    def __init__(self, duration_ms: Callable[[int], float]):
+        self.duration_ms, self.now, self.taken = duration_ms, 0.0, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __call__(self) -> None:
+        ms = self.duration_ms(len(self.taken))
+        self.taken.append(ms)
+        self.now += ms / 1e3
+
+    @property
+    def clock(self) -> SimpleNamespace:
+        """What course_timing reads of the ``time`` module."""
+        return SimpleNamespace(perf_counter=self.perf_counter)
+
+
+def test_course_figure_is_the_mean_of_unequal_steps(monkeypatch) -> None:
+    # The course reports do_bench's mean; every third step slow makes the median another number (the
+    # existing test's equal steps cannot tell them apart). Break tried: the median -> fails.
+    steps = ScriptedSteps(lambda i: 40.0 if i % 3 == 2 else 10.0)
+    monkeypatch.setattr(ct, "time", steps.clock)
+    out = ct.course_do_bench(steps, torch.device("cpu"), rep_ms=100, warmup_ms=20)
+    timed = steps.taken[-out["course_n_repeat"] :]
+    assert len(steps.taken) == 1 + ct.ESTIMATE_CALLS + out["course_n_warmup"] + out["course_n_repeat"]
+    assert statistics.median(timed) != statistics.fmean(timed)  # or the test could not tell
+    assert out["course_mean_ms"] == pytest.approx(statistics.fmean(timed))
+
+
+def _course_on_ranks(step_ms: list[float]) -> dict:
+    """The protocol on this rank with steps of ``step_ms[rank]`` each."""
+    steps = ScriptedSteps(lambda i: step_ms[dist.get_rank()])
+    ct.time = steps.clock  # (a spawned rank: nothing else of this process reads it)
+    return ct.course_do_bench(steps, torch.device("cpu"), rep_ms=200, warmup_ms=60)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_course_estimate_is_the_slowest_ranks(run_distributed) -> None:
+    # Every rank must make as many calls (each is a collective step), so the estimate the counts come
+    # from is agreed over ranks, as the slowest rank's: the fastest's would ask more steps of the slow
+    # rank than the course's budget gives it. Break tried: agreed as the minimum -> fails.
+    step_ms = [10.0, 30.0]
+    results = run_distributed(_course_on_ranks, 2, step_ms, backend="gloo", timeout=60)
+    counts = ct.course_counts(max(step_ms), 60, 200)
+    for r in results:
+        assert r["course_estimate_ms"] == pytest.approx(max(step_ms))
+        assert (r["course_n_warmup"], r["course_n_repeat"]) == (counts.n_warmup, counts.n_repeat)
 
 
 def _rank_result(**changes) -> dict:

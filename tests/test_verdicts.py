@@ -11,8 +11,8 @@ import pytest
 
 from cs336_systems import report
 from cs336_systems.cli import benchmark as cli
-from cs336_systems.harness import contention
 from cs336_systems.profiling.flops import dense_bf16_peak_tflops, mfu_both
+from cs336_systems.rows import contention
 
 LOADED = {"load_avg_1m": 7.8, "cpu_cores": 2.0}
 TIGHT = {**LOADED, "rounds_spread": 0.035, "rounds_n": 10.0}  # the 3.5% row at load 3.9/core

@@ -16,7 +16,7 @@ import torch
 
 from cs336_systems.harness.record import record_not_run, record_oom, run_benchmark
 from cs336_systems.profiling.timing import time_steps
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 CPU = torch.device("cpu")
 WORK = int(os.environ.get("SAMPLE_WORK", "1"))

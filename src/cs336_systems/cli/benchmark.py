@@ -26,7 +26,6 @@ import torch
 from tabulate import tabulate
 
 import cs336_systems.cli.triton_env  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel import)
-from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder
@@ -35,6 +34,7 @@ from cs336_systems.profiling.flops import DENSE_BF16_PEAK_TFLOPS, MODEL_FLOP_FOR
 from cs336_systems.profiling.memory import require_cuda, snapshot_step
 from cs336_systems.profiling.profiler import ProfileSummary, profile_step
 from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES, Case, Workload, peak_rate
+from cs336_systems.rows.contention import INTERPRETER_NOTE, row_verdict
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 

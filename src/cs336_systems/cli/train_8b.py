@@ -29,10 +29,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cs336_systems.harness.contention import contention_facts, contention_reasons
 from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
 from cs336_systems.model import PRESETS
 from cs336_systems.profiling.flops import STEP_8B_FLOP_FORMULA, mfu_both
+from cs336_systems.rows.contention import contention_facts, contention_reasons
 from cs336_systems.training.options import TRITON_PIECES, triton_pieces, without_triton
 from cs336_systems.training.step_8b import (
     FSDP_CHOICES,

@@ -22,7 +22,7 @@ from cs336_systems.distributed.process_group import default_backend
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.settings import settings
 from cs336_systems.harness.train_step import TrainCase, TrainSetup, combine_ranks, run_cases
-from cs336_systems.report.schema import tag
+from cs336_systems.rows.schema import tag
 
 
 def selected_params(request: pytest.FixtureRequest) -> list[dict[str, Any]]:

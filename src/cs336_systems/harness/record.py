@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from cs336_systems.harness.contention import contention_facts
 from cs336_systems.harness.settings import settings
 from cs336_systems.profiling.memory import free_device_memory
 from cs336_systems.profiling.timing import (
@@ -25,6 +24,7 @@ from cs336_systems.profiling.timing import (
     summarize_ms,
     synchronize,
 )
+from cs336_systems.rows.contention import contention_facts
 
 
 def record_oom(benchmark: Any, **extra_info: Any) -> None:
@@ -110,7 +110,7 @@ def run_benchmark(
         free_device_memory()
         benchmark.extra_info.update(extra_info, oom=True)
         return None
-    # the machine's load and the rounds' spread: whether the figure measured the case (harness.contention)
+    # the machine's load and the rounds' spread: whether the figure measured the case (rows.contention)
     benchmark.extra_info.update(extra_info, **summarize_ms(times), **contention_facts(times), oom=False)
     peak = peak_memory_mib(device)
     if peak is not None:

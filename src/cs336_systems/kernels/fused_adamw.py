@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cs336_systems.adamw_base import AdamWBase
 from cs336_systems.kernels.checks import INTERPRET, require_triton_device
-from cs336_systems.model.optim import AdamWBase
 
 BLOCK = 1024 if INTERPRET else 4096
 

@@ -1,6 +1,6 @@
-"""Benchmark results -> the writeup, one module per job:
+"""Benchmark results -> the writeup, one module per job (the group contract and the verdict on a row's
+timing, shared with the harness, are ``cs336_systems.rows``):
 
-- ``schema``: the group contract shared with ``bench/`` (``tag(benchmark, key)``);
 - ``load``: pytest-benchmark JSON, the JSONL row log and the benchmark CLI's ``--json`` -> ``Record`` rows;
 - ``tables``: cell formatting, the long table and the handout-shaped pivot of a group;
 - ``render``: Markdown / LaTeX; ``plots``: figures; ``answers``: measured-vs-accounting prose;

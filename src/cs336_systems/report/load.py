@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.harness.contention import INTERPRETER_NOTE, contention_reasons, interpreted
-from cs336_systems.report.schema import GROUPS
+from cs336_systems.rows.contention import INTERPRETER_NOTE, contention_reasons, interpreted
+from cs336_systems.rows.schema import GROUPS
 
 
 class ReportInputError(ValueError):
@@ -291,7 +291,7 @@ def _read_run(path: Path, source: str) -> tuple[Run, list[Record]]:
         groups = sorted({r.group for r in rows})
         raise ReportInputError(
             f"{path} holds no rows of this suite: none of its {len(rows)} benchmarks is tagged by "
-            f"cs336_systems.report.schema (groups {', '.join(groups[:3])}{', ...' if len(groups) > 3 else ''})"
+            f"cs336_systems.rows.schema (groups {', '.join(groups[:3])}{', ...' if len(groups) > 3 else ''})"
         )
     return run, rows
 
@@ -377,13 +377,13 @@ def _on_cpu(record: Record) -> bool:
 
 
 def is_interpreted(record: Record) -> bool:
-    """A Triton kernel timed under the interpreter (harness.contention.interpreted)."""
+    """A Triton kernel timed under the interpreter (rows.contention.interpreted)."""
     return interpreted({**record.texts, **record.descriptors}, _on_cpu(record))
 
 
 def unreliable(record: Record) -> str | None:
     """The one verdict on a row's timing: why it is not a result (a Triton kernel under the
-    interpreter, or the machine's load: harness.contention), or None. Such a row is marked in the
+    interpreter, or the machine's load: rows.contention), or None. Such a row is marked in the
     tables, ``--compare``, the plots and the prose, and no ratio is derived from it."""
     if is_interpreted(record):
         return INTERPRETER_NOTE

@@ -9,7 +9,6 @@ from typing import Any
 
 import pandas as pd
 
-from cs336_systems.harness.contention import INTERPRETER_NOTE
 from cs336_systems.report.load import (
     CONTENTION_KEYS,
     FRACTION_KEYS,
@@ -22,6 +21,7 @@ from cs336_systems.report.load import (
     is_interpreted,
     unreliable,
 )
+from cs336_systems.rows.contention import INTERPRETER_NOTE
 from cs336_systems.units import parse_size
 
 

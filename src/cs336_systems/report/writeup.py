@@ -7,7 +7,7 @@
 Several JSON files (one per GPU kind, say) are merged; every row keeps the device it ran on. Each
 benchmark group becomes a table file (``.md`` or ``.tex``); ``writeup.md`` is Markdown whatever
 ``--format`` says. The writeup is a list of :class:`Section` s in :data:`SECTIONS`: each names the
-schema group keys whose tables it shows (``report/schema.py``: rows are routed on the
+schema group keys whose tables it shows (``rows/schema.py``: rows are routed on the
 ``extra_info["group_key"]`` that ``schema.tag`` writes, never on group names), further views of groups
 shown elsewhere, and an ``answer(records) -> markdown`` for prose computed from code. Another module
 adds its own section from a ``register(writeup)`` function that calls :func:`register_section`, and
@@ -30,8 +30,8 @@ from cs336_systems.report.answers.memory import d22_answer, d24_answer
 from cs336_systems.report.load import STATS_MEAN, Record, ReportInputError, Run, load
 from cs336_systems.report.plots import PLOTS
 from cs336_systems.report.render import footnote_lines, render_group_latex, render_group_markdown, to_markdown
-from cs336_systems.report.schema import GROUPS
 from cs336_systems.report.tables import GroupTable, PivotSpec, build_tables
+from cs336_systems.rows.schema import GROUPS
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Section:
     def __post_init__(self) -> None:
         unknown = [k for k in (*self.groups, *(k for k, _ in self.views)) if k not in GROUPS]
         if unknown:
-            raise KeyError(f"section {self.key}: group keys {unknown} are not declared in report/schema.py")
+            raise KeyError(f"section {self.key}: group keys {unknown} are not declared in rows/schema.py")
 
 
 # The model group's table sits in D2 (by mode); D4 and D7b show the same rows by precision / compile.

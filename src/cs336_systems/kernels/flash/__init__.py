@@ -14,12 +14,13 @@ routing live in ``attention/flash_triton.py``):
 - ``configs``: tile configs as data (candidates per case class) and tuning keys;
 - ``select``: :func:`select.select`, the one pure function that decides which kernel runs each pass (every
   gate: Gluon, descriptors, the one-pass backward, determinism), and the routing rule;
-- ``compat``: every private Triton and torch hook, for the versions pinned in pyproject.toml;
+- ``compat``: every private Triton and torch hook, for the versions pinned in pyproject.toml (the only
+  module that reads a compiled kernel's internals);
 - ``tuner``: :class:`Tuner`, which chooses a config per key by sustained time (host included);
 - ``tune_table``: the tuning tables shipped per GPU model (``tuned/*.json``, written by
   ``python -m cs336_systems.cli.flash_tune``), whose keys take their config untimed;
 - ``launch``: one launch's arguments per kernel family, and :class:`KernelPlan` (a launch compiled for a
-  call signature);
+  call signature; its ``fallbacks`` say why it does not launch through the launcher's C entry point);
 - ``plan``: :class:`AttentionPlan` per call signature, ``flash_forward`` / ``flash_backward``;
 - ``settings``: :class:`FlashSettings`, the ``CS336_FLASH_*`` knobs, and :func:`configured`.
 """

@@ -7,9 +7,12 @@ change in meaning; read wrongly, a launcher takes shifted arguments and faults. 
 refuses other versions in one line, at import, instead of letting a hook misbehave.
 
 The hooks, and why each exists (figures: docs/perf-notes.md, H100):
-- :func:`c_launcher`, :func:`raw_launcher`, :func:`encode_descriptor`, :func:`unchecked_descriptor`: a
-  plan calls the compiled kernel's C launcher directly, with tensor maps encoded once per address (eager
-  calls at short sequences are host-bound: 0.140 ms per fwd+bwd against SDPA flash's 0.247, 2026-11-24);
+- :func:`kernel_launcher`, :func:`encode_descriptor`, :func:`unchecked_descriptor`: a plan calls the
+  compiled kernel's C launcher directly, with tensor maps encoded once per address (eager calls at short
+  sequences are host-bound: 0.140 ms per fwd+bwd against SDPA flash's 0.247, 2026-11-24); where it cannot,
+  it launches through Triton's own launcher and :func:`kernel_launcher` says why (the plan records it).
+  Only this module reads a compiled kernel's attributes (``run``, ``function``, ``packed_metadata``,
+  ``metadata``): a test scans the other modules of ``kernels/flash`` for them;
 - :func:`reduce_add_async`: Gluon 3.6 has the copy engine's reduction only on its op builder (the
   one-pass backward adds dQ's shares with it);
 - :func:`current_raw_stream`, :func:`dispatch_mode_active`: torch internals that the plans and the routing
@@ -19,7 +22,7 @@ The hooks, and why each exists (figures: docs/perf-notes.md, H100):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -51,14 +54,40 @@ from triton.experimental.gluon.language._core import builtin  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 
-def c_launcher(compiled: Any) -> tuple[Callable[..., None], tuple] | None:
-    """The C entry point of a compiled kernel's launcher and the arguments that precede the kernel's own
-    (Triton 3.6's ``CompiledKernel.run``), or None where the launcher needs scratch memory, which its Python
-    wrapper allocates per call."""
-    run = getattr(compiled, "run", None)
-    if run is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
-        return None
+class KernelLauncher(NamedTuple):
+    """How a plan launches one compiled kernel: ``launch(grid_x, grid_y, 1, stream, *prefix, *arguments)``,
+    the arguments being device addresses, descriptors (objects, or the tensor maps of
+    :func:`encode_descriptor` where ``tma_meta`` is set) and the scalars."""
+
+    launch: Callable[..., None]
+    prefix: tuple  # the kernel's handle and the launcher's options, before the kernel's own arguments
+    tma_meta: tuple | None  # per descriptor argument, what encode_descriptor takes; None: objects
+    fallback: str | None  # why the launch goes through Triton's own launcher, or None (the C entry point)
+
+
+SCRATCH_FALLBACK = (
+    "Triton's launcher: the kernel needs scratch memory, which its Python wrapper allocates per launch"
+)
+UNWRAPPED_FALLBACK = (
+    "Triton's descriptor wrapper: no launcher found under it, so tensor maps are encoded on every launch"
+)
+NO_TMA_FALLBACK = "Triton's descriptor wrapper: descriptors lowered without TMA, unpacked on every launch"
+
+
+def kernel_launcher(compiled: Any, descriptors: bool) -> KernelLauncher:
+    """How to launch ``compiled`` (Triton 3.6's ``CompiledKernel``) with the least host work: the C entry
+    point of its launcher (``run.launch``, under the Python wrapper that builds scratch-allocation closures
+    on every call); for a kernel with ``descriptors``, the launcher under Triton's wrapper that encodes each
+    descriptor into a tensor map per launch (:func:`raw_launcher`), given maps the plan keeps per address.
+    Where one of these cannot be had, Triton's own launcher or wrapper, and the ``fallback`` reason."""
+    run = compiled.run  # (loads the binary: the kernel's handle is set from here on)
+    function = compiled.function
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return KernelLauncher(
+            run, (function, compiled.packed_metadata, None, None, None), None, SCRATCH_FALLBACK
+        )
     prefix = (
+        function,
         run.launch_cooperative_grid,
         run.launch_pdl,
         None,
@@ -68,7 +97,15 @@ def c_launcher(compiled: Any) -> tuple[Callable[..., None], tuple] | None:
         None,
         None,
     )
-    return run.launch, prefix
+    if not descriptors:
+        return KernelLauncher(run.launch, prefix, None, None)
+    raw = raw_launcher(run.launch)
+    if raw is None:
+        return KernelLauncher(run.launch, prefix, None, UNWRAPPED_FALLBACK)
+    metas = getattr(compiled.metadata, "tensordesc_meta", None)
+    if not metas or any(m is None for m in metas):
+        return KernelLauncher(run.launch, prefix, None, NO_TMA_FALLBACK)
+    return KernelLauncher(raw, prefix, tuple(metas), None)
 
 
 def raw_launcher(launch: Callable[..., None]) -> Callable[..., None] | None:

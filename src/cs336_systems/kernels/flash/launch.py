@@ -218,13 +218,30 @@ def _o_strides(o: torch.Tensor) -> tuple:
 # ----------------------------------------------------------------------------------------------------------
 
 
+INTERPRETED = "Triton's JIT: interpreted (TRITON_INTERPRET=1), no compiled kernel to launch"
+
+
 class KernelPlan:
     """One kernel compiled for one call signature (shapes, strides, dtypes, alignment, config): a launch
     hands only the call's device addresses (and descriptors) to the compiled kernel's launcher. Triton's JIT
     dispatch would bind and specialize ~40 arguments and build a cache key per launch, which costs more
-    host time than the launch itself; the model launches attention kernels 3 x layers times per step."""
+    host time than the launch itself; the model launches attention kernels 3 x layers times per step.
 
-    __slots__ = ("boxes", "compiled", "encoded", "grid", "launch", "launch_jit", "prefix", "tail", "tma_meta")
+    ``fallbacks``: why this plan launches through Triton's own launcher or JIT instead of the launcher's C
+    entry point with tensor maps kept per address (empty when it does not); the attention plan records
+    them with the pass (``flash.launched``)."""
+
+    __slots__ = (
+        "boxes",
+        "encoded",
+        "fallbacks",
+        "grid",
+        "launch",
+        "launch_jit",
+        "prefix",
+        "tail",
+        "tma_meta",
+    )
 
     def __init__(self, call: Launch):
         """Launches ``call`` once through the JIT (compiling it) and keeps what later launches reuse."""
@@ -236,36 +253,25 @@ class KernelPlan:
         self.boxes = boxes if any(boxes) else None
         self.tail = (*call.args[n:], *call.constexprs.values())
         self.grid = call.grid
-        self.compiled = k = call.jit()  # None under the interpreter, which always goes through the JIT
-        c = call.config
-        self.launch_jit = (
-            None
-            if k is not None
-            else functools.partial(call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages)
-        )
-        self.launch, self.prefix, self.tma_meta, self.encoded = None, (), None, ()
-        entry = compat.c_launcher(k)
-        if entry is not None:
-            # The launcher's C entry point: its Python wrapper builds scratch-allocation closures on every
-            # call, for kernels that have no scratch.
-            self.launch, self.prefix = entry
-            self._bypass_descriptor_encoding(k)
-
-    def _bypass_descriptor_encoding(self, k: Any) -> None:
-        """For a kernel with descriptors, Triton's launcher encodes each one into a CUDA tensor map on the
-        host (``cuTensorMapEncodeTiled``) on every launch: a few microseconds each, up to four per launch.
-        A map depends only on the address once the plan fixed the layout, and a training loop's caching
-        allocator hands the same addresses back step after step, so maps are kept per address and the
-        launcher's C entry point underneath that wrapper gets them ready-made."""
-        if self.boxes is None:
-            return
-        metas = getattr(k.metadata, "tensordesc_meta", None)
-        raw = compat.raw_launcher(self.launch)
-        if not metas or raw is None or any(m is None for m in metas):
-            return  # descriptors lowered without TMA: keep the wrapper
-        self.launch = raw
-        self.tma_meta = tuple(metas)
-        self.encoded = tuple({} for _ in metas)
+        compiled = call.jit()  # None under the interpreter, which always goes through the JIT
+        self.launch_jit, self.launch, self.prefix, self.tma_meta, self.encoded = None, None, (), None, ()
+        if compiled is None:
+            c = call.config
+            self.launch_jit = functools.partial(
+                call.fn[call.grid], num_warps=c.num_warps, num_stages=c.num_stages
+            )
+            fallback = INTERPRETED
+        else:
+            # Descriptors: Triton's launcher encodes each into a CUDA tensor map on the host
+            # (``cuTensorMapEncodeTiled``) on every launch, a few microseconds each, up to four per launch.
+            # A map depends only on the address once the plan fixed the layout, and a training loop's
+            # caching allocator hands the same addresses back step after step, so maps are kept per
+            # address (``encoded``) and handed to the launcher under that wrapper ready-made.
+            self.launch, self.prefix, self.tma_meta, fallback = compat.kernel_launcher(
+                compiled, descriptors=self.boxes is not None
+            )
+            self.encoded = tuple({} for _ in self.tma_meta or ())
+        self.fallbacks = () if fallback is None else (f"{call.fn.__name__}: {fallback}",)
 
     def _encode(self, slot: int, t: torch.Tensor, box: tuple) -> list:
         """The launcher arguments of descriptor ``slot`` for ``t``: its tensor map, shape and strides."""
@@ -277,7 +283,7 @@ class KernelPlan:
         return args
 
     def __call__(self, stream: int, *tensors: torch.Tensor) -> None:
-        if self.compiled is None:
+        if self.launch_jit is not None:
             if self.boxes is not None:
                 tensors = tuple(
                     t if b is None else compat.unchecked_descriptor(t, b)
@@ -303,8 +309,4 @@ class KernelPlan:
                     args += self.encoded[slot].get(t.data_ptr()) or self._encode(slot, t, b)
                     slot += 1
         gx, gy = self.grid
-        k = self.compiled
-        if self.launch is not None:
-            self.launch(gx, gy, 1, stream, k.function, *self.prefix, *args, *self.tail)
-        else:
-            k.run(gx, gy, 1, stream, k.function, k.packed_metadata, None, None, None, *args, *self.tail)
+        self.launch(gx, gy, 1, stream, *self.prefix, *args, *self.tail)

@@ -11,6 +11,7 @@ kernels that ran.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -85,6 +86,11 @@ def record(case: tuple, passes: dict[str, PassChoice], deterministic: bool) -> N
     )
 
 
+def with_fallbacks(choice: PassChoice, plan: KernelPlan | SplitBackward | OnePassBackward) -> PassChoice:
+    """``choice`` with the launcher fallbacks of the plan that runs it (what ``launched`` reports)."""
+    return replace(choice, fallbacks=plan.fallbacks) if plan.fallbacks else choice
+
+
 def launched(case: tuple) -> KernelChoice | None:
     return LAUNCHED.get(Case(*case))
 
@@ -117,6 +123,11 @@ class SplitBackward:
     def __init__(self, dq: KernelPlan, dkdv: KernelPlan):
         self.dq, self.dkdv = dq, dkdv
 
+    @property
+    def fallbacks(self) -> tuple[str, ...]:
+        """The dK/dV pass's (the dQ pass records its own)."""
+        return self.dkdv.fallbacks
+
     def __call__(self, stream: int, q, k, v, o, do, lse, dq, dk, dv) -> None:
         delta = torch.empty_like(lse)
         self.dq(stream, q, k, v, o, do, lse, delta, dq)
@@ -133,6 +144,10 @@ class OnePassBackward:
 
     def __init__(self, delta: KernelPlan, one_pass: KernelPlan):
         self.delta, self.one_pass = delta, one_pass
+
+    @property
+    def fallbacks(self) -> tuple[str, ...]:
+        return (*self.delta.fallbacks, *self.one_pass.fallbacks)
 
     def __call__(self, stream: int, q, k, v, o, do, lse, dq, dk, dv) -> None:
         delta = torch.empty_like(lse)
@@ -234,7 +249,7 @@ class AttentionPlan:
             self.fwd, cfg = self._tuned(
                 "fwd", tensors, lambda c: [fwd_launch(run(c), self.is_causal, *tensors)]
             )
-            record(self.case, {"fwd": resolve("fwd", cfg, self.case, facts)}, False)
+            record(self.case, {"fwd": with_fallbacks(resolve("fwd", cfg, self.case, facts), self.fwd)}, False)
         else:
             self.fwd(self._stream(), *tensors)
         return o, lse
@@ -303,8 +318,9 @@ class AttentionPlan:
             return OnePassBackward(*plans)
 
         plan, dkdv_cfg = self._tuned("dkdv", tensors, calls, build)
-        chosen = select(self.case, facts, {"dq": dq_cfg, "dkdv": dkdv_cfg}, deterministic)
-        record(self.case, chosen.passes(), deterministic)
+        chosen = select(self.case, facts, {"dq": dq_cfg, "dkdv": dkdv_cfg}, deterministic).passes()
+        ran = {"dq": dq_plan, "dkdv": plan}  # every launch of a pass records its fallbacks with it
+        record(self.case, {name: with_fallbacks(p, ran[name]) for name, p in chosen.items()}, deterministic)
         return plan
 
     def _empty(self, which: int) -> torch.Tensor:

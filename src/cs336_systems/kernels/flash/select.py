@@ -70,11 +70,16 @@ class PassChoice:
     config: TileConfig  # what runs: a refused feature's flag cleared
     kernel: str
     refused: tuple[str, ...] = ()  # why a requested feature does not run
+    # Set by the plan that launched it (never by select): why its launches went through Triton's own
+    # launcher or JIT instead of the launcher's C entry point (KernelPlan.fallbacks).
+    fallbacks: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {"kernel": self.kernel, "config": str(self.config)}
         if self.refused:
             out.update(requested=str(self.requested), refused=list(self.refused))
+        if self.fallbacks:
+            out["fallbacks"] = list(self.fallbacks)
         return out
 
 

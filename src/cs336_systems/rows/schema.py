@@ -51,7 +51,7 @@ def group(key: str) -> BenchGroup:
         return GROUPS[key]
     except KeyError:
         raise KeyError(
-            f"unknown bench group {key!r}; declare it in report/schema.py ({sorted(GROUPS)})"
+            f"unknown bench group {key!r}; declare it in rows/schema.py ({sorted(GROUPS)})"
         ) from None
 
 
