@@ -1,5 +1,6 @@
-"""Running the contract on an adapters file in a pytest subprocess, as a grader would, and reading
-its per-hook report (``--grade-json``)."""
+"""Grading an adapters file from a test: ``grade`` runs the contract in a pytest subprocess as a grader
+would (``--grade-json``) and reads its report; ``verdicts`` grades chosen cases in this process through
+``grading.session.Grader`` (workers still run the graded code in processes of their own)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,31 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cs336_systems.grading.probe import probe
+from cs336_systems.grading.roots import discover
+from cs336_systems.grading.session import Grader
+from cs336_systems.grading.verdict import Verdict
+from cs336_systems.grading.worker.cases import CASES
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
+STUDENTS = DATA / "students"
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without what a pytest run sets for its own workers."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "CS336_ADAPTERS", "CS336_GRADE"))}
 
 
 @dataclass
 class GradingRun:
     returncode: int
     output: str
-    hooks: dict
+    report: dict
+
+    @property
+    def hooks(self) -> dict:
+        return self.report.get("hooks", {})
 
     def failures(self, hook: str) -> str:
         return "\n".join(f["message"] for f in self.hooks.get(hook, {}).get("failures", []))
@@ -27,35 +44,18 @@ class GradingRun:
 def grade(adapters: Path | str, *args: str, equals_form: bool = False, timeout: float = 400) -> GradingRun:
     """``pytest tests/contract --adapters PATH ARGS`` (``--adapters=PATH`` when ``equals_form``) from
     the suite's root, in a fresh process."""
-    report = (
-        Path(os.environ.get("TMPDIR", "/tmp"))
-        / f"grade-{os.getpid()}-{abs(hash((str(adapters), args)))}.json"
-    )
+    report = Path(os.environ.get("TMPDIR", "/tmp")) / f"grade-{os.getpid()}-{abs(hash((str(adapters), args)))}.json"
     option = [f"--adapters={adapters}"] if equals_form else ["--adapters", str(adapters)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests/contract",
-        *option,
-        "--grade-json",
-        str(report),
-        "-n",
-        "0",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--no-header",
-        "-W",
-        "ignore",
-        *args,
-    ]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYTEST_XDIST_WORKER", "CS336_ADAPTERS", "CS336_GRADE_PROBE")
-    }
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    hooks = json.loads(report.read_text())["hooks"] if report.is_file() else {}
+    cmd = [sys.executable, "-m", "pytest", "tests/contract", *option, "--grade-json", str(report)]
+    cmd += ["-n", "0", "-p", "no:cacheprovider", "-q", "--no-header", "-W", "ignore", *args]
+    run = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    found = json.loads(report.read_text()) if report.is_file() else {}
     report.unlink(missing_ok=True)
-    return GradingRun(run.returncode, run.stdout + run.stderr, hooks)
+    return GradingRun(run.returncode, run.stdout + run.stderr, found)
+
+
+def verdicts(adapters: Path, case_ids: list[str], seed: int = 1) -> dict[str, Verdict]:
+    """Each case's verdict, the cases of one world size graded in one job."""
+    roots = discover(adapters)
+    grader = Grader(roots, probe(roots.adapters), seed, timeout=240.0)
+    return {cid: grader.verdict(CASES[cid], [c for c in case_ids if CASES[c].world_size == CASES[cid].world_size]) for cid in case_ids}

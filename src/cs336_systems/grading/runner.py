@@ -188,12 +188,13 @@ def _why_missing(problem: str, rank: int, code: int | None, folder: Path, timed_
     if code in (-9, None):
         return f"rank {rank} was stopped after a peer failed"
     if code < 0:
-        how = f"was killed by {signal.Signals(-code).name} (a crash" + (
+        how = f"was killed by {signal.Signals(-code).name} before writing this case's outputs (a crash" + (
             ": an out-of-bounds access under Triton's interpreter is one cause)" if code == -signal.SIGSEGV else ")"
         )
     else:
-        how = f"exited with code {code} ({EXIT_MEANING.get(code, 'a process that leaves in the middle of a case fails it')})"
-    return f"rank {rank} {how} before writing this case's outputs; its last output: {_tail(folder / f'rank{rank}.log')}"
+        meaning = EXIT_MEANING.get(code, "a process that leaves in the middle of a case fails it")
+        how = f"exited with code {code} before writing this case's outputs ({meaning})"
+    return f"rank {rank} {how}; its last output: {_tail(folder / f'rank{rank}.log')}"
 
 
 @dataclass
