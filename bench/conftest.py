@@ -21,7 +21,7 @@ import os
 import pytest
 
 from cs336_systems.harness.adapters import MARKER as ADAPTERS_ROW
-from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict
+from cs336_systems.harness.contention import row_verdict, verdict_label
 
 _UNTIMED = pytest.StashKey[int]()
 _MARKED = pytest.StashKey[dict[str, int]]()
@@ -142,7 +142,7 @@ def _mark_verdicts(benchmarks: list[dict]) -> dict[str, int]:
     for b in benchmarks:
         why = None if _untimed(b) else row_verdict(b.get("extra_info") or {}, b.get("params"))
         if why:
-            label = "interpreted" if why == INTERPRETER_NOTE else "unreliable"
+            label = verdict_label(why)
             b["name"] = f"{b['name']} ({label})"
             marked[label] = marked.get(label, 0) + 1
     return marked

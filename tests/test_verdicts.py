@@ -330,3 +330,47 @@ def test_a_stored_ratio_whose_reference_row_is_unreliable_is_not_shown() -> None
         for n in table.footnotes
     )
     assert len(table.long) == 4
+
+
+# ---- Triton kernels a row names by a flag or a piece (issue 57) -------------------------------------
+
+CPU = "cpu (x86_64, 2 cores)"
+
+
+def test_a_fused_loss_row_on_a_cpu_is_interpreted_in_the_report_as_in_the_cli(tmp_path: Path) -> None:
+    """The model's fused loss runs the fused cross-entropy Triton kernel; the benchmark CLI's
+    ``--fused-loss --json`` row (and a bench model row) says so with ``fused_loss: true`` only."""
+    quiet = {"rounds_spread": 0.01, "rounds_n": 10.0, "device_name": CPU}
+    fused = {"case": "tiny-fusedloss", "size": "tiny", "mean_ms": 900.0, "fused_loss": True, **quiet}
+    plain = {**fused, "case": "tiny", "mean_ms": 80.5, "fused_loss": False}
+    path = tmp_path / "cli.json"
+    path.write_text(json.dumps([fused, plain]))
+    _, records = report.load([path])
+    from cs336_systems.report.load import unreliable
+
+    assert {r.name: unreliable(r) for r in records} == {
+        "tiny-fusedloss": contention.INTERPRETER_NOTE,
+        "tiny": None,
+    }
+    assert contention.row_verdict(fused) == contention.INTERPRETER_NOTE  # what the CLI printed
+    (table,) = report.build_tables(records)
+    cells = " ".join(table.long.astype(str).to_numpy().ravel())
+    assert "900" not in cells and "interpreted [1]" in cells and "80.50" in cells
+
+
+def test_the_8b_steps_triton_pieces_are_interpreted_on_a_cpu() -> None:
+    from cs336_systems.cli.train_8b import judged
+    from cs336_systems.training.options import TRITON_PIECES
+
+    for piece, (ours, torch_piece) in TRITON_PIECES.items():
+        assert contention.interpreted({piece: ours}, on_cpu=True), piece
+        assert contention.interpreted({"pieces": {piece: ours}}, on_cpu=True), piece  # a bench row
+        assert not contention.interpreted({piece: torch_piece}, on_cpu=True), piece
+        assert not contention.interpreted({piece: ours}, on_cpu=False), piece
+    steady = [5276.0, 5280.0, 5290.0, 5281.0, 5279.0]
+    swapped = {"attention": "sdpa", "loss": "chunked", "optimizer": "torch_fused"}
+    result = {"times_ms": steady, "options": {**swapped, "loss": "fused"}}
+    assert judged(result, CPU) == [f"interpreted: {contention.INTERPRETER_NOTE}"]
+    assert result["contention"] == contention.INTERPRETER_NOTE
+    calm = {"times_ms": steady, "options": swapped}
+    assert judged(calm, CPU) == [] and "contention" not in calm

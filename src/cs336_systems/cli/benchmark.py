@@ -26,7 +26,7 @@ import torch
 from tabulate import tabulate
 
 import cs336_systems.cli.triton_env  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel import)
-from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict
+from cs336_systems.harness.contention import INTERPRETER_NOTE, row_verdict, verdict_label
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder
@@ -304,8 +304,7 @@ def _cells(r: dict[str, Any], show_unreliable: bool = False) -> list[str]:
     if r.get("oom"):
         return [r["case"], "OOM", *[""] * 6]
     if r.get("contention") and not show_unreliable:
-        label = "interpreted" if r["contention"] == INTERPRETER_NOTE else "unreliable"
-        return [r["case"], label, *["-"] * 5, _fmt(r.get("peak_memory_mib"), ",.0f")]
+        return [r["case"], verdict_label(r["contention"]), *["-"] * 5, _fmt(r.get("peak_memory_mib"), ",.0f")]
     mark = UNRELIABLE_MARK if r.get("contention") else ""
     timed = [
         _fmt(r.get("mean_ms"), ".4g"),

@@ -29,7 +29,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cs336_systems.harness.contention import contention_facts, contention_reasons
+from cs336_systems.harness.contention import (
+    INTERPRETER_NOTE,
+    contention_facts,
+    contention_reasons,
+    interpreted,
+)
 from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
 from cs336_systems.model import PRESETS
 from cs336_systems.profiling.flops import STEP_8B_FLOP_FORMULA, mfu_both
@@ -220,8 +225,13 @@ def judged(result: dict[str, Any], device_name: str) -> list[str]:
     if not result.get("times_ms"):
         return []
     result.update(contention_facts(result["times_ms"]))
+    on_cpu = device_name.lower().startswith("cpu")
+    # TRITON_INTERPRET=1 keeps our Triton pieces on a CPU (fit_to_machine): the interpreter's time
+    if interpreted(result.get("options") or {}, on_cpu):
+        result["contention"] = INTERPRETER_NOTE
+        return [f"interpreted: {INTERPRETER_NOTE}"]
     lines = []
-    reasons = contention_reasons(result, device_name.lower().startswith("cpu"))
+    reasons = contention_reasons(result, on_cpu)
     if reasons:
         result["contention"] = "; ".join(reasons)
         lines.append(f"unreliable timing: {result['contention']}; the step time and ratios measure the load")

@@ -83,24 +83,36 @@ def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
 
 
 # The suite's Triton pieces by the names rows give them: an impl or attention naming Triton, the fused
-# LM-head loss ("fused"; torch's own AdamW(fused=True) rows are "torch_fused") and the fused-loss flag.
+# LM-head loss ("fused"; torch's own AdamW(fused=True) rows are "torch_fused"), the model's fused-loss
+# flag, and the 8B step's pieces (training.options.TRITON_PIECES; a test holds the two together).
 INTERPRETER_NOTE = (
     "a Triton kernel timed on a CPU ran under TRITON_INTERPRET=1 (Triton's interpreter, run for "
     "correctness): not a performance figure, and no ratio is derived from it"
 )
+TRITON_PIECE_VALUES = {"impl": "fused", "loss": "fused", "optimizer": "fused_ours"}
 
 
 def interpreted(descriptors: Mapping[str, object], on_cpu: bool) -> bool:
     """Whether a row timed one of the suite's Triton kernels on a CPU, which only Triton's interpreter
-    runs: D12's "ours / best SDPA" of 670x and D26's fused AdamW at 2,144x torch were such rows (issue 51)."""
+    runs: D12's "ours / best SDPA" of 670x and D26's fused AdamW at 2,144x torch were such rows (issue 51).
+    ``descriptors`` holds the row's parameters and fields, booleans included (``fused_loss``: the
+    model's loss through the fused kernel), and an 8B step row's ``pieces`` mapping is read too."""
     if not on_cpu:
         return False
+    pieces = descriptors.get("pieces")
+    if isinstance(pieces, Mapping) and interpreted(pieces, on_cpu):
+        return True
     names = [str(descriptors.get(k, "")) for k in ("impl", "attention", "variant", "recipe")]
     return (
         any("triton" in n for n in names)
-        or descriptors.get("impl") == "fused"
-        or bool(descriptors.get("fused_loss") is True)
+        or any(descriptors.get(k) == v for k, v in TRITON_PIECE_VALUES.items())
+        or descriptors.get("fused_loss") is True
     )
+
+
+def verdict_label(why: str) -> str:
+    """The mark a row's verdict puts in place of its figure (tables, the CLI, the bench terminal table)."""
+    return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 
 def row_verdict(extra_info: Mapping[str, object], params: Mapping[str, object] | None = None) -> str | None:

@@ -97,6 +97,7 @@ class Record:
     descriptors: dict[str, Any]  # parameters (and parameter-like extra_info) of the case
     values: dict[str, float]  # numeric extra_info (+ pytest-benchmark stats when nothing else)
     texts: dict[str, str] = field(default_factory=dict)  # string extra_info (kernel names, status...)
+    flags: dict[str, bool] = field(default_factory=dict)  # boolean extra_info (fused_loss, compiled...)
     oom: bool = False
     skipped: str | None = None
     ratio_caveat: str | None = None  # a ratio on this row compares it with a row that is no result
@@ -143,10 +144,13 @@ def _record(bench: dict[str, Any], source: str, machine: str) -> Record:
     descriptors.update({k: v for k, v in extra.items() if k in PARAM_ORDER and k not in descriptors})
     values: dict[str, float] = {}
     texts: dict[str, str] = {}
+    flags: dict[str, bool] = {}
     for key, value in extra.items():
         if key in descriptors or key in NOT_VALUES or key in ("group_key", "deliverable"):
             continue
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, bool):  # judged (fused_loss: a Triton kernel ran), not shown as a column
+            flags[key] = value
+        elif isinstance(value, int | float):
             values[key] = float(value)
         elif isinstance(value, str):
             texts[key] = value
@@ -178,6 +182,7 @@ def _record(bench: dict[str, Any], source: str, machine: str) -> Record:
         descriptors=descriptors,
         values=values,
         texts=texts,
+        flags=flags,
         oom=oom,
         skipped=str(skipped) if skipped else None,
     )
@@ -378,7 +383,7 @@ def _on_cpu(record: Record) -> bool:
 
 def is_interpreted(record: Record) -> bool:
     """A Triton kernel timed under the interpreter (harness.contention.interpreted)."""
-    return interpreted({**record.texts, **record.descriptors}, _on_cpu(record))
+    return interpreted({**record.flags, **record.texts, **record.descriptors}, _on_cpu(record))
 
 
 def unreliable(record: Record) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from cs336_systems.harness.contention import INTERPRETER_NOTE
+from cs336_systems.harness.contention import INTERPRETER_NOTE, verdict_label
 from cs336_systems.report.load import (
     CONTENTION_KEYS,
     FRACTION_KEYS,
@@ -228,10 +228,6 @@ def _unreliable_note(why: str) -> str:
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
 
 
-def _verdict_label(why: str) -> str:
-    return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
-
-
 def footnotes(records: list[Record]) -> list[str]:
     """The texts the cells of these rows point to, in order of first use: each reason a case did not
     run, and each reason a timing is unreliable, once (cell ``[n]`` is entry n - 1)."""
@@ -271,7 +267,7 @@ def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str
     if key not in record.values:
         return MISSING
     why = _verdict(record, key)
-    mark = f"{_verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
+    mark = f"{verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
     if mark and not show:
         return mark
     text = format_number(key, record.values[key])
