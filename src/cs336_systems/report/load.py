@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.harness.contention import INTERPRETER_NOTE, contention_reasons, interpreted
+from cs336_systems.harness.contention import INTERPRETER_NOTE, contention_reasons, interpreted, verdict_label
 from cs336_systems.report.schema import GROUPS
 
 
@@ -394,6 +394,20 @@ def unreliable(record: Record) -> str | None:
         return INTERPRETER_NOTE
     reasons = contention_reasons(record.values, _on_cpu(record))
     return "; ".join(reasons) or None
+
+
+def not_quoted(records: Sequence[Record], label: Callable[[Record], str] = lambda r: r.name) -> str:
+    """What the prose says in place of the figures of rows whose timing is not a result (the rows it
+    leaves out, each named by ``label``), with the mark their table cells carry: the prose quotes no
+    figure its table marks ("" when every row is a result)."""
+    marks: dict[str, list[str]] = {}
+    for r in records:
+        if why := unreliable(r):
+            marks.setdefault(verdict_label(why), []).append(label(r))
+    said = "; ".join(f"{len(names)} marked `{mark}` ({', '.join(names)})" for mark, names in marks.items())
+    return (
+        f"not quoted, as their timing is not a result (the table's footnotes say why): {said}" if said else ""
+    )
 
 
 def derived_from(*records: Record | None) -> str | None:

@@ -185,7 +185,8 @@ def _is_ratio(key: str) -> bool:
 
 def _timed(key: str) -> bool:
     """A value that comes from the row's timing (and is as unreliable as it), ratios of times included."""
-    timing = key.endswith(("_ms", "_s", "_gbps")) or key in ("tokens_per_s", "tflops", "mfu", "mfu_peak")
+    # rates measured by timing too: TFLOP/s (the matmul rate behind MFU included) and every MFU
+    timing = key.endswith(("_ms", "_s", "_gbps", "tflops")) or key.startswith("mfu") or key == "tokens_per_s"
     return _is_ratio(key) or (timing and "mib" not in key)
 
 

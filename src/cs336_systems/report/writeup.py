@@ -224,7 +224,8 @@ def _runs_header(runs: list[Run]) -> list[str]:
         "over the dense matmul rate measured in the same run, and, where a column says so, over the "
         "GPU's dense bf16 peak (989 TFLOP/s for H100 SXM and H200). A cell marked `unreliable [n]` or "
         "`interpreted [n]` is a timing that is not a result (footnote [n] says why; "
-        "`--show-unreliable` prints its figure), and no ratio is derived from it.",
+        "`--show-unreliable` prints its figure); no ratio is derived from it, and the prose does not "
+        "quote it.",
         "",
         "| JSON | date | commit | pytest-benchmark | devices |",
         "| --- | --- | --- | --- | --- |",
