@@ -110,8 +110,37 @@ def interpreted(descriptors: Mapping[str, object], on_cpu: bool) -> bool:
     )
 
 
+# A do_bench row (bench_flash) carries two timers: ``do_bench_ms``, its result, and pytest-benchmark's
+# host-timed rounds (``median_ms``, the terminal table's columns). A host round adds launch and
+# synchronize overhead: in docs/results at most 17x do_bench's median (0.11 ms against 6 us, the
+# shortest kernels) and never more than 1.2 ms. Timers further apart than both bounds measured
+# different things (issue 57: a CPU row's rounds read 216 ms against do_bench's 0.178 ms).
+TIMERS_APART = 10.0
+TIMER_OVERHEAD_MS = 2.0
+TIMERS_NOTE = "its two timers disagree"
+
+
+def timers_disagree(values: Mapping[str, object]) -> str | None:
+    """Why a row's host-timed figures (pytest-benchmark's) are not its result, when they are orders of
+    magnitude away from its ``do_bench_ms``, which is; None when they agree or the row has one timer."""
+    result, host = values.get("do_bench_ms"), values.get("median_ms")
+    numbers = [v for v in (result, host) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0]
+    if len(numbers) < 2:
+        return None
+    ratio = max(numbers) / min(numbers)
+    if ratio < TIMERS_APART or abs(host - result) < TIMER_OVERHEAD_MS:
+        return None
+    return (
+        f"{TIMERS_NOTE} {ratio:,.0f}×: pytest-benchmark's host-timed rounds have a median of {host:.3g} ms, "
+        f"do_bench {result:.3g} ms. The row's result is its do_bench median (the report's `do_bench "
+        "median` column); the host-timed figures (mean and median here, pytest-benchmark's Min/Mean/Median) are not a result"
+    )
+
+
 def verdict_label(why: str) -> str:
     """The mark a row's verdict puts in place of its figure (tables, the CLI, the bench terminal table)."""
+    if why.startswith(TIMERS_NOTE):
+        return "timers disagree"
     return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 

@@ -79,6 +79,11 @@ VALUE_LABELS = {
 STATS_MEAN = "stats_mean_ms"  # pytest-benchmark's own timing, used when extra_info has no mean_ms
 VALUE_LABELS[STATS_MEAN] = "mean ± std (ms, pytest-benchmark)"
 FRACTION_KEYS = {"mfu", "mfu_measured", "mfu_peak"}  # and every key with "share" in it
+HOST_TIMER_KEYS = {
+    "mean_ms",
+    "median_ms",
+    STATS_MEAN,
+}  # pytest-benchmark's rounds: a do_bench row's second timer
 CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread", "rounds_n"}  # judged, not shown as columns
 NOT_VALUES = {"oom", "skipped", "device_name"}
 MISSING = "—"

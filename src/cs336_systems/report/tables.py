@@ -9,10 +9,11 @@ from typing import Any
 
 import pandas as pd
 
-from cs336_systems.harness.contention import INTERPRETER_NOTE, verdict_label
+from cs336_systems.harness.contention import INTERPRETER_NOTE, TIMERS_NOTE, timers_disagree, verdict_label
 from cs336_systems.report.load import (
     CONTENTION_KEYS,
     FRACTION_KEYS,
+    HOST_TIMER_KEYS,
     MISSING,
     PARAM_ORDER,
     STATS_MEAN,
@@ -215,16 +216,17 @@ def _mark_ratio_sources(records: list[Record]) -> None:
 
 
 def _verdict(record: Record, key: str) -> str | None:
-    """Why this cell's figure is no result: the row's own verdict, or for a ratio its sources'."""
+    """Why this cell's figure is no result: the row's own verdict, for a ratio its sources', for a
+    host-timed figure of a do_bench row the disagreement of its two timers (its do_bench figure stands)."""
     if not _timed(key):
         return None
-    return unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None)
+    if why := unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None):
+        return why
+    return timers_disagree(record.values) if key in HOST_TIMER_KEYS else None
 
 
 def _unreliable_note(why: str) -> str:
-    if why == INTERPRETER_NOTE:
-        return why[0].upper() + why[1:]
-    if why.startswith(RATIO_NOTE):
+    if why == INTERPRETER_NOTE or why.startswith((RATIO_NOTE, TIMERS_NOTE)):
         return why[0].upper() + why[1:]
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
 
@@ -243,6 +245,8 @@ def footnotes(records: list[Record]) -> list[str]:
             notes[_unreliable_note(why)] = None
         elif not_run is None and r.ratio_caveat and any(_is_ratio(k) for k in r.values):
             notes[_unreliable_note(r.ratio_caveat)] = None
+        if not_run is None and (why := timers_disagree(r.values)) and not unreliable(r):
+            notes[_unreliable_note(why)] = None
     return list(notes)
 
 

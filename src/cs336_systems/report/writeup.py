@@ -225,7 +225,8 @@ def _runs_header(runs: list[Run]) -> list[str]:
         "GPU's dense bf16 peak (989 TFLOP/s for H100 SXM and H200). A cell marked `unreliable [n]` or "
         "`interpreted [n]` is a timing that is not a result (footnote [n] says why; "
         "`--show-unreliable` prints its figure); no ratio is derived from it, and the prose does not "
-        "quote it.",
+        "quote it. `timers disagree [n]` marks the host-timed figures (mean, median) of a do_bench row "
+        "that are orders of magnitude off its do_bench median, which is the row's result.",
         "",
         "| JSON | date | commit | pytest-benchmark | devices |",
         "| --- | --- | --- | --- | --- |",
