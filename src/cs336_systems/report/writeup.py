@@ -369,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="+",
         help="results files (--benchmark-json output, .jsonl, CLI --json or --profile answers) or folders of them",
     )
-    parser.add_argument("--format", choices=("md", "latex"), default="md", help="table files format")
+    parser.add_argument(
+        "--format", choices=("md", "latex"), default="md", help="table files format (default: md)"
+    )
     parser.add_argument("--out", default="report", help="output directory (default: ./report)")
     parser.add_argument(
         "--compare", action="store_true", help="pair the rows of exactly two runs by name and print the ratio"
