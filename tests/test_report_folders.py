@@ -70,3 +70,17 @@ def test_no_writeup_line_is_over_1000_characters(tmp_path: Path) -> None:
     longest = max(lines, key=len)
     assert len(longest) <= 1000, longest[:120]
 
+
+def test_a_table_wider_than_a_line_is_split_under_its_case_columns() -> None:
+    """Results files of one group merged bring their own columns (the 8B step's table reached 1,250
+    characters a row): the table is shown in parts, each with the case columns."""
+    import pandas as pd
+
+    from cs336_systems.report.render import MAX_LINE, fitting, to_markdown
+
+    frame = pd.DataFrame([{"case": f"c{i}", **{f"value {j}": "x" * 40 for j in range(40)}} for i in range(3)])
+    parts = fitting(frame, 1)
+    assert len(parts) > 1 and all(part.columns[0] == "case" for part in parts)
+    assert [c for part in parts for c in list(part.columns)[1:]] == list(frame.columns)[1:]
+    assert all(len(line) <= MAX_LINE for part in parts for line in to_markdown(part).splitlines())
+    assert len(fitting(frame.iloc[:, :5], 1)) == 1  # a table that fits stays whole

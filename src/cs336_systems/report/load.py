@@ -1,5 +1,6 @@
-"""Reading benchmark results: pytest-benchmark JSON, its JSONL row log (``CS336_BENCH_JSONL``) and
-the ``--json`` rows of ``python -m cs336_systems.cli.benchmark``, into :class:`Record` rows."""
+"""Reading benchmark results: pytest-benchmark JSON, its JSONL row log (``CS336_BENCH_JSONL``), the
+``--json`` rows of ``python -m cs336_systems.cli.benchmark`` and ``cli.leaderboard`` and the benchmark
+CLI's ``--profile`` answers, into :class:`Record` rows."""
 
 from __future__ import annotations
 
@@ -246,6 +247,33 @@ def _profile_rows(answers: dict[str, Any], path: Path) -> dict[str, Any]:
     return {"benchmarks": [bench]}
 
 
+def _leaderboard_cli_rows(answers: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``python -m cs336_systems.cli.leaderboard --json`` (``{"gpu", "rows": [{"impl", "mean_ms", ...}]}``,
+    the course's do_bench mean of each impl in the order run: ours, cudnn, ours shows drift) as rows of
+    the D12 leaderboard group, so the README's D12 headline file is in the report (issue 57)."""
+    benchmarks = []
+    for run, row in enumerate(answers["rows"], 1):
+        extra = {k: v for k, v in row.items() if k not in ("impl", "mean_ms")}
+        extra.update(
+            group_key="leaderboard", device_name=str(answers.get("gpu", "")), course_mean_ms=row["mean_ms"]
+        )
+        name = GROUPS["leaderboard"].name("course protocol (CLI)")
+        params = {"impl": row["impl"], "run": run}
+        benchmarks.append(
+            {"group": name, "name": f"{row['impl']} #{run}", "params": params, "extra_info": extra}
+        )
+    return {"benchmarks": benchmarks}
+
+
+def _is_leaderboard_cli(data: Any) -> bool:
+    rows = data.get("rows") if isinstance(data, dict) else None
+    return (
+        bool(rows)
+        and isinstance(rows, list)
+        and all(isinstance(r, dict) and {"impl", "mean_ms"} <= set(r) for r in rows)
+    )
+
+
 def results_in(directory: Path) -> list[Path]:
     """The results files under ``directory``, recursively, in name order: pytest-benchmark JSON, row
     logs (``.jsonl``, unless the ``.json`` of the same run sits beside it: the same rows) and the
@@ -274,9 +302,11 @@ def read_results(path: Path) -> dict[str, Any]:
         data = _cli_rows(data, path)
     elif path.name.endswith(PROFILE_SUFFIX) and isinstance(data, dict) and "benchmarks" not in data:
         data = _profile_rows(data, path)
+    elif _is_leaderboard_cli(data):
+        data = _leaderboard_cli_rows(data, path)
     if not isinstance(data, dict) or "benchmarks" not in data:
         raise ReportInputError(
-            f"{path} is neither pytest-benchmark JSON (no 'benchmarks' key) nor the benchmark CLI's --json rows"
+            f"{path} is neither pytest-benchmark JSON (no 'benchmarks' key) nor a CLI's --json rows"
         )
     if not isinstance(data["benchmarks"], list) or not all(isinstance(b, dict) for b in data["benchmarks"]):
         raise ReportInputError(f"{path}: 'benchmarks' must be a list of objects")
