@@ -17,6 +17,9 @@ benches.
 from __future__ import annotations
 
 import os
+import shlex
+from glob import glob
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +194,19 @@ def deterministic_flag():
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     yield lambda on: torch.use_deterministic_algorithms(on)
     torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+@pytest.fixture(scope="session")
+def readme_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's "Results" command, run once as a user runs it from the repository root (its globs
+    expanded there, as a shell would): the folder it wrote (``writeup.md``, ``tables/``)."""
+    from cs336_systems import report
+
+    root = Path(__file__).resolve().parent
+    readme = (root / "README.md").read_text().splitlines()
+    line = next(ln for ln in readme if "-m cs336_systems.report docs/results" in ln)
+    args = shlex.split(line.split("-m cs336_systems.report", 1)[1])
+    paths = [p for a in args[: args.index("--out")] for p in (sorted(glob(str(root / a))) or [str(root / a)])]
+    out = tmp_path_factory.mktemp("readme-report")
+    assert report.main([*paths, "--out", str(out)]) == 0
+    return out

@@ -17,8 +17,8 @@ exposed part for the overlapping wrappers; None for torch DDP, which waits insid
 ``comm_share`` = comm_ms / step. ``overhead_ms`` = step - the ``local`` step. On GPUs one extra
 profiled step gives ``overlap_share`` (share of NCCL kernel time concurrent with compute kernels),
 ``comm_kernel_ms`` and ``compute_kernel_ms``; rank 0's Chrome traces of the naive and individual cases (the handout's two
-screenshots; CS336_TRACE_VARIANTS to change) land in ``CS336_TRACE_DIR`` (default docs/results/traces;
-open in https://ui.perfetto.dev).
+screenshots; CS336_TRACE_VARIANTS to change) land in ``CS336_TRACE_DIR`` (default runs/traces, git-ignored:
+1.5 MB each, too large for docs/results; open in https://ui.perfetto.dev).
 
 All cases of one (size, ctx, dtype, world_size) run in one spawn. Environment overrides: CS336_DDP_SIZE
 (comma list of presets), CS336_DDP_CTX, CS336_DDP_BATCH (global), CS336_DDP_WARMUP, CS336_DDP_STEPS,

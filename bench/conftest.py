@@ -21,7 +21,7 @@ import os
 import pytest
 
 from cs336_systems.harness.adapters import MARKER as ADAPTERS_ROW
-from cs336_systems.rows.contention import INTERPRETER_NOTE, row_verdict
+from cs336_systems.rows.contention import TIMERS_APART, row_verdict, timers_disagree, verdict_label
 
 _UNTIMED = pytest.StashKey[int]()
 _MARKED = pytest.StashKey[dict[str, int]]()
@@ -136,13 +136,15 @@ def _untimed(bench: dict) -> bool:
 
 def _mark_verdicts(benchmarks: list[dict]) -> dict[str, int]:
     """The report's verdict in the terminal table too (issue 51): a row whose timing is not a result
-    gets " (unreliable)" or " (interpreted)" after its name. These dicts are the table's own copies:
+    gets " (unreliable)" or " (interpreted)" after its name, a do_bench row whose host-timed rounds (these
+    columns) are orders of magnitude off its result " (timers disagree)". These dicts are the table's own copies:
     the JSON, written before, keeps the names as they are."""
     marked: dict[str, int] = {}
     for b in benchmarks:
-        why = None if _untimed(b) else row_verdict(b.get("extra_info") or {}, b.get("params"))
+        extra = b.get("extra_info") or {}
+        why = None if _untimed(b) else row_verdict(extra, b.get("params")) or timers_disagree(extra)
         if why:
-            label = "interpreted" if why == INTERPRETER_NOTE else "unreliable"
+            label = verdict_label(why)
             b["name"] = f"{b['name']} ({label})"
             marked[label] = marked.get(label, 0) + 1
     return marked
@@ -169,6 +171,8 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 VERDICT_LINES = {
     "unreliable": "timed under contention (load average with rounds that disagree, or rounds spread over 25%)",
     "interpreted": "Triton kernels timed on a CPU, i.e. Triton's interpreter: not a performance figure",
+    "timers disagree": f"these columns (host-timed rounds) are over {TIMERS_APART:g}x off the row's do_bench "
+    "median, which is its result (extra_info do_bench_ms; the report's do_bench column)",
 }
 
 

@@ -1,6 +1,7 @@
 """The benchmark CLI as a new user runs it on a CPU (issue 51): Triton pieces run under the interpreter
 without setting anything, a context that does not fit is an OOM row (not a traceback), a failing case
-is one line, ``--json`` into a missing folder says it created it, and an interpreted row is marked."""
+is one line, ``--json`` into a missing folder says it created it, an output path that cannot be written
+is one error line before anything runs (issue 57), and an interpreted row is marked."""
 
 from __future__ import annotations
 
@@ -85,3 +86,48 @@ def test_an_interpreted_row_is_marked_not_shown(capsys) -> None:
     cli.RowPrinter(case_width=20).row(row)
     out = capsys.readouterr().out
     assert "90000" not in out and "TRITON_INTERPRET=1" in out
+
+
+def _bad_outputs(tmp_path: Path) -> list[tuple[str, str]]:
+    """Output paths no run can write: under a file, and (where /proc exists) under /proc, which even
+    root cannot add to although its permissions say otherwise."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    bad = [
+        ("--json", f"{blocker}/out.json"),
+        ("--profile", f"{blocker}/prof"),
+        ("--memory-snapshot", f"{blocker}/m"),
+    ]
+    if Path("/proc").is_dir():
+        bad += [("--json", "/proc/nope/out.json"), ("--profile", "/proc/nope")]
+    return bad
+
+
+def test_an_output_path_that_cannot_be_written_stops_the_run_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran = []
+    monkeypatch.setattr(cli, "benchmark_model_case", lambda *a, **k: ran.append(a) or {"mean_ms": 1.0})
+    args = ["--size", "tiny", "--context", "16", "--no-mfu", "--no-progress", "--device", "cpu"]
+    for flag, path in _bad_outputs(tmp_path):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([*args, flag, path])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and not ran, (flag, path)
+        first, *rest = err.splitlines()
+        assert first.startswith(f"python -m cs336_systems.cli.benchmark: error: {flag} {path}: "), err
+        assert rest == ["(--help lists the options)"] and "Traceback" not in err
+    assert cli.main([*args, "--json", str(tmp_path / "new" / "rows.json")]) == 0 and ran  # a good one runs
+
+
+def test_unwritable_tells_files_from_folders(tmp_path: Path) -> None:
+    from cs336_systems.cli.common import unwritable
+
+    folder, file = tmp_path / "d", tmp_path / "f.json"
+    folder.mkdir()
+    file.write_text("{}")
+    assert unwritable(folder) == "is a directory; give the file to write"
+    assert unwritable(file, directory=True) == "is a file; it names a directory"
+    assert unwritable(file) is None and unwritable(folder, directory=True) is None
+    assert unwritable(tmp_path / "new" / "deeper" / "out.json") is None and not (tmp_path / "new").exists()
+    assert list(folder.iterdir()) == []  # the probe leaves nothing behind

@@ -13,6 +13,7 @@ import torch
 
 from cs336_systems.accounting import parallelism as P
 from cs336_systems.accounting import simulator as S
+from cs336_systems.report.load import Record
 
 # (N, B, D, D_FF): every size splits evenly the way DP, FSDP and TP need.
 SETS_1D = [(2, 8, 4, 6), (3, 12, 5, 9), (4, 16, 6, 8), (5, 20, 4, 10), (6, 12, 3, 12), (8, 16, 8, 16)]
@@ -238,9 +239,7 @@ def test_section_renders_with_measured_hardware_and_writes_plot(tmp_path: Path) 
         assert formula in text
     # The same rows as the report's Record objects (descriptors / values), and no rows at all.
     records = [
-        SimpleNamespace(
-            group=r["group"], device="H200", descriptors=r.get("params") or {}, values=r["extra_info"]
-        )
+        Record(r["group"], None, r["name"], "s", "H200", "m", r.get("params") or {}, r["extra_info"])
         for r in rows
     ]
     assert R.hardware(records) == R.Hardware(

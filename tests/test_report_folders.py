@@ -35,7 +35,7 @@ def _results_folder(root: Path) -> Path:
     answers = {"profile_device": "cuda", "forward_kernel_ms": 23.7, "forward_top_kernel": KERNEL}
     profile.write_text(json.dumps({**answers, "forward_top_other_kernels": [KERNEL, KERNEL, KERNEL]}))
     (folder / "compare-revisions").mkdir()
-    (folder / "compare-revisions" / "h100-session16.json").write_text(json.dumps({"rows": []}))
+    (folder / "compare-revisions" / "h100-7059182-vs-tree.json").write_text(json.dumps({"rows": []}))
     (folder / "h200-profile" / "trace.json.gz").write_bytes(b"\x1f\x8b")
     return folder
 
@@ -46,7 +46,7 @@ def test_a_folder_is_read_recursively_and_d3_gets_the_profile_rows(tmp_path: Pat
     assert report.main([str(folder), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "2 benchmark rows from 1 path(s)" in printed
-    assert "left out 1 file(s)" in printed and "h100-session16.json" in printed
+    assert "left out 1 file(s)" in printed and "h100-7059182-vs-tree.json" in printed
     text = (out / "writeup.md").read_text()
     d3 = text[text.index("(nsys_profile, D3)") : text.index("## 1.1.5")]
     assert "No rows" not in d3 and "23.70" in d3
@@ -55,10 +55,12 @@ def test_a_folder_is_read_recursively_and_d3_gets_the_profile_rows(tmp_path: Pat
 def test_a_file_given_by_name_that_holds_no_results_is_still_an_error(tmp_path: Path, capsys) -> None:
     folder = _results_folder(tmp_path)
     assert (
-        report.main([str(folder / "compare-revisions" / "h100-session16.json"), "--out", str(tmp_path / "r")])
+        report.main(
+            [str(folder / "compare-revisions" / "h100-7059182-vs-tree.json"), "--out", str(tmp_path / "r")]
+        )
         == 2
     )
-    assert "h100-session16.json" in capsys.readouterr().err
+    assert "h100-7059182-vs-tree.json" in capsys.readouterr().err
 
 
 def test_no_writeup_line_is_over_1000_characters(tmp_path: Path) -> None:
@@ -67,3 +69,18 @@ def test_no_writeup_line_is_over_1000_characters(tmp_path: Path) -> None:
     lines = (out / "writeup.md").read_text().splitlines()
     longest = max(lines, key=len)
     assert len(longest) <= 1000, longest[:120]
+
+
+def test_a_table_wider_than_a_line_is_split_under_its_case_columns() -> None:
+    """Results files of one group merged bring their own columns (the 8B step's table reached 1,250
+    characters a row): the table is shown in parts, each with the case columns."""
+    import pandas as pd
+
+    from cs336_systems.report.render import MAX_LINE, fitting, to_markdown
+
+    frame = pd.DataFrame([{"case": f"c{i}", **{f"value {j}": "x" * 40 for j in range(40)}} for i in range(3)])
+    parts = fitting(frame, 1)
+    assert len(parts) > 1 and all(part.columns[0] == "case" for part in parts)
+    assert [c for part in parts for c in list(part.columns)[1:]] == list(frame.columns)[1:]
+    assert all(len(line) <= MAX_LINE for part in parts for line in to_markdown(part).splitlines())
+    assert len(fitting(frame.iloc[:, :5], 1)) == 1  # a table that fits stays whole

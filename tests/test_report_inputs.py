@@ -43,6 +43,27 @@ def test_report_reads_the_benchmark_cli_json(tmp_path: Path) -> None:
     assert "### D2/D4/D7b model tiny (CLI)" in d2 and "No rows for this part" not in d2
 
 
+def test_report_reads_the_leaderboard_cli_json(tmp_path: Path) -> None:
+    """``cli.leaderboard --json`` (the README's D12 headline file, issue 57): D12 leaderboard rows timed
+    the course's way, in the order they ran (ours, cudnn, ours shows drift)."""
+    rows = [
+        {"impl": "ours", "mean_ms": 4.485},
+        {"impl": "cudnn", "mean_ms": 4.563},
+        {"impl": "ours", "mean_ms": 4.487},
+    ]
+    path = tmp_path / "lb.json"
+    path.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "dkdv_forced": None, "rows": rows}))
+    _, loaded = report.load([path])
+    assert {r.group_key for r in loaded} == {"leaderboard"} and {r.device for r in loaded} == {
+        "NVIDIA H100 80GB HBM3"
+    }
+    (table,) = report.build_tables(loaded)
+    by_run = {
+        row["run"]: (row["impl"], row["course do_bench mean (ms)"]) for row in table.long.to_dict("records")
+    }
+    assert by_run == {"1": ("ours", "4.485"), "2": ("cudnn", "4.563"), "3": ("ours", "4.487")}
+
+
 # -- friction 7: bad input is a one-line error, exit 2, and nothing written -----------------------------
 
 BAD_INPUTS = {

@@ -330,3 +330,83 @@ def test_a_stored_ratio_whose_reference_row_is_unreliable_is_not_shown() -> None
         for n in table.footnotes
     )
     assert len(table.long) == 4
+
+
+# ---- Triton kernels a row names by a flag or a piece (issue 57) -------------------------------------
+
+CPU = "cpu (x86_64, 2 cores)"
+
+
+def test_a_fused_loss_row_on_a_cpu_is_interpreted_in_the_report_as_in_the_cli(tmp_path: Path) -> None:
+    """The model's fused loss runs the fused cross-entropy Triton kernel; the benchmark CLI's
+    ``--fused-loss --json`` row (and a bench model row) says so with ``fused_loss: true`` only."""
+    quiet = {"rounds_spread": 0.01, "rounds_n": 10.0, "device_name": CPU}
+    fused = {"case": "tiny-fusedloss", "size": "tiny", "mean_ms": 900.0, "fused_loss": True, **quiet}
+    plain = {**fused, "case": "tiny", "mean_ms": 80.5, "fused_loss": False}
+    path = tmp_path / "cli.json"
+    path.write_text(json.dumps([fused, plain]))
+    _, records = report.load([path])
+    from cs336_systems.report.load import unreliable
+
+    assert {r.name: unreliable(r) for r in records} == {
+        "tiny-fusedloss": contention.INTERPRETER_NOTE,
+        "tiny": None,
+    }
+    assert contention.row_verdict(fused) == contention.INTERPRETER_NOTE  # what the CLI printed
+    (table,) = report.build_tables(records)
+    cells = " ".join(table.long.astype(str).to_numpy().ravel())
+    assert "900" not in cells and "interpreted [1]" in cells and "80.50" in cells
+
+
+def test_the_8b_steps_triton_pieces_are_interpreted_on_a_cpu() -> None:
+    from cs336_systems.cli.train_8b import judged
+    from cs336_systems.training.options import TRITON_PIECES
+
+    for piece, (ours, torch_piece) in TRITON_PIECES.items():
+        assert contention.interpreted({piece: ours}, on_cpu=True), piece
+        assert contention.interpreted({"pieces": {piece: ours}}, on_cpu=True), piece  # a bench row
+        assert not contention.interpreted({piece: torch_piece}, on_cpu=True), piece
+        assert not contention.interpreted({piece: ours}, on_cpu=False), piece
+    steady = [5276.0, 5280.0, 5290.0, 5281.0, 5279.0]
+    swapped = {"attention": "sdpa", "loss": "chunked", "optimizer": "torch_fused"}
+    result = {"times_ms": steady, "options": {**swapped, "loss": "fused"}}
+    assert judged(result, CPU) == [f"interpreted: {contention.INTERPRETER_NOTE}"]
+    assert result["contention"] == contention.INTERPRETER_NOTE
+    calm = {"times_ms": steady, "options": swapped}
+    assert judged(calm, CPU) == [] and "contention" not in calm
+
+
+# ---- one row, two timers (issue 57) -----------------------------------------------------------------
+
+
+def _sweep_row(name: str, host_ms: float, do_bench_ms: float) -> dict:
+    """A D11 sweep row as bench_flash writes it: do_bench's median (the result) and pytest-benchmark's
+    host-timed rounds (its stats, in seconds, and extra_info mean_ms / median_ms)."""
+    params = {"impl": name, "dtype": "fp32", "d": 16, "seq": 128, "pass_": "fwd_bwd"}
+    extra = {"do_bench_ms": do_bench_ms, "mean_ms": host_ms, "median_ms": host_ms, "timer": "host", **TIGHT}
+    row = _bench(f"test_flash_sweep[{name}-fp32-d16-seq128-fwd_bwd]", "flash_sweep", params, extra)
+    return {**row, "stats": {"mean": host_ms / 1e3, "median": host_ms / 1e3, "stddev": 0.0}}
+
+
+def test_a_row_whose_two_timers_disagree_is_marked_and_names_its_result(tmp_path: Path) -> None:
+    far = _sweep_row("sdpa_flash", 215.962, 0.178)  # the issue's row: pytest median 216 ms, do_bench 0.178
+    near = _sweep_row("pytorch", 0.11, 0.0064)  # 17x, but launch + sync overhead: 0.1 ms
+    _, records = report.load([_write(tmp_path / "r.json", [far, near])])
+    (table,) = report.build_tables(records)
+    by_impl = {row["impl"]: row for row in table.long.to_dict("records")}
+    assert by_impl["sdpa_flash"]["median (ms)"] == "timers disagree [1]"
+    assert by_impl["sdpa_flash"]["mean ± std (ms)"] == "timers disagree [1]"
+    assert by_impl["sdpa_flash"]["do_bench median (ms)"] == "0.178"  # the result stands
+    assert by_impl["pytorch"]["median (ms)"] == "0.11" and len(table.footnotes) == 1
+    note = table.footnotes[0]
+    assert "216 ms" in note and "0.178 ms" in note and "result is its do_bench median" in note
+    assert "216" not in " ".join(table.pivot.astype(str).to_numpy().ravel())  # the D11 view: do_bench only
+    # pytest-benchmark's terminal table (whose columns are the host-timed rounds) marks the row too
+    shown = [dict(b, name=b["name"]) for b in (far, near)]
+    assert _bench_conftest()._mark_verdicts(shown) == {"timers disagree": 1}
+    assert shown[0]["name"].endswith("(timers disagree)") and not shown[1]["name"].endswith(")")
+    # --compare times a do_bench row by its result, not by the timer that disagrees with it
+    from cs336_systems.report.compare import compare_runs
+
+    again = _write(tmp_path / "b.json", [_sweep_row("sdpa_flash", 0.2, 0.178 * 2)])
+    assert "| 2× |" in compare_runs(_write(tmp_path / "a.json", [far]), again)

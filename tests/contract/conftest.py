@@ -84,7 +84,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep = [
         i
         for i in items
-        if (i.get_closest_marker("hook") is not None or "contract" not in str(i.path)) and not _other_edition(i, probe)
+        if (i.get_closest_marker("hook") is not None or "contract" not in str(i.path))
+        and not _other_edition(i, probe)
     ]
     dropped = [i for i in items if i not in keep]
     if dropped:

@@ -24,7 +24,11 @@ STUDENTS = DATA / "students"
 
 def clean_env() -> dict[str, str]:
     """This process's environment without what a pytest run sets for its own workers."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "CS336_ADAPTERS", "CS336_GRADE"))}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTEST_XDIST", "CS336_ADAPTERS", "CS336_GRADE"))
+    }
 
 
 @dataclass
@@ -44,7 +48,10 @@ class GradingRun:
 def grade(adapters: Path | str, *args: str, equals_form: bool = False, timeout: float = 400) -> GradingRun:
     """``pytest tests/contract --adapters PATH ARGS`` (``--adapters=PATH`` when ``equals_form``) from
     the suite's root, in a fresh process."""
-    report = Path(os.environ.get("TMPDIR", "/tmp")) / f"grade-{os.getpid()}-{abs(hash((str(adapters), args)))}.json"
+    report = (
+        Path(os.environ.get("TMPDIR", "/tmp"))
+        / f"grade-{os.getpid()}-{abs(hash((str(adapters), args)))}.json"
+    )
     option = [f"--adapters={adapters}"] if equals_form else ["--adapters", str(adapters)]
     cmd = [sys.executable, "-m", "pytest", "tests/contract", *option, "--grade-json", str(report)]
     cmd += ["-n", "0", "-p", "no:cacheprovider", "-q", "--no-header", "-W", "ignore", *args]
@@ -58,4 +65,7 @@ def verdicts(adapters: Path, case_ids: list[str], seed: int = 1) -> dict[str, Ve
     """Each case's verdict, the cases of one world size graded in one job."""
     roots = discover(adapters)
     grader = Grader(roots, probe(roots.adapters), seed, timeout=240.0)
-    return {cid: grader.verdict(CASES[cid], [c for c in case_ids if CASES[c].world_size == CASES[cid].world_size]) for cid in case_ids}
+    return {
+        cid: grader.verdict(CASES[cid], [c for c in case_ids if CASES[c].world_size == CASES[cid].world_size])
+        for cid in case_ids
+    }

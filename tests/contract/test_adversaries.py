@@ -59,7 +59,9 @@ def test_unmasked_tiles_pass_the_course_and_fail_below_a_tile() -> None:
     assert all(found[c].status == FAILED for c in small), found
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the course's Triton cases run there: nothing is refused")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the course's Triton cases run there: nothing is refused"
+)
 def test_kernel_that_refuses_cpu_tensors_skips_on_the_cpu() -> None:
     for verdict in verdicts(STUDENTS / "gpu_only" / "tests" / "adapters.py", COURSE_TRITON).values():
         assert verdict.status == SKIPPED and verdict.kind == REFUSES_CPU, verdict

@@ -6,18 +6,20 @@ python -m cs336_systems.cli.allreduce --nproc 4 --backend gloo --sizes 1MB,10MB
 
 from __future__ import annotations
 
-import argparse
 import os
 
+from cs336_systems.cli.common import Parser
 from cs336_systems.distributed.allreduce import SIZES, allreduce_sweep
 from cs336_systems.distributed.launch import spawn
 from cs336_systems.distributed.process_group import init_distributed, shutdown
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl if GPUs suffice")
-    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma list of {list(SIZES)}")
+    p = Parser("allreduce", description=__doc__)
+    p.add_argument(
+        "--backend", choices=("gloo", "nccl"), default=None, help="default: nccl if GPUs suffice, else gloo"
+    )
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma list of {', '.join(SIZES)}")
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under torchrun")
     args = p.parse_args()
     sizes = [SIZES[s] for s in args.sizes.split(",")]

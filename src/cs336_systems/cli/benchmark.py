@@ -26,6 +26,7 @@ import torch
 from tabulate import tabulate
 
 import cs336_systems.cli.triton_env  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel import)
+from cs336_systems.cli.common import Parser, check_outputs
 from cs336_systems.harness.environment import device_name
 from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder
@@ -34,23 +35,13 @@ from cs336_systems.profiling.flops import DENSE_BF16_PEAK_TFLOPS, MODEL_FLOP_FOR
 from cs336_systems.profiling.memory import require_cuda, snapshot_step
 from cs336_systems.profiling.profiler import ProfileSummary, profile_step
 from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES, Case, Workload, peak_rate
-from cs336_systems.rows.contention import INTERPRETER_NOTE, row_verdict
+from cs336_systems.rows.contention import INTERPRETER_NOTE, row_verdict, verdict_label
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
-class _Parser(argparse.ArgumentParser):
-    """Errors in two lines (what is wrong, where the options are), not after the full usage block."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n(--help lists the options)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="python -m cs336_systems.cli.benchmark",
-        description="Time forward / forward+backward / training steps of the Transformer LM.",
-    )
+    p = Parser("benchmark", description=__doc__)
     p.add_argument("--size", nargs="+", default=["small"], choices=sorted(PRESETS), help="model preset(s)")
     p.add_argument("--context", nargs="+", type=int, default=[512], help="context length(s)")
     p.add_argument(
@@ -60,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", nargs="+", default=["fp32"], choices=sorted(DTYPES), help="bf16 = bf16 autocast"
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
-    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
     p.add_argument(
         "--cudagraphs",
         action="store_true",
@@ -69,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="pytorch", help="attention implementation (registry name)")
     p.add_argument("--checkpoint", default="none", help="activation checkpointing: none, every:K or nested")
     p.add_argument("--fused-loss", action="store_true", help="fused LM-head + cross-entropy (no logits)")
-    p.add_argument("--batch", type=int, default=BATCH_SIZE)
+    p.add_argument("--batch", type=int, default=BATCH_SIZE, help="sequences per step")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument(
@@ -131,10 +122,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
         parser.error(f"need --warmup >= 0 and --steps >= 1, got {args.warmup} and {args.steps}")
     if args.profile_steps < 1:
         parser.error(f"need --profile-steps >= 1, got {args.profile_steps}")
-    if args.profile is not None and args.profile.exists() and not args.profile.is_dir():
-        parser.error(f"--profile {args.profile}: is a file; it names the directory for the traces")
-    if args.json is not None and args.json.is_dir():
-        parser.error(f"--json {args.json}: is a directory; give the file to write")
+    # written after the run: a path that cannot be written is found now, not after every case ran
+    outputs = {"--json": (args.json, False), "--profile": (args.profile, True)}
+    check_outputs(parser, {**outputs, "--memory-snapshot": (args.memory_snapshot, False)})
     if args.compile and args.compile_backend not in torch._dynamo.list_backends(exclude_tags=None):
         backends = ", ".join(torch._dynamo.list_backends())
         parser.error(
@@ -304,8 +294,7 @@ def _cells(r: dict[str, Any], show_unreliable: bool = False) -> list[str]:
     if r.get("oom"):
         return [r["case"], "OOM", *[""] * 6]
     if r.get("contention") and not show_unreliable:
-        label = "interpreted" if r["contention"] == INTERPRETER_NOTE else "unreliable"
-        return [r["case"], label, *["-"] * 5, _fmt(r.get("peak_memory_mib"), ",.0f")]
+        return [r["case"], verdict_label(r["contention"]), *["-"] * 5, _fmt(r.get("peak_memory_mib"), ",.0f")]
     mark = UNRELIABLE_MARK if r.get("contention") else ""
     timed = [
         _fmt(r.get("mean_ms"), ".4g"),

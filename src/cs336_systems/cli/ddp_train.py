@@ -17,6 +17,7 @@ import os
 
 import torch.distributed as dist
 
+from cs336_systems.cli.common import Parser, check_outputs
 from cs336_systems.distributed.launch import spawn
 from cs336_systems.distributed.process_group import init_distributed, shutdown
 from cs336_systems.harness.train_step import (
@@ -27,23 +28,36 @@ from cs336_systems.harness.train_step import (
     combine_ranks,
     run_cases,
 )
+from cs336_systems.model import PRESETS
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variant", choices=VARIANTS, default="bucketed")
+    p = Parser("ddp_train", description=__doc__)
+    p.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default="bucketed",
+        help="the data-parallel wrapper (local: one rank's step, no communication; torch_*: torch's)",
+    )
     p.add_argument("--bucket-mb", type=float, default=None, help="for bucketed / torch_ddp (default 100)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--preset", default="xl")
-    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="adamw",
+        help="adamw (torch.optim.AdamW), sharded (ours over AdamW), zero (torch's ZeroRedundancyOptimizer)",
+    )
+    p.add_argument("--preset", default="xl", choices=sorted(PRESETS), help="model size (Table 1 preset)")
+    p.add_argument("--ctx", type=int, default=512, help="context length (tokens per sequence)")
     p.add_argument("--batch", type=int, default=4, help="global batch; the world size must divide it")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16 = autocast")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--profile-steps", type=int, default=0, help="profiled steps for the overlap share")
     p.add_argument("--trace-dir", default=None, help="keep rank 0's Chrome trace here")
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under torchrun")
-    return p.parse_args()
+    args = p.parse_args()
+    check_outputs(p, {"--trace-dir": (args.trace_dir, True)})
+    return args
 
 
 def run(setup: TrainSetup, case: TrainCase) -> dict:

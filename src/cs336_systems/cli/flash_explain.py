@@ -12,11 +12,11 @@ arrives expanded and the plan copies it) or, eager, in O's layout (the model's).
 
 from __future__ import annotations
 
-import argparse
 import re
 
 import torch
 
+from cs336_systems.cli.common import Parser
 from cs336_systems.kernels import flash
 from cs336_systems.kernels.flash.configs import gpu_candidate_configs, key_str, tune_key
 from cs336_systems.kernels.flash.select import Case, Layouts, layouts_of, route_for
@@ -107,9 +107,9 @@ def explain(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser("flash_explain", description=__doc__)
     p.add_argument("--shape", required=True, help="B,H,N,D (batch, heads, sequence, head dim)")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="the inputs' dtype")
     p.add_argument(
         "--device", default="cuda", help='"cuda", "cpu" or a GPU model, e.g. "NVIDIA H100 80GB HBM3"'
     )

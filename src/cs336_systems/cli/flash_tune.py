@@ -9,7 +9,6 @@ their entries in the table, the others stay. Commit the table with the figures o
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 import triton
 
+from cs336_systems.cli.common import Parser, check_outputs
 from cs336_systems.harness.attention import ATTENTION_SHAPES, BREADTH_SHAPES
 from cs336_systems.kernels import flash
 from cs336_systems.kernels.flash.tune_table import table_path, triton_minor, write_table
@@ -54,11 +54,16 @@ def tune_case(shape: Shape, model_layout: bool, dtype: torch.dtype) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="grid,model", help=f"comma list of {sorted(SHAPE_SETS)}")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--out", type=Path, default=None, help="default: this GPU's table in the package")
+    p = Parser("flash_tune", description=__doc__)
+    p.add_argument("--shapes", default="grid,model", help=f"comma list of {', '.join(sorted(SHAPE_SETS))}")
+    p.add_argument(
+        "--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="the inputs' dtype"
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="the table to write (default: this GPU's in the package)"
+    )
     args = p.parse_args(argv)
+    check_outputs(p, {"--out": (args.out, False)})
     unknown = set(args.shapes.split(",")) - set(SHAPE_SETS)
     if unknown:
         p.error(f"unknown shape sets {sorted(unknown)}; choose from {sorted(SHAPE_SETS)}")

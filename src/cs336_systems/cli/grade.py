@@ -41,15 +41,33 @@ def adapters_of(target: Path) -> Path:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("target", type=Path, help="a student repository, or its adapters file")
     p.add_argument("--grade-json", type=Path, help="write the report (every case's verdict and message) here")
-    p.add_argument("--seed", type=int, help="the inputs' seed (default: fresh each run; the report records it)")
-    p.add_argument("--course-tests", action="store_true", help="also run the repository's own course tests and compare")
-    p.add_argument("--bench", action="store_true", help="also time the leaderboard case the course's way (one GPU)")
-    p.add_argument("--repo-root", type=Path, help="the repository root (default: above tests/, where pyproject.toml is)")
-    p.add_argument("--package-root", type=Path, help="the folder holding its cs336_systems (default: module-root, src/ or the root)")
-    p.add_argument("--basics-root", type=Path, help="the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)")
+    p.add_argument(
+        "--seed", type=int, help="the inputs' seed (default: fresh each run; the report records it)"
+    )
+    p.add_argument(
+        "--course-tests", action="store_true", help="also run the repository's own course tests and compare"
+    )
+    p.add_argument(
+        "--bench", action="store_true", help="also time the leaderboard case the course's way (one GPU)"
+    )
+    p.add_argument(
+        "--repo-root", type=Path, help="the repository root (default: above tests/, where pyproject.toml is)"
+    )
+    p.add_argument(
+        "--package-root",
+        type=Path,
+        help="the folder holding its cs336_systems (default: module-root, src/ or the root)",
+    )
+    p.add_argument(
+        "--basics-root",
+        type=Path,
+        help="the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)",
+    )
     p.epilog = "Arguments after -- go to pytest, e.g. -- -k ddp"
     return p
 
@@ -63,7 +81,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def contract_command(adapters: Path, args: argparse.Namespace, report: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "tests/contract/test_hooks.py", f"--adapters={adapters}", f"--grade-json={report}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/contract/test_hooks.py",
+        f"--adapters={adapters}",
+        f"--grade-json={report}",
+    ]
     cmd += ["--grade-summary=none", "--no-summary", "-q", "-p", "no:cacheprovider"]
     for flag in ("repo_root", "package_root", "basics_root"):
         if getattr(args, flag) is not None:
@@ -112,8 +137,16 @@ def _bench(adapters: Path) -> int:
     if not torch.cuda.is_available():
         print("--bench: the leaderboard row needs a CUDA GPU; none here, so it was not timed")
         return 0
-    cmd = [sys.executable, "-m", "pytest", "bench/bench_flash.py", "-k", "leaderboard", f"--adapters={adapters}"]
-    return subprocess.call(cmd + ["-p", "no:cacheprovider", "-q"], cwd=SUITE_ROOT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "bench/bench_flash.py",
+        "-k",
+        "leaderboard",
+        f"--adapters={adapters}",
+    ]
+    return subprocess.call([*cmd, "-p", "no:cacheprovider", "-q"], cwd=SUITE_ROOT)
 
 
 if __name__ == "__main__":

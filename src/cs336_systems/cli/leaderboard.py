@@ -3,7 +3,7 @@
     python -m cs336_systems.cli.leaderboard --json lb.json                    # the shipped table's choice
     python -m cs336_systems.cli.leaderboard --dkdv q64-k64-w4-s2-tma-gluon    # a dK/dV config forced
 
-The protocol (SPEC.md): ``q, k, v = torch.randn(3, 16, 16384, 64, bf16, requires_grad=True)`` (one leaf,
+The course's 2025 leaderboard protocol (D12, docs/deliverables.md): ``q, k, v = torch.randn(3, 16, 16384, 64, bf16, requires_grad=True)`` (one leaf,
 unpacked), ``flash = torch.compile(FlashAttention2.apply)``, ``flash(q, k, v, True).sum().backward()`` timed
 by ``triton.testing.do_bench(rep=10000, warmup=1000)``, mean, gradients never zeroed. cuDNN gets the same
 tensors as (1, 16, 16384, 64) views. The impls run in the order given (``ours,cudnn,ours`` shows drift).
@@ -12,7 +12,6 @@ Each row records what ran (``flash.launched_info``) and the tuner's report.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
@@ -24,6 +23,7 @@ import triton.testing as tt
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
+from cs336_systems.cli.common import Parser, check_outputs
 from cs336_systems.kernels import flash
 
 CASE = (16, 16384, 16384, 64, True, torch.bfloat16)
@@ -56,13 +56,14 @@ def time_case(impl: str, rep: int, warmup: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser("leaderboard", description=__doc__)
     p.add_argument("--impls", default="ours,cudnn,ours", help="comma-separated: ours, cudnn")
-    p.add_argument("--rep", type=int, default=10000)
-    p.add_argument("--warmup", type=int, default=1000)
+    p.add_argument("--rep", type=int, default=10000, help="do_bench rep, ms (the course's)")
+    p.add_argument("--warmup", type=int, default=1000, help="do_bench warm-up, ms (the course's)")
     p.add_argument("--dkdv", help="force this dK/dV config (its str), e.g. the split q64-k64-w4-s2-tma-gluon")
     p.add_argument("--json", type=Path, help="write the rows here")
     a = p.parse_args(argv)
+    check_outputs(p, {"--json": (a.json, False)})
     rows = []
     with _forced(a.dkdv):
         for impl in a.impls.split(","):

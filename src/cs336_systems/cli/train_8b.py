@@ -27,12 +27,19 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from cs336_systems.cli.common import Parser, check_outputs
 from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
 from cs336_systems.model import PRESETS
 from cs336_systems.profiling.flops import STEP_8B_FLOP_FORMULA, mfu_both
-from cs336_systems.rows.contention import contention_facts, contention_reasons
+from cs336_systems.rows.contention import (
+    INTERPRETER_NOTE,
+    contention_facts,
+    contention_reasons,
+    interpreted,
+)
 from cs336_systems.training.options import TRITON_PIECES, triton_pieces, without_triton
 from cs336_systems.training.step_8b import (
     FSDP_CHOICES,
@@ -59,16 +66,25 @@ PIECES = (
 
 def build_parser() -> argparse.ArgumentParser:
     d = StepOptions()
-    p = argparse.ArgumentParser(
-        prog="python -m cs336_systems.cli.train_8b", description=__doc__.split("\n")[0]
-    )
+    p = Parser("train_8b", description=__doc__)
     p.add_argument("--recipe", default="ours", choices=sorted(RECIPES), help="every piece at once")
-    p.add_argument("--preset", default=d.preset, choices=sorted(PRESETS))
+    p.add_argument(
+        "--preset", default=d.preset, choices=sorted(PRESETS), help="model size (8B: the leaderboard's)"
+    )
     pieces = p.add_argument_group("pieces (default: the recipe's)")
     pieces.add_argument("--fsdp", choices=FSDP_CHOICES, help="ours | torch (FSDP2) | none (one process)")
     pieces.add_argument("--attention", help="attention registry name (flash_triton, sdpa, ...)")
-    pieces.add_argument("--loss", choices=LOSS_CHOICES)
-    pieces.add_argument("--optimizer", choices=OPTIMIZER_CHOICES)
+    pieces.add_argument(
+        "--loss",
+        choices=LOSS_CHOICES,
+        help="fused (the fused LM-head + cross-entropy kernel), chunked (torch over checkpointed chunks), "
+        "full (full logits)",
+    )
+    pieces.add_argument(
+        "--optimizer",
+        choices=OPTIMIZER_CHOICES,
+        help="fused_ours (the suite's Triton AdamW) or torch_fused (torch.optim.AdamW(fused=True))",
+    )
     pieces.add_argument(
         "--checkpoint",
         help="none | every:1 | keep:N (the last N blocks not checkpointed) | keep:auto (the most that fit "
@@ -105,9 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after the timed steps, the course's protocol: triton do_bench(rep, warmup) mean",
     )
-    p.add_argument("--course-rep-ms", type=int, default=d.course_rep_ms, help="do_bench rep (course: 30000)")
     p.add_argument(
-        "--course-warmup-ms", type=int, default=d.course_warmup_ms, help="do_bench warmup (course: 10000)"
+        "--course-rep-ms",
+        type=int,
+        default=d.course_rep_ms,
+        help="do_bench rep, ms (the course's protocol)",
+    )
+    p.add_argument(
+        "--course-warmup-ms",
+        type=int,
+        default=d.course_warmup_ms,
+        help="do_bench warm-up, ms (the course's protocol)",
     )
     p.add_argument(
         "--cold-start-limit-s",
@@ -117,9 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--compile", action="store_true", help="torch.compile each block's forward")
     p.add_argument("--loss-chunk-tokens", type=int, default=d.loss_chunk_tokens, help="for --loss chunked")
-    p.add_argument("--compute-dtype", default=d.compute_dtype, choices=("bf16", "fp32"))
-    p.add_argument("--reduce-dtype", default=d.reduce_dtype, choices=("bf16", "fp32"))
-    p.add_argument("--batch-per-rank", type=int, default=d.batch_per_rank)
+    p.add_argument(
+        "--compute-dtype",
+        default=d.compute_dtype,
+        choices=("bf16", "fp32"),
+        help="what the gathered weights (and so the activations) are cast to",
+    )
+    p.add_argument(
+        "--reduce-dtype",
+        default=d.reduce_dtype,
+        choices=("bf16", "fp32"),
+        help="gradients are reduced in this",
+    )
+    p.add_argument("--batch-per-rank", type=int, default=d.batch_per_rank, help="sequences per rank and step")
     p.add_argument("--seq-len", type=int, default=None, help="default: the preset's context length")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps after the first")
     p.add_argument("--steps", type=int, default=d.steps, help="timed steps")
@@ -127,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None, help="compile/autotune cache directory")
     p.add_argument("--nproc", type=int, default=None, help="without torchrun: spawn this many ranks")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a spawned run is killed")
-    p.add_argument("--json", default=None, help="write the combined figures here (rank 0)")
+    p.add_argument("--json", type=Path, default=None, help="write the combined figures here (rank 0)")
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -220,8 +254,13 @@ def judged(result: dict[str, Any], device_name: str) -> list[str]:
     if not result.get("times_ms"):
         return []
     result.update(contention_facts(result["times_ms"]))
+    on_cpu = device_name.lower().startswith("cpu")
+    # TRITON_INTERPRET=1 keeps our Triton pieces on a CPU (fit_to_machine): the interpreter's time
+    if interpreted(result.get("options") or {}, on_cpu):
+        result["contention"] = INTERPRETER_NOTE
+        return [f"interpreted: {INTERPRETER_NOTE}"]
     lines = []
-    reasons = contention_reasons(result, device_name.lower().startswith("cpu"))
+    reasons = contention_reasons(result, on_cpu)
     if reasons:
         result["contention"] = "; ".join(reasons)
         lines.append(f"unreliable timing: {result['contention']}; the step time and ratios measure the load")
@@ -242,7 +281,9 @@ def _device_name() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_outputs(parser, {"--json": (args.json, False)})  # written after the run: checked before it
     try:
         options = fit_to_machine(args, options_from_args(args))
     except ValueError as exc:  # a bad combination of flags: one line, no traceback

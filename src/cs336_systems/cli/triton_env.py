@@ -5,7 +5,9 @@ before the CLI imports a kernel, unless the caller set it or Triton is already i
 the two flags on a CPU ended in a 76-line traceback (issue 51).
 
 ``cli.train_8b`` does not import this: without CUDA it swaps in torch's pieces, in one line, unless
-the caller sets the variable."""
+the caller sets the variable.
+
+    python -m cs336_systems.cli.triton_env      # says how Triton kernels run on this machine"""
 
 from __future__ import annotations
 
@@ -26,3 +28,21 @@ def interpret_triton_without_cuda() -> bool:
 
 
 SET_HERE = interpret_triton_without_cuda()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cs336_systems.cli.common import Parser
+
+    Parser("triton_env", description=__doc__).parse_args(argv)
+    value = os.environ.get("TRITON_INTERPRET")
+    if SET_HERE:
+        print("TRITON_INTERPRET=1 (set here: no CUDA): Triton kernels run under Triton's interpreter, slowly")
+    elif value is not None:
+        print(f"TRITON_INTERPRET={value} (set before): as the caller set it")
+    else:
+        print("TRITON_INTERPRET unset: Triton kernels compile for the GPU")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -64,12 +64,26 @@ def run(roots: StudentRoots, timeout: float = 900.0) -> dict[str, dict]:
         folder = Path(tmp)
         _metadata(roots, folder / "dist")
         banned = {Path(p).resolve() for p in suite_paths()}
-        kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() not in banned]
+        kept = [
+            p
+            for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).resolve() not in banned
+        ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_"))}
         env["PYTHONPATH"] = os.pathsep.join([*roots.paths(), str(folder / "dist"), *kept])
         cmd = [
-            sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-            f"--junitxml={folder / 'junit.xml'}", "-p", "no:randomly",
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            f"--junitxml={folder / 'junit.xml'}",
+            "-p",
+            "no:randomly",
         ]
         subprocess.run(cmd, cwd=roots.repo_root, env=env, capture_output=True, text=True, timeout=timeout)
         report = folder / "junit.xml"
@@ -79,8 +93,10 @@ def run(roots: StudentRoots, timeout: float = 900.0) -> dict[str, dict]:
             module = (case.get("classname") or "").split(".")[-1]
             if module not in group_of_module:
                 continue
-            status = "failed" if case.find("failure") is not None or case.find("error") is not None else (
-                "skipped" if case.find("skipped") is not None else "passed"
+            status = (
+                "failed"
+                if case.find("failure") is not None or case.find("error") is not None
+                else ("skipped" if case.find("skipped") is not None else "passed")
             )
             function = (case.get("name") or "").split("[")[0]
             group = group_of_function.get((module, function), group_of_module[module])
@@ -102,10 +118,14 @@ def agreement(course: dict[str, dict], groups: dict[str, dict]) -> dict[str, str
         c = theirs["counts"]
         course_says = "fail" if c.get("failed") else "pass" if c.get("passed") else "skip"
         ours = row["course"]
-        grader_says = "fail" if ours.get("failed") or ours.get("error") else "pass" if ours.get("passed") else "skip"
+        grader_says = (
+            "fail" if ours.get("failed") or ours.get("error") else "pass" if ours.get("passed") else "skip"
+        )
         if course_says == grader_says:
             out[name] = f"agree ({course_says})"
-        elif course_says == "skip":  # e.g. the Triton tests on a CPU, which the grader runs under the interpreter
+        elif (
+            course_says == "skip"
+        ):  # e.g. the Triton tests on a CPU, which the grader runs under the interpreter
             out[name] = f"course tests skipped here; grader {grader_says}"
         else:
             out[name] = f"DISAGREE: course tests {course_says}, grader {grader_says}"

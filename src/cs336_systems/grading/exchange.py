@@ -31,11 +31,15 @@ def read_payload(path: Path, token: str, name: str, rank: int) -> dict[str, Any]
     try:
         body = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # a file that is not a weights-only torch archive
-        raise Untrusted(f"{path.name} does not load as plain tensors and data: {type(exc).__name__}") from None
+        raise Untrusted(
+            f"{path.name} does not load as plain tensors and data: {type(exc).__name__}"
+        ) from None
     if not isinstance(body, dict):
         raise Untrusted(f"{path.name} holds a {type(body).__name__}, not the output record")
     if body.get("token") != token:
-        raise Untrusted(f"{path.name} does not carry this run's token: not written by the run the grader started")
+        raise Untrusted(
+            f"{path.name} does not carry this run's token: not written by the run the grader started"
+        )
     if body.get("case") != name or body.get("rank") != rank:
         raise Untrusted(f"{path.name} claims case {body.get('case')!r} rank {body.get('rank')!r}")
     return body
@@ -59,7 +63,9 @@ def tensor(
 ) -> torch.Tensor:
     """``value`` as a tensor of ``shape`` and ``dtype``, with no NaN or inf (when ``finite``)."""
     if not isinstance(value, torch.Tensor):
-        raise Untrusted(f"{name} is {'missing' if value is None else 'a ' + type(value).__name__}, not a tensor")
+        raise Untrusted(
+            f"{name} is {'missing' if value is None else 'a ' + type(value).__name__}, not a tensor"
+        )
     if value.layout != torch.strided or value.is_quantized:
         raise Untrusted(f"{name} is not a plain dense tensor")
     if shape is not None and tuple(value.shape) != tuple(shape):

@@ -52,7 +52,9 @@ def requested_adapters(config: pytest.Config) -> Path | None:
 def student_roots(config: pytest.Config, adapters: Path):
     from .roots import discover
 
-    return discover(adapters, *(config.getoption(f) for f in ("--repo-root", "--package-root", "--basics-root")))
+    return discover(
+        adapters, *(config.getoption(f) for f in ("--repo-root", "--package-root", "--basics-root"))
+    )
 
 
 def check_loads(roots) -> None:
@@ -90,7 +92,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from .summary import GradeSummary
 
     config.addinivalue_line("markers", "hook(*names): a contract test of these grading hooks")
-    config.addinivalue_line("markers", "tier(name): the contract tier of a test: course, leaderboard or beyond")
+    config.addinivalue_line(
+        "markers", "tier(name): the contract tier of a test: course, leaderboard or beyond"
+    )
     adapters = requested_adapters(config)
     try:
         roots = student_roots(config, adapters or SUITE_ROOT / DEFAULT_ADAPTERS)

@@ -92,7 +92,11 @@ def discover(
         raise GradingSetupError(f"{file} is a folder, not an adapters file{more}")
     if not file.is_file():
         raise GradingSetupError(f"no adapters file at {file}")
-    for flag, value in (("--repo-root", repo_root), ("--package-root", package_root), ("--basics-root", basics_root)):
+    for flag, value in (
+        ("--repo-root", repo_root),
+        ("--package-root", package_root),
+        ("--basics-root", basics_root),
+    ):
         if value is not None and not Path(value).expanduser().is_dir():
             raise GradingSetupError(f"{flag} {value}: no such folder")
     repo = Path(repo_root).resolve() if repo_root else _repo_root(file)

@@ -33,7 +33,11 @@ from .exchange import Untrusted, read_payload, text
 from .roots import SUITE_PACKAGE, StudentRoots, suite_paths
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
-EXIT_MEANING = {3: "the adapters file did not load", 4: "refused to grade the suite's own code", 5: "a case raised"}
+EXIT_MEANING = {
+    3: "the adapters file did not load",
+    4: "refused to grade the suite's own code",
+    5: "a case raised",
+}
 
 
 @dataclass
@@ -90,7 +94,11 @@ NOISE = ("USDT:", "STAGE:", "SyncActivityProfilerHandler", "Kineto")  # torch.pr
 
 
 def _tail(file: Path) -> str:
-    lines = [line for line in file.read_text(errors="replace").splitlines() if line.strip() and not any(n in line for n in NOISE)]
+    lines = [
+        line
+        for line in file.read_text(errors="replace").splitlines()
+        if line.strip() and not any(n in line for n in NOISE)
+    ]
     return text(lines[-1].strip(), 400) if lines else "(no output)"
 
 
@@ -189,7 +197,9 @@ def _why_missing(problem: str, rank: int, code: int | None, folder: Path, timed_
         return f"rank {rank} was stopped after a peer failed"
     if code < 0:
         how = f"was killed by {signal.Signals(-code).name} before writing this case's outputs (a crash" + (
-            ": an out-of-bounds access under Triton's interpreter is one cause)" if code == -signal.SIGSEGV else ")"
+            ": an out-of-bounds access under Triton's interpreter is one cause)"
+            if code == -signal.SIGSEGV
+            else ")"
         )
     else:
         meaning = EXIT_MEANING.get(code, "a process that leaves in the middle of a case fails it")
@@ -223,7 +233,14 @@ class CaseRuns:
         return self.done[case_id]
 
     def _run(self, batch: list[str], world_size: int, make_inputs: Any, retry_alone: bool) -> None:
-        job = Job(self.roots, "cases", batch, {c: make_inputs(c) for c in batch}, world_size=world_size, timeout=self.timeout)
+        job = Job(
+            self.roots,
+            "cases",
+            batch,
+            {c: make_inputs(c) for c in batch},
+            world_size=world_size,
+            timeout=self.timeout,
+        )
         got = run(job)
         whole = _job_wide(got)
         for case_id in batch:
@@ -234,7 +251,9 @@ class CaseRuns:
                 # complete, or a rank that raised wrote its record and left (its peers were stopped)
                 self.done[case_id] = Outcome(records=present)
             elif not retry_alone:
-                problems = [got.problems[(case_id, r)] for r in range(world_size) if (case_id, r) in got.problems]
+                problems = [
+                    got.problems[(case_id, r)] for r in range(world_size) if (case_id, r) in got.problems
+                ]
                 self.done[case_id] = Outcome(problem=problems[0] if problems else "no output")
         for case_id in [c for c in batch if c not in self.done]:
             self._run([case_id], world_size, make_inputs, retry_alone=False)
@@ -245,7 +264,9 @@ def _job_wide(got: Collected) -> Outcome | None:
     refused, or the graded process wrote files nobody asked for / ran out of time."""
     for (name, _), record in got.records.items():
         if name == "load" and record.get("status") == "load-error":
-            return Outcome(problem=text(record.get("message", "the adapters file did not load")), error="load")
+            return Outcome(
+                problem=text(record.get("message", "the adapters file did not load")), error="load"
+            )
         if name == "refused":
             return Outcome(problem=text(record.get("message", "refused")), error="refused")
     return Outcome(problem=got.job_problem) if got.job_problem else None

@@ -82,11 +82,14 @@ def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_g
         if dep := record.get("missing_dependency"):
             name = text(dep, 60)
             return Verdict.error(
-                "missing-dependency", f"cannot grade: needs {name} (install it where the grader runs: pip install {name})"
+                "missing-dependency",
+                f"cannot grade: needs {name} (install it where the grader runs: pip install {name})",
             )
         if case.family == "attention":
             return judge.attention.judge_raised(case, record, folders, on_gpu)
         frame = text(record.get("student_frame") or record.get("innermost_frame") or "", 300)
         prefix = f"rank {rank} " if case.world_size > 1 else ""
-        return Verdict.failed(f"{prefix}raised {text(record.get('message', ''))}" + (f" (at {frame})" if frame else ""))
+        return Verdict.failed(
+            f"{prefix}raised {text(record.get('message', ''))}" + (f" (at {frame})" if frame else "")
+        )
     return judge.judge(case, inputs, outcome.records, folders, on_gpu)

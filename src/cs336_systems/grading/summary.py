@@ -52,7 +52,9 @@ def build(cases: list[dict], seed: int | None, adapters: str | None) -> dict[str
         g = groups.setdefault(case["hooks"][0], {"hooks": case["hooks"], "cases": []})
         g["cases"].append(case)
     table = {}
-    for name, g in sorted(groups.items(), key=lambda kv: ALL_HOOKS.index(kv[0]) if kv[0] in ALL_HOOKS else 99):
+    for name, g in sorted(
+        groups.items(), key=lambda kv: ALL_HOOKS.index(kv[0]) if kv[0] in ALL_HOOKS else 99
+    ):
         table[name] = {
             "hooks": list(g["hooks"]),
             "verdict": group_verdict(g["cases"]),
@@ -79,7 +81,9 @@ def exit_status(report: dict, external: bool, pytest_status: int) -> int:
     grading the suite's own hooks, pytest's status stands."""
     if not external:
         return pytest_status
-    bad = any(c["status"] == ERROR or (c["status"] == FAILED and c["tier"] == "course") for c in report["cases"])
+    bad = any(
+        c["status"] == ERROR or (c["status"] == FAILED and c["tier"] == "course") for c in report["cases"]
+    )
     return 1 if bad else 0
 
 
@@ -101,7 +105,8 @@ def render(report: dict) -> list[str]:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     totals = report["totals"]
     lines.append(
-        f"{len(report['cases'])} cases: " + ", ".join(f"{totals.get(s, 0)} {s}" for s in STATUSES)
+        f"{len(report['cases'])} cases: "
+        + ", ".join(f"{totals.get(s, 0)} {s}" for s in STATUSES)
         + f" (cells: passed/failed/skipped; seed {report['seed']})"
     )
     return lines
@@ -111,8 +116,16 @@ class GradeSummary:
     """Collects each contract test's case verdict; prints the table (``--grade-summary table``) and writes
     ``--grade-json`` at the end of the run; sets the exit status when another implementation is graded."""
 
-    def __init__(self, external: bool, grade_json: Path | None, seed: int | None, adapters: str | None, show: bool):
-        self.external, self.grade_json, self.seed, self.adapters, self.show = external, grade_json, seed, adapters, show
+    def __init__(
+        self, external: bool, grade_json: Path | None, seed: int | None, adapters: str | None, show: bool
+    ):
+        self.external, self.grade_json, self.seed, self.adapters, self.show = (
+            external,
+            grade_json,
+            seed,
+            adapters,
+            show,
+        )
         self.cases: dict[str, dict] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

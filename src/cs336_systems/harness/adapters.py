@@ -47,8 +47,22 @@ def timed(config: pytest.Config, task: str, args: dict, world_size: int = 1, bac
     whether an attention row may be ranked."""
     if task == "ddp" and args.get("bucket_mb") is None:
         probe = config.stash[PROBE]
-        args = {**args, "individual_hook": "get_ddp" if probe.reason("get_ddp_individual_parameters") else "get_ddp_individual_parameters"}
-    got = run(Job(config.stash[ROOTS], f"timing.{task}", args=args, world_size=world_size, timeout=WORKER_TIMEOUT_S, backend=backend))
+        args = {
+            **args,
+            "individual_hook": "get_ddp"
+            if probe.reason("get_ddp_individual_parameters")
+            else "get_ddp_individual_parameters",
+        }
+    got = run(
+        Job(
+            config.stash[ROOTS],
+            f"timing.{task}",
+            args=args,
+            world_size=world_size,
+            timeout=WORKER_TIMEOUT_S,
+            backend=backend,
+        )
+    )
     record = got.records.get(("timing", 0))
     problems = [got.job_problem, *got.problems.values()]
     if record is None or record.get("status") != "done" or not isinstance(record.get("result"), dict):
@@ -70,7 +84,9 @@ def standing(config: pytest.Config, result: dict, floor_ms: float | None) -> dic
         misses, ran = [f"no usable provenance record ({type(exc).__name__})"], {}
     mean = result.get("mean_ms")
     if floor_ms is not None and mean is not None and mean < floor_ms:
-        misses.append(f"reported {mean:.3f} ms is below {floor_ms:.3f} ms, the GPU's dense peak for these FLOPs")
+        misses.append(
+            f"reported {mean:.3f} ms is below {floor_ms:.3f} ms, the GPU's dense peak for these FLOPs"
+        )
     return {"ranked": not misses, "unranked_because": "; ".join(misses) or None, **ran}
 
 

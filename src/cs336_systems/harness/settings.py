@@ -162,7 +162,8 @@ class Settings:
             ddp_warmup=_int(env, "CS336_DDP_WARMUP", 3 if gpu else 1),
             ddp_steps=_int(env, "CS336_DDP_STEPS", 10 if gpu else 3),
             ddp_profile_steps=_int(env, "CS336_DDP_PROFILE_STEPS", 1 if gpu else 0),
-            trace_dir=_str(env, "CS336_TRACE_DIR", "docs/results/traces" if gpu else None),
+            # git-ignored: two traces are 3 MB, more than docs/results may hold (tests/test_results_folder.py)
+            trace_dir=_str(env, "CS336_TRACE_DIR", "runs/traces" if gpu else None),
             trace_variants=_list(env, "CS336_TRACE_VARIANTS", "naive,individual"),
             step8b_steps=_int(env, "CS336_8B_STEPS", 3),
             step8b_ablation_steps=_int(env, "CS336_8B_ABLATION_STEPS", 2),

@@ -1,17 +1,18 @@
-"""Reading benchmark results: pytest-benchmark JSON, its JSONL row log (``CS336_BENCH_JSONL``) and
-the ``--json`` rows of ``python -m cs336_systems.cli.benchmark``, into :class:`Record` rows."""
+"""Reading benchmark results: pytest-benchmark JSON, its JSONL row log (``CS336_BENCH_JSONL``), the
+``--json`` rows of ``python -m cs336_systems.cli.benchmark`` and ``cli.leaderboard`` and the benchmark
+CLI's ``--profile`` answers, into :class:`Record` rows."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.rows.contention import INTERPRETER_NOTE, contention_reasons, interpreted
+from cs336_systems.rows.contention import INTERPRETER_NOTE, contention_reasons, interpreted, verdict_label
 from cs336_systems.rows.schema import GROUPS
 
 
@@ -79,6 +80,11 @@ VALUE_LABELS = {
 STATS_MEAN = "stats_mean_ms"  # pytest-benchmark's own timing, used when extra_info has no mean_ms
 VALUE_LABELS[STATS_MEAN] = "mean ± std (ms, pytest-benchmark)"
 FRACTION_KEYS = {"mfu", "mfu_measured", "mfu_peak"}  # and every key with "share" in it
+HOST_TIMER_KEYS = {
+    "mean_ms",
+    "median_ms",
+    STATS_MEAN,
+}  # pytest-benchmark's rounds: a do_bench row's second timer
 CONTENTION_KEYS = {"load_avg_1m", "cpu_cores", "rounds_spread", "rounds_n"}  # judged, not shown as columns
 NOT_VALUES = {"oom", "skipped", "device_name"}
 MISSING = "—"
@@ -97,6 +103,7 @@ class Record:
     descriptors: dict[str, Any]  # parameters (and parameter-like extra_info) of the case
     values: dict[str, float]  # numeric extra_info (+ pytest-benchmark stats when nothing else)
     texts: dict[str, str] = field(default_factory=dict)  # string extra_info (kernel names, status...)
+    flags: dict[str, bool] = field(default_factory=dict)  # boolean extra_info (fused_loss, compiled...)
     oom: bool = False
     skipped: str | None = None
     ratio_caveat: str | None = None  # a ratio on this row compares it with a row that is no result
@@ -143,10 +150,13 @@ def _record(bench: dict[str, Any], source: str, machine: str) -> Record:
     descriptors.update({k: v for k, v in extra.items() if k in PARAM_ORDER and k not in descriptors})
     values: dict[str, float] = {}
     texts: dict[str, str] = {}
+    flags: dict[str, bool] = {}
     for key, value in extra.items():
         if key in descriptors or key in NOT_VALUES or key in ("group_key", "deliverable"):
             continue
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, bool):  # judged (fused_loss: a Triton kernel ran), not shown as a column
+            flags[key] = value
+        elif isinstance(value, int | float):
             values[key] = float(value)
         elif isinstance(value, str):
             texts[key] = value
@@ -178,6 +188,7 @@ def _record(bench: dict[str, Any], source: str, machine: str) -> Record:
         descriptors=descriptors,
         values=values,
         texts=texts,
+        flags=flags,
         oom=oom,
         skipped=str(skipped) if skipped else None,
     )
@@ -236,6 +247,33 @@ def _profile_rows(answers: dict[str, Any], path: Path) -> dict[str, Any]:
     return {"benchmarks": [bench]}
 
 
+def _leaderboard_cli_rows(answers: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``python -m cs336_systems.cli.leaderboard --json`` (``{"gpu", "rows": [{"impl", "mean_ms", ...}]}``,
+    the course's do_bench mean of each impl in the order run: ours, cudnn, ours shows drift) as rows of
+    the D12 leaderboard group, so the README's D12 headline file is in the report (issue 57)."""
+    benchmarks = []
+    for run, row in enumerate(answers["rows"], 1):
+        extra = {k: v for k, v in row.items() if k not in ("impl", "mean_ms")}
+        extra.update(
+            group_key="leaderboard", device_name=str(answers.get("gpu", "")), course_mean_ms=row["mean_ms"]
+        )
+        name = GROUPS["leaderboard"].name("course protocol (CLI)")
+        params = {"impl": row["impl"], "run": run}
+        benchmarks.append(
+            {"group": name, "name": f"{row['impl']} #{run}", "params": params, "extra_info": extra}
+        )
+    return {"benchmarks": benchmarks}
+
+
+def _is_leaderboard_cli(data: Any) -> bool:
+    rows = data.get("rows") if isinstance(data, dict) else None
+    return (
+        bool(rows)
+        and isinstance(rows, list)
+        and all(isinstance(r, dict) and {"impl", "mean_ms"} <= set(r) for r in rows)
+    )
+
+
 def results_in(directory: Path) -> list[Path]:
     """The results files under ``directory``, recursively, in name order: pytest-benchmark JSON, row
     logs (``.jsonl``, unless the ``.json`` of the same run sits beside it: the same rows) and the
@@ -264,9 +302,11 @@ def read_results(path: Path) -> dict[str, Any]:
         data = _cli_rows(data, path)
     elif path.name.endswith(PROFILE_SUFFIX) and isinstance(data, dict) and "benchmarks" not in data:
         data = _profile_rows(data, path)
+    elif _is_leaderboard_cli(data):
+        data = _leaderboard_cli_rows(data, path)
     if not isinstance(data, dict) or "benchmarks" not in data:
         raise ReportInputError(
-            f"{path} is neither pytest-benchmark JSON (no 'benchmarks' key) nor the benchmark CLI's --json rows"
+            f"{path} is neither pytest-benchmark JSON (no 'benchmarks' key) nor a CLI's --json rows"
         )
     if not isinstance(data["benchmarks"], list) or not all(isinstance(b, dict) for b in data["benchmarks"]):
         raise ReportInputError(f"{path}: 'benchmarks' must be a list of objects")
@@ -378,7 +418,7 @@ def _on_cpu(record: Record) -> bool:
 
 def is_interpreted(record: Record) -> bool:
     """A Triton kernel timed under the interpreter (rows.contention.interpreted)."""
-    return interpreted({**record.texts, **record.descriptors}, _on_cpu(record))
+    return interpreted({**record.flags, **record.texts, **record.descriptors}, _on_cpu(record))
 
 
 def unreliable(record: Record) -> str | None:
@@ -389,6 +429,20 @@ def unreliable(record: Record) -> str | None:
         return INTERPRETER_NOTE
     reasons = contention_reasons(record.values, _on_cpu(record))
     return "; ".join(reasons) or None
+
+
+def not_quoted(records: Sequence[Record], label: Callable[[Record], str] = lambda r: r.name) -> str:
+    """What the prose says in place of the figures of rows whose timing is not a result (the rows it
+    leaves out, each named by ``label``), with the mark their table cells carry: the prose quotes no
+    figure its table marks ("" when every row is a result)."""
+    marks: dict[str, list[str]] = {}
+    for r in records:
+        if why := unreliable(r):
+            marks.setdefault(verdict_label(why), []).append(label(r))
+    said = "; ".join(f"{len(names)} marked `{mark}` ({', '.join(names)})" for mark, names in marks.items())
+    return (
+        f"not quoted, as their timing is not a result (the table's footnotes say why): {said}" if said else ""
+    )
 
 
 def derived_from(*records: Record | None) -> str | None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cs336_systems.accounting import parallelism as P
+from cs336_systems.report.load import unreliable
+from cs336_systems.rows.contention import row_verdict
 
 SECTION_KEY = "D25"
 TITLE = "2026: parallelism accounting (alternate_ring_all_reduce, data_parallel_calcs, fsdp_calcs, tp_calcs, fsdp_tp_calcs; D25)"
@@ -76,14 +78,45 @@ def _number(value: Any) -> float | None:
     return out if out > 0 else None
 
 
+def _verdict(record: Any) -> str | None:
+    """The row's one verdict (the tables'): a report Record through ``load.unreliable``, a raw
+    pytest-benchmark row through ``contention.row_verdict`` (the same judgement)."""
+    if isinstance(record, dict):
+        return row_verdict(record.get("extra_info") or {}, record.get("params"))
+    return unreliable(record)
+
+
+def _results(records: Iterable[Any], figure: Callable[[Any], bool]) -> tuple[list[Any], int]:
+    """The rows holding ``figure`` whose timing is a result, and how many holding it are not: C and W
+    come from measured rows only where their tables print the figure (issue 57: α came out of a gloo
+    all-reduce row its table marked unreliable)."""
+    rows = [r for r in records if figure(r)]
+    kept = [r for r in rows if _verdict(r) is None]
+    return kept, len(rows) - len(kept)
+
+
+def _is_matmul_row(record: Any) -> bool:
+    _group, _key, _device, f = _fields(record)
+    return _number(f.get("matmul_tflops")) is not None and str(f.get("dtype", "bf16")) in (
+        "bf16",
+        "fp16",
+        "bfloat16",
+        "float16",
+    )
+
+
+def _is_allreduce_row(record: Any) -> bool:
+    group, key, _device, f = _fields(record)
+    return _number(f.get("busbw_gbps")) is not None and (key == "allreduce" or group.startswith("D13"))
+
+
 def measured_c(records: Iterable[Any]) -> tuple[float, str] | None:
-    """Largest measured bf16/fp16 matmul rate (extra_info ``matmul_tflops`` of the model benches)."""
+    """Largest measured bf16/fp16 matmul rate (extra_info ``matmul_tflops`` of the model benches) among
+    the rows whose timing is a result."""
     best: tuple[float, str] | None = None
-    for record in records:
+    for record in _results(records, _is_matmul_row)[0]:
         group, _key, device, f = _fields(record)
         rate = _number(f.get("matmul_tflops"))
-        if rate is None or str(f.get("dtype", "bf16")) not in ("bf16", "fp16", "bfloat16", "float16"):
-            continue
         if best is None or rate * 1e12 > best[0]:
             where = f" on {device}" if device else ""
             best = (
@@ -94,13 +127,12 @@ def measured_c(records: Iterable[Any]) -> tuple[float, str] | None:
 
 
 def measured_w(records: Iterable[Any]) -> tuple[float, str] | None:
-    """busbw of the D13 all-reduce at its largest size, preferring NCCL at 2 ranks."""
+    """busbw of the D13 all-reduce at its largest size, preferring NCCL at 2 ranks, among the rows
+    whose timing is a result."""
     rows = []
-    for record in records:
-        group, key, device, f = _fields(record)
+    for record in _results(records, _is_allreduce_row)[0]:
+        _group, _key, device, f = _fields(record)
         busbw = _number(f.get("busbw_gbps"))
-        if busbw is None or not (key == "allreduce" or group.startswith("D13")):
-            continue
         rank = (f.get("backend") == "nccl", str(f.get("world_size")) == "2", _number(f.get("bytes")) or 0.0)
         rows.append((rank, busbw, f, device))
     if not rows:
@@ -113,16 +145,24 @@ def measured_w(records: Iterable[Any]) -> tuple[float, str] | None:
     )
 
 
+def _why_default(records: list[Any], figure: Callable[[Any], bool], rows: str) -> str:
+    """Why a default stands: no rows measured the figure, or those that did are not results."""
+    left_out = _results(records, figure)[1]
+    if not left_out:
+        return f"no {rows}"
+    return f"the {left_out} {rows} measuring it are not results: their table marks them, and so the prose does not use them"
+
+
 def hardware(records: Iterable[Any]) -> Hardware:
     records = list(records)
     c, w = measured_c(records), measured_w(records)
     c_value, c_source = c or (
         DEFAULT_C,
-        "default: the bf16 dense matmul rate measured on an H200 (no model rows)",
+        f"default: the bf16 dense matmul rate measured on an H200 ({_why_default(records, _is_matmul_row, 'model rows')})",
     )
     w_value, w_source = w or (
         DEFAULT_W,
-        "default: the NCCL busbw measured on 2 × H200 over NVLink (no D13 rows)",
+        f"default: the NCCL busbw measured on 2 × H200 over NVLink ({_why_default(records, _is_allreduce_row, 'D13 rows')})",
     )
     return Hardware(c_value, w_value, c_source, w_source)
 

@@ -56,6 +56,38 @@ def readable(frame: pd.DataFrame, index_cols: int) -> pd.DataFrame:
     return body.rename_axis("quantity").reset_index()
 
 
+MAX_LINE = 1000  # characters per writeup line (issue 51: a row of 1,093 made the page unreadable)
+
+
+def fitting(frame: pd.DataFrame, index_cols: int) -> list[pd.DataFrame]:
+    """``frame``, or, when its Markdown rows would run past MAX_LINE (results files of one group merged
+    bring their own columns: the 8B step's reached 1,250 characters), parts of it one under the other,
+    each with the case columns and the value columns that fit."""
+    if frame.empty or frame.shape[1] <= index_cols + 1:
+        return [frame]
+    # a pipe-table column (tabulate) takes its widest cell, or its header plus 2, and "| " and a space
+    widths = [
+        max(len(str(frame.columns[i])) + 2, *(len(str(v)) for v in frame.iloc[:, i])) + 3
+        for i in range(frame.shape[1])
+    ]
+    base = 1 + sum(widths[:index_cols])
+    parts: list[list[int]] = [[]]
+    width = base
+    for i in range(index_cols, frame.shape[1]):
+        if parts[-1] and width + widths[i] > MAX_LINE:
+            parts.append([])
+            width = base
+        parts[-1].append(i)
+        width += widths[i]
+    if len(parts) == 1:
+        return [frame]
+    return [frame.iloc[:, [*range(index_cols), *cols]] for cols in parts]
+
+
+def _markdown(frame: pd.DataFrame, index_cols: int) -> str:
+    return "\n\n".join(to_markdown(part) for part in fitting(frame, index_cols))
+
+
 def footnote_lines(notes: list[str]) -> list[str]:
     """The texts the tables' ``[n]`` markers point to, one paragraph each."""
     return [f"[{i}] {note}" + "  " for i, note in enumerate(notes, 1)] + ([""] if notes else [])
@@ -68,13 +100,14 @@ def render_group_markdown(table: GroupTable) -> str:
         parts += [
             "<details><summary>all columns</summary>",
             "",
-            to_markdown(table.long),
+            _markdown(table.long, table.index_columns),
             "",
             "</details>",
             "",
         ]
     else:
-        parts += [to_markdown(readable(table.long, table.index_columns)), ""]
+        shown = readable(table.long, table.index_columns)
+        parts += [_markdown(shown, 1 if shown is not table.long else table.index_columns), ""]
     parts += footnote_lines(table.footnotes)
     parts += [*table.absent, ""] if table.absent else []
     return "\n".join(parts)

@@ -12,6 +12,7 @@ import pandas as pd
 from cs336_systems.report.load import (
     CONTENTION_KEYS,
     FRACTION_KEYS,
+    HOST_TIMER_KEYS,
     MISSING,
     PARAM_ORDER,
     STATS_MEAN,
@@ -21,7 +22,7 @@ from cs336_systems.report.load import (
     is_interpreted,
     unreliable,
 )
-from cs336_systems.rows.contention import INTERPRETER_NOTE
+from cs336_systems.rows.contention import INTERPRETER_NOTE, TIMERS_NOTE, timers_disagree, verdict_label
 from cs336_systems.units import parse_size
 
 
@@ -185,7 +186,8 @@ def _is_ratio(key: str) -> bool:
 
 def _timed(key: str) -> bool:
     """A value that comes from the row's timing (and is as unreliable as it), ratios of times included."""
-    timing = key.endswith(("_ms", "_s", "_gbps")) or key in ("tokens_per_s", "tflops", "mfu", "mfu_peak")
+    # rates measured by timing too: TFLOP/s (the matmul rate behind MFU included) and every MFU
+    timing = key.endswith(("_ms", "_s", "_gbps", "tflops")) or key.startswith("mfu") or key == "tokens_per_s"
     return _is_ratio(key) or (timing and "mib" not in key)
 
 
@@ -214,22 +216,19 @@ def _mark_ratio_sources(records: list[Record]) -> None:
 
 
 def _verdict(record: Record, key: str) -> str | None:
-    """Why this cell's figure is no result: the row's own verdict, or for a ratio its sources'."""
+    """Why this cell's figure is no result: the row's own verdict, for a ratio its sources', for a
+    host-timed figure of a do_bench row the disagreement of its two timers (its do_bench figure stands)."""
     if not _timed(key):
         return None
-    return unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None)
+    if why := unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None):
+        return why
+    return timers_disagree(record.values) if key in HOST_TIMER_KEYS else None
 
 
 def _unreliable_note(why: str) -> str:
-    if why == INTERPRETER_NOTE:
-        return why[0].upper() + why[1:]
-    if why.startswith(RATIO_NOTE):
+    if why == INTERPRETER_NOTE or why.startswith((RATIO_NOTE, TIMERS_NOTE)):
         return why[0].upper() + why[1:]
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
-
-
-def _verdict_label(why: str) -> str:
-    return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 
 def footnotes(records: list[Record]) -> list[str]:
@@ -246,6 +245,8 @@ def footnotes(records: list[Record]) -> list[str]:
             notes[_unreliable_note(why)] = None
         elif not_run is None and r.ratio_caveat and any(_is_ratio(k) for k in r.values):
             notes[_unreliable_note(r.ratio_caveat)] = None
+        if not_run is None and (why := timers_disagree(r.values)) and not unreliable(r):
+            notes[_unreliable_note(why)] = None
     return list(notes)
 
 
@@ -271,7 +272,7 @@ def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str
     if key not in record.values:
         return MISSING
     why = _verdict(record, key)
-    mark = f"{_verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
+    mark = f"{verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
     if mark and not show:
         return mark
     text = format_number(key, record.values[key])

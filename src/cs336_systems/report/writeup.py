@@ -224,7 +224,9 @@ def _runs_header(runs: list[Run]) -> list[str]:
         "over the dense matmul rate measured in the same run, and, where a column says so, over the "
         "GPU's dense bf16 peak (989 TFLOP/s for H100 SXM and H200). A cell marked `unreliable [n]` or "
         "`interpreted [n]` is a timing that is not a result (footnote [n] says why; "
-        "`--show-unreliable` prints its figure), and no ratio is derived from it.",
+        "`--show-unreliable` prints its figure); no ratio is derived from it, and the prose does not "
+        "quote it. `timers disagree [n]` marks the host-timed figures (mean, median) of a do_bench row "
+        "that are orders of magnitude off its do_bench median, which is the row's result.",
         "",
         "| JSON | date | commit | pytest-benchmark | devices |",
         "| --- | --- | --- | --- | --- |",
@@ -367,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="+",
         help="results files (--benchmark-json output, .jsonl, CLI --json or --profile answers) or folders of them",
     )
-    parser.add_argument("--format", choices=("md", "latex"), default="md", help="table files format")
+    parser.add_argument(
+        "--format", choices=("md", "latex"), default="md", help="table files format (default: md)"
+    )
     parser.add_argument("--out", default="report", help="output directory (default: ./report)")
     parser.add_argument(
         "--compare", action="store_true", help="pair the rows of exactly two runs by name and print the ratio"

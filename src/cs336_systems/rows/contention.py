@@ -83,24 +83,65 @@ def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
 
 
 # The suite's Triton pieces by the names rows give them: an impl or attention naming Triton, the fused
-# LM-head loss ("fused"; torch's own AdamW(fused=True) rows are "torch_fused") and the fused-loss flag.
+# LM-head loss ("fused"; torch's own AdamW(fused=True) rows are "torch_fused"), the model's fused-loss
+# flag, and the 8B step's pieces (training.options.TRITON_PIECES; a test holds the two together).
 INTERPRETER_NOTE = (
     "a Triton kernel timed on a CPU ran under TRITON_INTERPRET=1 (Triton's interpreter, run for "
     "correctness): not a performance figure, and no ratio is derived from it"
 )
+TRITON_PIECE_VALUES = {"impl": "fused", "loss": "fused", "optimizer": "fused_ours"}
 
 
 def interpreted(descriptors: Mapping[str, object], on_cpu: bool) -> bool:
     """Whether a row timed one of the suite's Triton kernels on a CPU, which only Triton's interpreter
-    runs: D12's "ours / best SDPA" of 670x and D26's fused AdamW at 2,144x torch were such rows (issue 51)."""
+    runs: D12's "ours / best SDPA" of 670x and D26's fused AdamW at 2,144x torch were such rows (issue 51).
+    ``descriptors`` holds the row's parameters and fields, booleans included (``fused_loss``: the
+    model's loss through the fused kernel), and an 8B step row's ``pieces`` mapping is read too."""
     if not on_cpu:
         return False
+    pieces = descriptors.get("pieces")
+    if isinstance(pieces, Mapping) and interpreted(pieces, on_cpu):
+        return True
     names = [str(descriptors.get(k, "")) for k in ("impl", "attention", "variant", "recipe")]
     return (
         any("triton" in n for n in names)
-        or descriptors.get("impl") == "fused"
-        or bool(descriptors.get("fused_loss") is True)
+        or any(descriptors.get(k) == v for k, v in TRITON_PIECE_VALUES.items())
+        or descriptors.get("fused_loss") is True
     )
+
+
+# A do_bench row (bench_flash) carries two timers: ``do_bench_ms``, its result, and pytest-benchmark's
+# host-timed rounds (``median_ms``, the terminal table's columns). A host round adds launch and
+# synchronize overhead: in docs/results at most 17x do_bench's median (0.11 ms against 6 us, the
+# shortest kernels) and never more than 1.2 ms. Timers further apart than both bounds measured
+# different things (issue 57: a CPU row's rounds read 216 ms against do_bench's 0.178 ms).
+TIMERS_APART = 10.0
+TIMER_OVERHEAD_MS = 2.0
+TIMERS_NOTE = "its two timers disagree"
+
+
+def timers_disagree(values: Mapping[str, object]) -> str | None:
+    """Why a row's host-timed figures (pytest-benchmark's) are not its result, when they are orders of
+    magnitude away from its ``do_bench_ms``, which is; None when they agree or the row has one timer."""
+    result, host = values.get("do_bench_ms"), values.get("median_ms")
+    numbers = [v for v in (result, host) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0]
+    if len(numbers) < 2:
+        return None
+    ratio = max(numbers) / min(numbers)
+    if ratio < TIMERS_APART or abs(host - result) < TIMER_OVERHEAD_MS:
+        return None
+    return (
+        f"{TIMERS_NOTE} {ratio:,.0f}×: pytest-benchmark's host-timed rounds have a median of {host:.3g} ms, "
+        f"do_bench {result:.3g} ms. The row's result is its do_bench median (the report's `do_bench "
+        "median` column); the host-timed figures (mean and median here, pytest-benchmark's Min/Mean/Median) are not a result"
+    )
+
+
+def verdict_label(why: str) -> str:
+    """The mark a row's verdict puts in place of its figure (tables, the CLI, the bench terminal table)."""
+    if why.startswith(TIMERS_NOTE):
+        return "timers disagree"
+    return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 
 def row_verdict(extra_info: Mapping[str, object], params: Mapping[str, object] | None = None) -> str | None:

@@ -39,4 +39,6 @@ def judge(case: Case, inputs: dict, payloads: list[dict], roots: list[Path], on_
     device = reference_device(case, on_gpu)
     if case.family == "fsdp":
         return fsdp.judge(case, inputs, payloads, device)
-    return (training.judge_ddp if case.family == "ddp" else training.judge_sharded)(case, inputs, payloads, device)
+    return (training.judge_ddp if case.family == "ddp" else training.judge_sharded)(
+        case, inputs, payloads, device
+    )

@@ -34,7 +34,9 @@ def make_inputs(case: Case, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {"q": q, "k": k, "v": v, "dO": torch.randn(b, nq, d, generator=gen, dtype=torch.float64)}
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain attention in the inputs' dtype and its logsumexp (masked scores get -1e6, the handout's
     convention)."""
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -117,7 +119,11 @@ def _outputs(case: Case, result: Any, leaderboard: bool) -> dict[str, torch.Tens
 def judge_match(case: Case, inputs: dict, result: Any, device: torch.device) -> list[str | None]:
     where = _where(case, device)
     qkv = [inputs[n] for n in ("q", "k", "v")] if "q" in inputs else list(inputs["qkv"].double())
-    d_out = inputs["dO"] if "dO" in inputs else torch.ones(case.shape[0], case.shape[1], case.shape[3], dtype=torch.float64)
+    d_out = (
+        inputs["dO"]
+        if "dO" in inputs
+        else torch.ones(case.shape[0], case.shape[1], case.shape[3], dtype=torch.float64)
+    )
     got = _outputs(case, result, leaderboard=case.knob("check") == "compile")
     ref = run_reference(qkv, d_out, case.knob("causal"), torch.float64, device)
     tol = case.tolerance

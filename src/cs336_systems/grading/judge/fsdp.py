@@ -34,7 +34,14 @@ from ..worker.models import LayersModel
 from ..worker.training import make_optimizer
 from .training import like_a_worker
 
-OURS = ("embedding.weight", "norm1.weight", "linear1.weight", "norm2.weight", "linear2.weight", "lm_head.weight")
+OURS = (
+    "embedding.weight",
+    "norm1.weight",
+    "linear1.weight",
+    "norm2.weight",
+    "linear2.weight",
+    "lm_head.weight",
+)
 SHARDED = (0, 2, 4, 5)  # Linear / Embedding weights, by position
 LAYERS = (course_layers.Linear, course_layers.Embedding, course_layers.RMSNorm)
 LOW = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -61,7 +68,10 @@ def make_inputs(case: Case, gen: torch.Generator) -> dict[str, Any]:
         inputs["ids"] = torch.randint(vocab, (case.world_size, 4, 8), generator=gen)
         return inputs
     batch = case.knob("global_batch")
-    ids, targets = torch.randint(vocab, (batch, 8), generator=gen), torch.randint(vocab, (batch,), generator=gen)
+    ids, targets = (
+        torch.randint(vocab, (batch, 8), generator=gen),
+        torch.randint(vocab, (batch,), generator=gen),
+    )
     orders = [torch.randperm(batch, generator=gen) for _ in range(case.knob("steps"))]
     inputs["ids"] = torch.stack([ids[o] for o in orders])
     inputs["targets"] = torch.stack([targets[o] for o in orders])
@@ -143,7 +153,9 @@ def _names(result: dict) -> list[str]:
     return names
 
 
-def _sharding_misses(case: Case, results: list[dict], names: list[str], init: list[torch.Tensor]) -> list[str]:
+def _sharding_misses(
+    case: Case, results: list[dict], names: list[str], init: list[torch.Tensor]
+) -> list[str]:
     misses = []
     held = [field(r, "local_numel", dict, "local element counts") for r in results]
     for i in SHARDED:
@@ -155,7 +167,9 @@ def _sharding_misses(case: Case, results: list[dict], names: list[str], init: li
             misses.append(f"{names[i]}: a rank reports no local parameter of that name")
             continue
         if max(counts) > bound:
-            misses.append(f"{names[i]} is not sharded: a rank holds {max(counts)} of its {full.numel()} elements (> {bound})")
+            misses.append(
+                f"{names[i]} is not sharded: a rank holds {max(counts)} of its {full.numel()} elements (> {bound})"
+            )
         if sum(counts) < full.numel():
             misses.append(f"{names[i]}: the ranks hold {sum(counts)} of its {full.numel()} elements together")
     return misses
@@ -177,7 +191,9 @@ def _fact_misses(facts: Any, names: list[str], where: str, same_dtype_only: bool
         if not isinstance(grad, torch.Tensor):
             misses.append(f"{where}: {name}.grad is None")
         elif list(grad.shape) != f.get("shape") or str(grad.dtype).removeprefix("torch.") != f.get("dtype"):
-            misses.append(f"{where}: {name}.grad is {grad.dtype} {tuple(grad.shape)}; the parameter is {f.get('dtype')} {tuple(f.get('shape') or ())}")
+            misses.append(
+                f"{where}: {name}.grad is {grad.dtype} {tuple(grad.shape)}; the parameter is {f.get('dtype')} {tuple(f.get('shape') or ())}"
+            )
         elif not same_dtype_only and grad.dtype != torch.float32:
             misses.append(f"{where}: {name}.grad is {grad.dtype}, not fp32")
     return misses
@@ -193,12 +209,20 @@ def _replicated_misses(facts_per_rank: list[dict], names: list[str], where: str)
             continue  # reported as a missing gradient
         tensor(grads[0], f"{name}.grad")
         if any(g.shape != grads[0].shape or not torch.equal(g, grads[0]) for g in grads[1:]):
-            spread = max((g.double() - grads[0].double()).abs().max().item() for g in grads[1:] if g.shape == grads[0].shape)
-            misses.append(f"{where}: replicated {name}.grad differs across ranks by {fmt(spread)} (must be bitwise equal)")
+            spread = max(
+                (g.double() - grads[0].double()).abs().max().item()
+                for g in grads[1:]
+                if g.shape == grads[0].shape
+            )
+            misses.append(
+                f"{where}: replicated {name}.grad differs across ranks by {fmt(spread)} (must be bitwise equal)"
+            )
     return misses
 
 
-def _gathered_misses(gathered: Any, names: list[str], ref: list[torch.Tensor], case: Case, where: str) -> list[str]:
+def _gathered_misses(
+    gathered: Any, names: list[str], ref: list[torch.Tensor], case: Case, where: str
+) -> list[str]:
     if not isinstance(gathered, dict) or set(gathered) != set(names):
         got = sorted(gathered) if isinstance(gathered, dict) else type(gathered).__name__
         return [f"{where}: gathered names {got} != the model's {sorted(names)}"]
@@ -207,7 +231,9 @@ def _gathered_misses(gathered: Any, names: list[str], ref: list[torch.Tensor], c
         got = tensor(gathered[name], f"gathered {name}", tuple(r.shape))
         err = (got.double() - r.double()).abs()
         if not bool((err <= tol.atol + tol.rtol * r.double().abs()).all()):
-            misses.append(f"{where}: max |gathered {name} - single process| = {fmt(err.max().item())} > {tol.describe()}")
+            misses.append(
+                f"{where}: max |gathered {name} - single process| = {fmt(err.max().item())} > {tol.describe()}"
+            )
     return misses
 
 

@@ -52,7 +52,9 @@ def read(record: Any, roots: list[Path]) -> dict[str, Any]:
     and every name the profiler saw."""
     launched = [x for x in _names(record, "launched") if isinstance(x, list) and len(x) == 2]
     kernels = _names(record, "repository_kernels")
-    repo_kernels = {str(n) for n, f in kernels.items() if inside(str(f), roots)} if isinstance(kernels, dict) else set()
+    repo_kernels = (
+        {str(n) for n, f in kernels.items() if inside(str(f), roots)} if isinstance(kernels, dict) else set()
+    )
     return {
         "launched_repo": sorted({str(n) for n, f in launched if inside(str(f), roots)}),
         "launched_other": sorted({str(n) for n, f in launched if not inside(str(f), roots)}),

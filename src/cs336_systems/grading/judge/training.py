@@ -54,10 +54,14 @@ def _state(case: Case, seed: int) -> dict[str, torch.Tensor]:
     return make_model(case.model, case.dtype, seed=seed).state_dict()
 
 
-def _batch(case: Case, gen: torch.Generator, batch: int, uniform: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(
+    case: Case, gen: torch.Generator, batch: int, uniform: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     dtype = torch.float64 if case.dtype == "fp64" else torch.float32
     if case.model == "tied":
-        return torch.randint(VOCAB, (batch, 6), generator=gen), torch.randint(VOCAB, (batch, 6), generator=gen)
+        return torch.randint(VOCAB, (batch, 6), generator=gen), torch.randint(
+            VOCAB, (batch, 6), generator=gen
+        )
     draw = torch.rand if uniform else torch.randn
     return draw(batch, IN, generator=gen, dtype=dtype), draw(batch, OUT, generator=gen, dtype=dtype)
 
@@ -74,7 +78,9 @@ def make_ddp_inputs(case: Case, gen: torch.Generator) -> dict[str, Any]:
         extra = case.knob("extra")
         mask[: batch if extra == "all" else batch // ws if extra == "rank0" else 0] = True
         masks.append(mask)
-    init = [_state(case, _seed(gen)) for _ in range(ws)]  # different on every rank: the wrapper must broadcast
+    init = [
+        _state(case, _seed(gen)) for _ in range(ws)
+    ]  # different on every rank: the wrapper must broadcast
     return {"init": init, "x": torch.stack(xs), "y": torch.stack(ys), "mask": torch.stack(masks)}
 
 
@@ -96,7 +102,9 @@ def _reference_ddp(case: Case, inputs: dict, device: torch.device) -> tuple[nn.M
             model.use_extra = inputs["mask"][step].to(device)
             x, y = inputs["x"][step].to(device), inputs["y"][step].to(device)
             loss_fn(case.model, model(x), y).backward()
-            grads.append([None if p.grad is None else p.grad.detach().cpu().clone() for p in model.parameters()])
+            grads.append(
+                [None if p.grad is None else p.grad.detach().cpu().clone() for p in model.parameters()]
+            )
             opt.step()
             params.append([p.detach().cpu().clone() for p in model.parameters()])
     return model, grads, params
@@ -108,20 +116,28 @@ def _rank_outputs(case: Case, payload: dict, shapes: list, state_shapes: list) -
     steps = case.knob("steps")
     grads, params = field(result, "grads", list, "grads"), field(result, "params", list, "params")
     if len(grads) != steps or len(params) != steps:
-        raise Untrusted(f"expected {steps} steps of gradients and parameters, got {len(grads)} and {len(params)}")
+        raise Untrusted(
+            f"expected {steps} steps of gradients and parameters, got {len(grads)} and {len(params)}"
+        )
     grads = [tensors(g, f"step {s} gradients", shapes, allow_none=True) for s, g in enumerate(grads)]
     params = [tensors(p, f"step {s} parameters", shapes) for s, p in enumerate(params)]
     return after, grads, params
 
 
-def _grad_miss(name: str, got: torch.Tensor | None, ref: torch.Tensor | None, tol: Tolerance, ws: int, where: str) -> str | None:
+def _grad_miss(
+    name: str, got: torch.Tensor | None, ref: torch.Tensor | None, tol: Tolerance, ws: int, where: str
+) -> str | None:
     if ref is None:
         nonzero = got is not None and bool(got.abs().max() > 0)
         return f"{where}: {name} has no gradient on any rank but got a nonzero one" if nonzero else None
     grad = torch.zeros_like(ref) if got is None else got
     if _close(grad, ref, tol):
         return None
-    summed = ": gradients summed, not averaged (= world size x the full-batch gradient)" if _close(grad, ws * ref, tol) else ""
+    summed = (
+        ": gradients summed, not averaged (= world size x the full-batch gradient)"
+        if _close(grad, ws * ref, tol)
+        else ""
+    )
     return f"{where}: max |grad {name} - full-batch grad| = {fmt(_maxdiff(grad, ref))} > {tol.describe()}{summed}"
 
 
@@ -140,13 +156,23 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
         return Verdict.failed(str(exc))
     wrap_tol = ALLCLOSE if course else Tolerance()
     for r, (after, _, _) in enumerate(ranks):
-        bad = [n for n, a, i in zip(state_names, after, init0, strict=True) if not _close(a, i.detach(), wrap_tol)]
+        bad = [
+            n
+            for n, a, i in zip(state_names, after, init0, strict=True)
+            if not _close(a, i.detach(), wrap_tol)
+        ]
         if bad:
-            misses.append(f"parameters / buffers not broadcast from rank 0 at construction: rank {r}'s {bad[0]} differs from rank 0's")
+            misses.append(
+                f"parameters / buffers not broadcast from rank 0 at construction: rank {r}'s {bad[0]} differs from rank 0's"
+            )
     for step in range(case.knob("steps")):
         for r, (_, grads, params) in enumerate(ranks[:1] if course else ranks):
             where = f"step {step}" + ("" if course else f", rank {r}")
-            off = [i for i, (p, q) in enumerate(zip(params[step], ref_params[step], strict=True)) if not _close(p, q, tol)]
+            off = [
+                i
+                for i, (p, q) in enumerate(zip(params[step], ref_params[step], strict=True))
+                if not _close(p, q, tol)
+            ]
             if off:
                 i = off[0]
                 misses.append(
@@ -163,7 +189,9 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
         final = [torch.cat([p.reshape(-1) for p in params[-1]]) for _, _, params in ranks]
         spread = max(_maxdiff(f, final[0]) for f in final)
         if spread > 0:
-            misses.append(f"ranks hold different weights after {case.knob('steps')} steps: max |rank r - rank 0| = {fmt(spread)}")
+            misses.append(
+                f"ranks hold different weights after {case.knob('steps')} steps: max |rank r - rank 0| = {fmt(spread)}"
+            )
     return Verdict.from_misses(misses)
 
 
@@ -173,14 +201,20 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
 def make_sharded_inputs(case: Case, gen: torch.Generator) -> dict[str, Any]:
     steps, batch = case.knob("steps"), case.knob("batch")
     pairs = [_batch(case, gen, batch, uniform=case.tier == COURSE) for _ in range(steps)]
-    return {"init": _state(case, _seed(gen)), "x": torch.stack([x for x, _ in pairs]), "y": torch.stack([y for _, y in pairs])}
+    return {
+        "init": _state(case, _seed(gen)),
+        "x": torch.stack([x for x, _ in pairs]),
+        "y": torch.stack([y for _, y in pairs]),
+    }
 
 
 def _reference_sharded(case: Case, inputs: dict, device: torch.device) -> tuple[nn.Module, list, dict]:
     model = make_model(case.model, case.dtype, inputs["init"]).to(device)
     model.use_extra = torch.ones(case.knob("batch"), dtype=torch.bool, device=device)
     cls, kwargs = optimizer_spec(case.knob("optimizer"))
-    opt = cls(model.parameters() if case.tier == COURSE else param_groups(model, case.knob("groups")), **kwargs)
+    opt = cls(
+        model.parameters() if case.tier == COURSE else param_groups(model, case.knob("groups")), **kwargs
+    )
     params = []
     with like_a_worker(device):
         for step in range(case.knob("steps")):
@@ -191,7 +225,10 @@ def _reference_sharded(case: Case, inputs: dict, device: torch.device) -> tuple[
             if case.knob("add_after") == step:
                 opt.add_param_group({"params": list(model.extra.parameters()), "lr": 0.03})
     index = {id(p): i for i, p in enumerate(model.parameters())}
-    state = {index[id(p)]: {k: v.detach().cpu() for k, v in s.items() if isinstance(v, torch.Tensor)} for p, s in opt.state.items()}
+    state = {
+        index[id(p)]: {k: v.detach().cpu() for k, v in s.items() if isinstance(v, torch.Tensor)}
+        for p, s in opt.state.items()
+    }
     return model, params, state
 
 
@@ -203,8 +240,14 @@ def _ownership_misses(case: Case, states: list[dict], ref_state: dict, names: li
             owners.setdefault(index, []).append(rank)
             for key, ref in ref_state.get(index, {}).items():
                 got = entries.get(key) if isinstance(entries, dict) else None
-                if not isinstance(got, torch.Tensor) or got.shape != ref.shape or not _close(got, ref, case.tolerance):
-                    misses.append(f"rank {rank}'s optimizer state {key!r} of {names[index]} is not the unsharded optimizer's")
+                if (
+                    not isinstance(got, torch.Tensor)
+                    or got.shape != ref.shape
+                    or not _close(got, ref, case.tolerance)
+                ):
+                    misses.append(
+                        f"rank {rank}'s optimizer state {key!r} of {names[index]} is not the unsharded optimizer's"
+                    )
     shared = {names[i]: r for i, r in owners.items() if len(r) > 1}
     if shared:
         example = next(iter(shared))
@@ -214,7 +257,9 @@ def _ownership_misses(case: Case, states: list[dict], ref_state: dict, names: li
         )
     missing = [names[i] for i in ref_state if i not in owners]
     if missing:
-        misses.append(f"no rank holds optimizer state for {missing} (looked in .state of the optimizers it holds)")
+        misses.append(
+            f"no rank holds optimizer state for {missing} (looked in .state of the optimizers it holds)"
+        )
     return misses[:6]
 
 
@@ -238,7 +283,11 @@ def judge_sharded(case: Case, inputs: dict, payloads: list[dict], device: torch.
     checked = [len(ref_params) - 1] if case.tier == COURSE else range(len(ref_params))
     for r, run in enumerate(runs):
         for step in checked:
-            off = [i for i, (p, q) in enumerate(zip(run[step], ref_params[step], strict=True)) if not _close(p, q, case.tolerance)]
+            off = [
+                i
+                for i, (p, q) in enumerate(zip(run[step], ref_params[step], strict=True))
+                if not _close(p, q, case.tolerance)
+            ]
             if off:
                 i = off[0]
                 misses.append(
@@ -253,4 +302,3 @@ def judge_sharded(case: Case, inputs: dict, payloads: list[dict], device: torch.
             misses.insert(0, f"ranks hold different weights: max |rank r - rank 0| = {fmt(spread)}")
         misses += _ownership_misses(case, states, ref_state, names)
     return Verdict.from_misses(misses)
-

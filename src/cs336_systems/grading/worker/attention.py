@@ -39,7 +39,9 @@ def run_match(fn: type, case: Case, inputs: dict, device: torch.device, recorder
     }
 
 
-def run_compile(fn: type, case: Case, inputs: dict, device: torch.device, recorder: Recorder) -> dict[str, Any]:
+def run_compile(
+    fn: type, case: Case, inputs: dict, device: torch.device, recorder: Recorder
+) -> dict[str, Any]:
     qkv = inputs["qkv"].to(device).requires_grad_()
     q, k, v = qkv  # one leaf, unpacked, as the leaderboard's script makes them
     torch._dynamo.reset()

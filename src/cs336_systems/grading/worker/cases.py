@@ -92,7 +92,11 @@ COURSE_ATTENTION_TOL = Tolerance(1e-2, 1e-2, source="the course's assert_close(r
 BEYOND_FLOOR = {("fp32", "cpu"): 1e-4, ("fp32", "cuda"): 8e-3, ("bf16", "cpu"): 1e-2, ("bf16", "cuda"): 1e-2}
 PLAIN_FACTOR = 10.0
 COURSE_ATTENTION_SHAPE = (4, 128, 128, 64)  # the course's _make_attn_inputs
-BAD_SHAPES = {"bad-head-dims": (2, 33, 33, 16), "bad-kv-lengths": (2, 33, 40, 16), "bad-batch-sizes": (3, 33, 33, 16)}
+BAD_SHAPES = {
+    "bad-head-dims": (2, 33, 33, 16),
+    "bad-kv-lengths": (2, 33, 40, 16),
+    "bad-batch-sizes": (3, 33, 33, 16),
+}
 
 
 def _attention(
@@ -128,7 +132,9 @@ def _attention(
     )
 
 
-SMALL_WHY = "a length below a plausible tile (the handout: powers of 2 of at least 16, no out-of-bounds worries)"
+SMALL_WHY = (
+    "a length below a plausible tile (the handout: powers of 2 of at least 16, no out-of-bounds worries)"
+)
 ODD_WHY = "a length no tile divides (the handout promises powers of 2)"
 BIG_SHAPES = ((2, 1000, 1537, 64), (1, 3001, 2049, 128), (4, 4097, 4097, 64))
 
@@ -140,14 +146,18 @@ def _attention_cases() -> list[Case]:
     cases.append(_attention("pytorch", BEYOND, COURSE_ATTENTION_SHAPE, True, "fp32", "cpu", why=unmasked))
     for kind, device in (("pytorch", "cpu"), ("triton", "cuda")):
         for shape in ((2, 16, 16, 16), (2, 64, 64, 16)):
-            cases += [_attention(kind, BEYOND, shape, c, "fp32", device, why=SMALL_WHY) for c in (False, True)]
+            cases += [
+                _attention(kind, BEYOND, shape, c, "fp32", device, why=SMALL_WHY) for c in (False, True)
+            ]
         for shape in ((2, 37, 37, 16), (2, 45, 83, 16), (2, 83, 45, 16)):
             cases += [
                 _attention(kind, BEYOND, shape, c, dt, device, why=ODD_WHY)
                 for c in (False, True)
                 for dt in ("fp32", "bf16")
             ]
-        cases += [_attention(kind, BEYOND, s, False, "fp32", device, check=bad) for bad, s in BAD_SHAPES.items()]
+        cases += [
+            _attention(kind, BEYOND, s, False, "fp32", device, check=bad) for bad, s in BAD_SHAPES.items()
+        ]
         cases += [
             _attention(kind, BEYOND, shape, c, dt, "cuda", why=ODD_WHY)
             for shape in BIG_SHAPES
@@ -204,11 +214,18 @@ def _ddp_cases() -> list[Case]:
     # per-parameter variants communicate from gradient hooks, like torch DDP without
     # find_unused_parameters, so a parameter gets a gradient on all ranks or on none.
     beyond = {
-        "individual": ((3,), [("toy", "all", None, "adamw"), ("tied", "all", None, "sgd"), ("toy", "none", None, "sgd")]),
+        "individual": (
+            (3,),
+            [("toy", "all", None, "adamw"), ("tied", "all", None, "sgd"), ("toy", "none", None, "sgd")],
+        ),
         "ddp2026": ((3,), [("toy", "all", None, "adamw"), ("tied", "none", None, "sgd")]),
         "bucketed": (
             (2, 4),
-            [("toy", "rank0", 0.0005, "sgd"), ("tied", "all", 0.0005, "adamw"), ("tied", "none", 100.0, "sgd")],
+            [
+                ("toy", "rank0", 0.0005, "sgd"),
+                ("tied", "all", 0.0005, "adamw"),
+                ("tied", "none", 100.0, "sgd"),
+            ],
         ),
     }
     for family, (sizes, rows) in beyond.items():
@@ -223,12 +240,20 @@ def _ddp_cases() -> list[Case]:
 
 # The course's sharded-optimizer run: the same model and batch (32 x 10 -> 5, uniform) on every rank,
 # sum-of-squares loss, AdamW(lr=0.1, weight_decay=0.1), 10 steps; numpy's assert_allclose (rtol=1e-7).
-COURSE_SHARDED = {"steps": 10, "batch": 32, "optimizer": "adamw-course", "groups": "one-group", "add_after": None}
+COURSE_SHARDED = {
+    "steps": 10,
+    "batch": 32,
+    "optimizer": "adamw-course",
+    "groups": "one-group",
+    "add_after": None,
+}
 
 
 def _sharded(tier: str, ws: int, model: str, tol: Tolerance, **knobs: Any) -> Case:
     add = knobs.get("add_after")
-    cid = f"sharded-{tier}-ws{ws}-{model}-{knobs['optimizer']}-{knobs['groups']}" + (f"-add{add}" if add is not None else "")
+    cid = f"sharded-{tier}-ws{ws}-{model}-{knobs['optimizer']}-{knobs['groups']}" + (
+        f"-add{add}" if add is not None else ""
+    )
     return Case(
         id=cid,
         family="sharded",
@@ -247,7 +272,11 @@ def _sharded_cases() -> list[Case]:
     numpy_close = Tolerance(0.0, 1e-7, source="the course's numpy assert_allclose defaults")
     cases = [_sharded(COURSE, 2, m, numpy_close, **COURSE_SHARDED) for m in ("course-toy", "course-tied")]
     for ws in (2, 3):
-        for opt, groups, add in (("adamw", "groups", 2), ("sgd-momentum", "one-group", None), ("sgd-momentum", "groups", 1)):
+        for opt, groups, add in (
+            ("adamw", "groups", 2),
+            ("sgd-momentum", "one-group", None),
+            ("sgd-momentum", "groups", 1),
+        ):
             knobs = {"steps": 4, "batch": 4, "optimizer": opt, "groups": groups, "add_after": add}
             cases.append(_sharded(BEYOND, ws, "toy", FLOAT64, **knobs))
     return cases
@@ -261,7 +290,9 @@ COURSE_FSDP_SIZES = (100, 64, 128)
 FSDP_TOL = {
     # The course compares fp32 with torch.equal in one process; across processes with fresh inputs the
     # half-batch sums round differently, so fp32 allows that rounding (and a sum over ranks is 2x off).
-    ("course", "fp32"): Tolerance(1e-6, 1e-4, source="torch.equal in the course's process; rounding of the split batch here"),
+    ("course", "fp32"): Tolerance(
+        1e-6, 1e-4, source="torch.equal in the course's process; rounding of the split batch here"
+    ),
     ("course", "fp16"): Tolerance(1e-4, 1e-4, source="the course's torch.allclose(atol=1e-4, rtol=1e-4)"),
     ("beyond", "fp32"): Tolerance(1e-5, 1e-5),
     ("beyond", "fp16"): Tolerance(1e-4, 1e-4),
@@ -280,19 +311,36 @@ def _fsdp(tier: str, ws: int, dtype: str, check: str, opt: str, sizes: tuple[int
         tolerance=FSDP_TOL[(tier, dtype)],
         world_size=ws,
         model="layers",
-        knobs={"check": check, "optimizer": opt, "sizes": sizes, "steps": 3, "global_batch": 20 if tier == COURSE else 6},
+        knobs={
+            "check": check,
+            "optimizer": opt,
+            "sizes": sizes,
+            "steps": 3,
+            "global_batch": 20 if tier == COURSE else 6,
+        },
     )
 
 
 def _fsdp_cases() -> list[Case]:
-    cases = [_fsdp(COURSE, 2, dt, check, "sgd-0.01", COURSE_FSDP_SIZES) for check in ("train", "grad-sync") for dt in ("fp32", "fp16")]
+    cases = [
+        _fsdp(COURSE, 2, dt, check, "sgd-0.01", COURSE_FSDP_SIZES)
+        for check in ("train", "grad-sync")
+        for dt in ("fp32", "fp16")
+    ]
     for ws in (2, 3):
-        for dt, opt in (("fp32", "sgd-0.01"), ("fp32", "adamw-0.01"), ("fp16", "sgd-0.01"), ("bf16", "sgd-0.01")):
+        for dt, opt in (
+            ("fp32", "sgd-0.01"),
+            ("fp32", "adamw-0.01"),
+            ("fp16", "sgd-0.01"),
+            ("bf16", "sgd-0.01"),
+        ):
             cases.append(_fsdp(BEYOND, ws, dt, "train", opt, (19, 7, 13)))
     return cases
 
 
-CASES: dict[str, Case] = {c.id: c for c in [*_attention_cases(), *_ddp_cases(), *_sharded_cases(), *_fsdp_cases()]}
+CASES: dict[str, Case] = {
+    c.id: c for c in [*_attention_cases(), *_ddp_cases(), *_sharded_cases(), *_fsdp_cases()]
+}
 FAMILIES = ("attention", "ddp", "sharded", "fsdp")
 
 

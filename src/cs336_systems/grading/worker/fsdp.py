@@ -100,7 +100,9 @@ def run(hooks: Hooks, case: Case, inputs: dict, device: torch.device, rank: int)
     model = model.to(device)
     world = case.world_size
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the rank processes of the course's tests do not turn them into errors
+        warnings.simplefilter(
+            "ignore"
+        )  # the rank processes of the course's tests do not turn them into errors
         fsdp = hooks.get_fsdp(model, compute_dtype=DTYPES[case.dtype])
         result["local_numel"] = {n: p.numel() for n, p in fsdp.module.named_parameters()}
         opt = make_optimizer(case.knob("optimizer"), fsdp.parameters())

@@ -95,7 +95,9 @@ MODELS: dict[str, type[nn.Module]] = {
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
-def make_model(name: str, dtype: str, state: dict[str, torch.Tensor] | None = None, seed: int = 0) -> nn.Module:
+def make_model(
+    name: str, dtype: str, state: dict[str, torch.Tensor] | None = None, seed: int = 0
+) -> nn.Module:
     """``name``'s model in ``dtype``, with ``state`` loaded when given (else seeded weights)."""
     torch.manual_seed(seed)
     model = MODELS[name]().to(DTYPES[dtype])

@@ -157,7 +157,11 @@ def ddp(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
     )
     if names is None:
         individual = args.get("individual_hook", "get_ddp_individual_parameters")
-        after = "ddp_on_after_backward" if individual == "get_ddp" else "ddp_individual_parameters_on_after_backward"
+        after = (
+            "ddp_on_after_backward"
+            if individual == "get_ddp"
+            else "ddp_individual_parameters_on_after_backward"
+        )
         ours = getattr(hooks, individual)(_mlp(args["d_model"], args["layers"], device))
     else:
         ours = getattr(hooks, names[0])(_mlp(args["d_model"], args["layers"], device), bucket_mb)

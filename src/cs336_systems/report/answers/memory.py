@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from cs336_systems.report.answers.common import MiB, _mib, _settings
-from cs336_systems.report.load import Record, derived_from, rows_of
+from cs336_systems.report.load import Record, derived_from, not_quoted, rows_of, unreliable
 from cs336_systems.report.tables import format_number
 
 D22_COMMAND = "`pytest bench/bench_memory.py -k checkpointing --benchmark-json=OUT.json` (1 GPU)"
@@ -119,11 +119,10 @@ def d22b(records: list[Record]) -> str:
                 f"accounting's one extra forward per block: {ckpt.single_level(n, k).compute_ratio():.2f}×)"
             )
         nested = by_policy.get("nested")
-        if nested is not None and "peak_memory_mib" in nested.values and _step_ms(nested):
-            text += (
-                f"; nested: {format_number('mib', nested.values['peak_memory_mib'])} MiB at "
-                f"{_step_ms(nested):.0f} ms"
-            )
+        if nested is not None and "peak_memory_mib" in nested.values:
+            text += f"; nested: {format_number('mib', nested.values['peak_memory_mib'])} MiB"
+            if _step_ms(nested) and not unreliable(nested):  # a step time its table marks is no figure
+                text += f" at {_step_ms(nested):.0f} ms"
         if config is not None and ctx is not None and batch is not None:
             unit = int(batch) * int(ctx) * config.d_model * 4 / MiB  # the fp32 residual stream (autocast too)
             c = fitted_block_activations(peaks, n, unit)
@@ -145,11 +144,14 @@ def _d22b_without_peaks(rows: list[Record]) -> str:
     if not rows:
         return f"**(b)** No measured checkpointing rows in the given JSON; {D22_COMMAND} produces them."
     ran = [r for r in rows if not r.oom and not r.skipped and _step_ms(r)]
-    times = ", ".join(f"{_policy(r)} {format_number('ms', _step_ms(r))} ms" for r in ran)
+    # one verdict per row: the step time of a row its table marks is not quoted as a result
+    times = ", ".join(f"{_policy(r)} {format_number('ms', _step_ms(r))} ms" for r in ran if not unreliable(r))
+    left_out = not_quoted(ran, _policy)
     return (
         f"**(b)** The {len(rows)} measured checkpointing row(s) above carry no peak memory (the device "
         f"reports none, e.g. a CPU), so no segment length can be picked from memory; step times: "
-        f"{times or 'none timed'}. {D22_COMMAND} on a GPU measures the peaks."
+        f"{times or ('none is a result' if ran else 'none timed')}{'; ' + left_out if left_out else ''}. "
+        f"{D22_COMMAND} on a GPU measures the peaks."
     )
 
 

@@ -41,7 +41,14 @@ def flash_fwd_tile64(Q, K, V, O, L, n_q, n_k, scale, CAUSAL: tl.constexpr, D: tl
 def _scores(q, k, causal):
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
-        s = s + (torch.arange(k.shape[1], device=q.device)[None, :] > torch.arange(q.shape[1], device=q.device)[:, None]) * -1e6
+        s = (
+            s
+            + (
+                torch.arange(k.shape[1], device=q.device)[None, :]
+                > torch.arange(q.shape[1], device=q.device)[:, None]
+            )
+            * -1e6
+        )
     return s
 
 
@@ -52,7 +59,9 @@ class FlashAttentionTriton(torch.autograd.Function):
         o = torch.empty_like(q)
         lse = torch.empty(b, n_q, device=q.device, dtype=torch.float32)
         grid = (triton.cdiv(n_q, TILE), b)
-        flash_fwd_tile64[grid](q, k, v, o, lse, n_q, k.shape[1], 1 / math.sqrt(d), CAUSAL=is_causal, D=d, B=TILE)
+        flash_fwd_tile64[grid](
+            q, k, v, o, lse, n_q, k.shape[1], 1 / math.sqrt(d), CAUSAL=is_causal, D=d, B=TILE
+        )
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal = is_causal
         return o
