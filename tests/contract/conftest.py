@@ -3,15 +3,15 @@ process makes the inputs, computes the references and decides (``cs336_systems.g
 
 The adapters file under test: ``--adapters PATH`` or ``CS336_ADAPTERS``, else the suite's own
 ``tests/adapters.py``. Each test carries ``@pytest.mark.hook(...)`` and ``@pytest.mark.tier(...)`` and
-records its case's verdict for the report (``grading.summary``). Grading another implementation, only
-the hook tests are collected: the suite's own self-checks would only cost the student time.
+records its case's verdict for the report (``grading.summary``). With ``--adapters``, only the hook
+tests of the file's edition are collected: the suite's self-checks would only cost the student time.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.pytest_plugin import PROBE, ROOTS, SEED
+from cs336_systems.grading.pytest_plugin import PROBE, ROOTS, SEED, requested_adapters
 from cs336_systems.grading.roots import StudentRoots
 from cs336_systems.grading.session import Grader
 from cs336_systems.grading.summary import CASE_PROPERTY
@@ -78,8 +78,8 @@ def _other_edition(item: pytest.Item, probe) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    roots, probe = config.stash.get(ROOTS, None), config.stash.get(PROBE, None)
-    if roots is None or roots.self_grade or not config.getoption("--adapters", None):
+    probe = config.stash.get(PROBE, None)
+    if probe is None or requested_adapters(config) is None:
         return
     keep = [
         i

@@ -5,7 +5,6 @@ the suite's; and an adapters file that cannot load stops the run with one line."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from .grading_run import DATA, ROOT, grade
+from .grading_run import DATA, ROOT, STUDENTS, clean_env, grade
 
-STUDENTS = DATA / "students"
 pytestmark = [pytest.mark.timeout(420), pytest.mark.usefixtures("suite_self_check")]
 
 
@@ -30,7 +28,9 @@ def test_student_modules_at_the_suites_paths_are_graded_not_shadowed(equals_form
         equals_form=equals_form,
     )
     assert run.hooks["get_sharded_optimizer"]["verdict"] == "FAIL", run.output[-3000:]
-    assert "ranks hold different weights" in run.failures("get_sharded_optimizer")
+    assert "rank 1, step 9: max |" in run.failures("get_sharded_optimizer"), run.failures(
+        "get_sharded_optimizer"
+    )
     assert run.hooks["get_ddp"]["verdict"] == "ok", run.output[-3000:]
     assert run.returncode == 1, "a course failure fails the run"
     assert "tests.conftest" not in run.output
@@ -53,26 +53,20 @@ def test_src_layout_with_metadata_call_and_own_basics() -> None:
     assert run.returncode == 0, run.output[-3000:]
 
 
-def test_kernel_that_refuses_cpu_tensors_skips_on_the_cpu() -> None:
-    run = grade(STUDENTS / "gpu_only/tests/adapters.py", "-k", "triton and course")
-    hook = run.hooks["get_flashattention_autograd_function_triton"]
-    assert hook["verdict"] == "needs a GPU: skipped here" and not hook["course"].get("failed"), run.output[
-        -3000:
-    ]
-    assert "refuses CPU tensors" in run.output
-
-
 def test_blank_2026_template_lists_its_own_hooks_only() -> None:
+    """Every hook of the course's blank 2026 template is "not implemented" (read from its source,
+    before any worker), and 1.0.5's own hooks are not in the report at all."""
     run = grade(DATA / "blank_adapters_26_1_1.py", "-k", "course")
     assert run.returncode == 0, run.output[-2000:]
     assert set(run.hooks) >= {"get_fsdp", "get_ddp", "get_sharded_optimizer"}
     assert "get_ddp_bucketed" not in run.hooks
     assert all(h["verdict"] == "not implemented" for h in run.hooks.values()), run.hooks
+    assert all(c["kind"] == "not-implemented" for c in run.report["cases"])
 
 
 BROKEN = {
     "missing": (None, "no adapters file"),
-    "directory": ("dir", "is a directory"),
+    "directory": ("dir", "is a folder, not an adapters file"),
     "syntax": ("def get_ddp(:\n", "does not parse"),
     "dependency": (
         "import jaxtyping_not_installed_here\n",
@@ -106,7 +100,7 @@ def test_broken_adapters_file_is_one_line(tmp_path: Path, kind: str) -> None:
         "0",
         "-q",
     ]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
     out = run.stdout + run.stderr
     assert run.returncode not in (0, 1) and expected in out, out[-2000:]
     assert "Traceback" not in out and len(out.strip().splitlines()) <= 3, out[-2000:]
@@ -133,8 +127,7 @@ def test_bench_adapters_rows_time_the_students_code_in_its_own_ranks(tmp_path: P
         "-n",
         "0",
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "CS336_GRADE"))}
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     rows = {b["name"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
     assert rows["test_adapters_sharding_step[adapters-ws2]"]["torch_zero_same_workload_ms"] > 0, rows

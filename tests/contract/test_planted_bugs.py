@@ -1,46 +1,41 @@
-"""The contract catches real bugs: run against an adapters file with one planted bug per hook family,
-in a subprocess restricted by ``-k`` to that family, it must fail the hook, naming the broken property,
-while the family's other properties hold. The suite's own planted files (``tests/data/planted_*.py``)
-start from the suite's hooks; ``students/src_layout/tests/adapters_dq_bug.py`` is a student-like
-repository whose dQ is 1% off when n_queries != n_keys (fp32, on the CPU)."""
+"""The contract catches real bugs: against an adapters file with one planted bug per hook family, the
+chosen cases fail, naming the broken property, while the family's other properties hold. The suite's
+own planted files (``tests/data/planted_*.py``) start from the suite's hooks;
+``students/src_layout/tests/adapters_dq_bug.py`` is a student-like repository whose dQ is 1% off when
+n_queries != n_keys (fp32, on the CPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from .grading_run import DATA, grade
+from cs336_systems.grading.verdict import FAILED
+from cs336_systems.grading.worker.cases import CASES
 
-# adapters file -> (-k selection, text a failure must contain, text none may contain, the failing hook)
+from .grading_run import DATA, verdicts
+
+
+def _ids(family: str, *parts: str) -> list[str]:
+    return [c.id for c in CASES.values() if c.family == family and all(p in c.id for p in parts)]
+
+
+# adapters file -> (cases, text every failure contains, text none contains)
 PLANTED = {
-    "planted_attention_causal_dk.py": (
-        "test_attention and triton and causal and match and not gpu",
-        "max |dK - float64|",
-        "max |dQ - float64|",
-        "get_flashattention_autograd_function_triton",
-    ),
+    "planted_attention_causal_dk.py": (_ids("attention", "course-triton", "causal"), "dK:", "dQ:"),
     "planted_ddp_summed.py": (
-        "test_ddp and bucketed and ws2",
+        _ids("ddp", "bucketed-course", "toy", "0.0016MB"),
         "gradients summed, not averaged",
         "not broadcast",
-        "ddp_bucketed_on_after_backward",
     ),
     "planted_sharded_every_param.py": (
-        "test_sharded_optimizer and ws2",
+        _ids("sharded", "beyond-ws2", "one-group"),
         "each rank must hold only its shard's state",
-        "max |weights - unsharded",
-        "get_sharded_optimizer",
+        "max |",
     ),
-    "planted_fsdp_summed.py": (
-        "test_fsdp and ws2 and fp32-sgd",
-        "max |gathered",
-        "is not sharded",
-        "fsdp_on_after_backward",
-    ),
+    "planted_fsdp_summed.py": (_ids("fsdp", "course-train", "fp32"), "max |gathered", "is not sharded"),
     "students/src_layout/tests/adapters_dq_bug.py": (
-        "test_attention and pytorch and match and fp32 and not gpu",
+        _ids("attention", "beyond-pytorch-match-b2-q45-k83", "fp32"),
         "max |dQ - float64|",
-        "max |dK - float64|",
-        "get_flashattention_autograd_function_pytorch",
+        "max |dK",
     ),
 }
 
@@ -49,13 +44,10 @@ PLANTED = {
 @pytest.mark.parametrize("planted", PLANTED, ids=lambda f: f.removesuffix(".py").replace("/", "-"))
 @pytest.mark.usefixtures("suite_self_check")
 def test_contract_catches_planted_bug(planted: str) -> None:
-    selection, expected, unexpected, hook = PLANTED[planted]
-    run = grade(DATA / planted, "-k", selection)
-    failures = run.failures(hook)
-    assert expected in failures, (
-        f"no failure of {hook} names the broken property ({expected!r}):\n{run.output[-3000:]}"
-    )
-    assert unexpected not in failures, (
-        f"a property the planted bug keeps was reported broken ({unexpected!r}):\n{failures}"
-    )
-    assert run.hooks[hook]["verdict"] != "ok", run.hooks[hook]
+    cases, expected, unexpected = PLANTED[planted]
+    assert cases, "the selection names no case"
+    for case_id, verdict in verdicts(DATA / planted, cases).items():
+        assert verdict.status == FAILED and expected in verdict.message, (case_id, verdict)
+        assert unexpected not in verdict.message, (
+            f"a property the bug keeps was reported broken: {verdict.message}"
+        )

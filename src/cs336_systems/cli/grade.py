@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads(report_file.read_text())
     if args.course_tests:
         report["course_tests"] = course_tests.run(roots)
-        report["agreement"] = course_tests.agreement(report["course_tests"], report["groups"])
+        report["agreement"] = course_tests.agreement(report["course_tests"], report["groups"], report["cases"])
     if args.grade_json:
         args.grade_json.parent.mkdir(parents=True, exist_ok=True)
         args.grade_json.write_text(json.dumps(report, indent=2))

@@ -107,8 +107,11 @@ def run(roots: StudentRoots, timeout: float = 900.0) -> dict[str, dict]:
     return {k: {"counts": dict(v["counts"]), "failed": v["failed"]} for k, v in groups.items()}
 
 
-def agreement(course: dict[str, dict], groups: dict[str, dict]) -> dict[str, str]:
-    """Per hook group: whether the grader's course tier and the course tests say the same."""
+def agreement(course: dict[str, dict], groups: dict[str, dict], cases: list[dict]) -> dict[str, str]:
+    """Per hook group: whether the grader's course tier and the course tests say the same. A blank hook
+    fails the course's tests (it raises NotImplementedError) and is "not implemented" to the grader: the
+    same finding."""
+    blank = {c["hooks"][0] for c in cases if c["tier"] == "course" and c["kind"] == "not-implemented"}
     out = {}
     for name, row in groups.items():
         theirs = course.get(name)
@@ -123,6 +126,8 @@ def agreement(course: dict[str, dict], groups: dict[str, dict]) -> dict[str, str
         )
         if course_says == grader_says:
             out[name] = f"agree ({course_says})"
+        elif name in blank and course_says == "fail":
+            out[name] = "agree (not implemented)"
         elif (
             course_says == "skip"
         ):  # e.g. the Triton tests on a CPU, which the grader runs under the interpreter

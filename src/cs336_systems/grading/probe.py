@@ -35,6 +35,9 @@ EDITIONS = {
     ),
 }
 ALL_HOOKS = tuple(dict.fromkeys(h for hooks in EDITIONS.values() for h in hooks))
+# The hooks only one edition has: a file that visibly defines one of an edition's own hooks is of that
+# edition, and the other edition's own hooks are absent from it even when it also star-imports.
+OWN_HOOKS = {e: set(hooks) - {h for o, hs in EDITIONS.items() if o != e for h in hs} for e, hooks in EDITIONS.items()}
 
 
 @dataclass(frozen=True)
@@ -101,11 +104,13 @@ def probe(adapters: Path) -> Probe:
     dynamic = any(_dynamic(n) for n in statements)
     defs = {n.name: n for n in statements if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     bound = {name for n in statements for name in _bound(n)}
+    editions = [e for e, own in OWN_HOOKS.items() if own & bound]
+    other = {h for e, own in OWN_HOOKS.items() if e not in editions for h in own} if len(editions) == 1 else set()
     blank = {}
     for hook in ALL_HOOKS:
         if hook in defs and _raises_only(defs[hook]):
             blank[hook] = f"{hook}: not implemented (raises NotImplementedError)"
-        elif hook not in bound and not dynamic:
+        elif hook not in bound and (not dynamic or hook in other):
             blank[hook] = f"{hook}: not implemented (not defined in {adapters})"
-    defined = tuple(h for h in ALL_HOOKS if dynamic or h in bound)
+    defined = tuple(h for h in ALL_HOOKS if h in bound or (dynamic and h not in other))
     return Probe(blank, defined)

@@ -41,3 +41,12 @@ def device_for(placement: str, rank: int) -> torch.device:
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
+
+
+def gather(obj: object) -> list:
+    """Every rank's ``obj`` (a one-element list in a single process): the timing jobs' slowest rank."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

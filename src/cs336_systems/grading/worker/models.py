@@ -4,8 +4,8 @@ reference run) and by the workers (for the student's run); initial weights alway
 ``course-toy`` and ``course-tied``: the course's test models (an MLP 10 -> 10 -> 50 -> 5 with a frozen
 bias and a frozen parameter; the same with one weight tied between two layers), float32. ``toy`` and
 ``tied`` (beyond): a frozen layer, a buffer, an embedding tied to the output head, and a layer ``extra``
-that only the samples flagged in ``use_extra`` pass through (set before each forward, so that every model
-is called as the course calls it, ``model(x)``), float64 so that any mismatch is a bug, not rounding.
+that only the samples flagged in ``use_extra`` pass through (an argument, or the attribute set before a
+forward, so that a wrapper is called as the course calls it, ``model(x)``), float64 so that any mismatch is a bug, not rounding.
 ``LayersModel``: the course's FSDP model, of Linear / Embedding / RMSNorm classes given to it.
 """
 
@@ -59,9 +59,9 @@ class ToyModel(nn.Module):
         self.frozen.requires_grad_(False)
         self.register_buffer("scale", 1.0 + 0.1 * torch.randn(OUT))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, use_extra: torch.Tensor | None = None) -> torch.Tensor:
         h = self.fc2(F.relu(self.ln(self.fc1(x)))) * self.scale
-        use_extra = self.use_extra
+        use_extra = self.use_extra if use_extra is None else use_extra
         if use_extra.any():  # skipped entirely, so `extra` gets no gradient at all
             h = torch.where(use_extra[:, None], self.extra(h), h)
         return self.frozen(h)
@@ -78,13 +78,15 @@ class TiedToyModel(nn.Module):
         self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
         self.head.weight = self.embed.weight  # one Parameter, used twice
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, use_extra: torch.Tensor | None = None) -> torch.Tensor:
         h = torch.tanh(self.mid(self.embed(tokens)))
-        use_extra = self.use_extra
+        use_extra = self.use_extra if use_extra is None else use_extra
         if use_extra.any():
             h = torch.where(use_extra[:, None, None], self.extra(h), h)
         return self.head(h)
 
+
+DTYPE = torch.float64  # the beyond models' dtype
 
 MODELS: dict[str, type[nn.Module]] = {
     "course-toy": CourseToy,
