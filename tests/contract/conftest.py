@@ -77,7 +77,17 @@ def _other_edition(item: pytest.Item, probe) -> bool:
     return marker is not None and probe.absent(marker.args)
 
 
+def _tier_unwanted(item: pytest.Item, tiers: str | None) -> bool:
+    marker = item.get_closest_marker("tier")
+    return bool(tiers) and marker is not None and marker.args[0] not in tiers.split(",")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers = config.getoption("--grade-tiers", None)
+    unwanted = [i for i in items if _tier_unwanted(i, tiers)]
+    if unwanted:
+        config.hook.pytest_deselected(items=unwanted)
+        items[:] = [i for i in items if i not in unwanted]
     probe = config.stash.get(PROBE, None)
     if probe is None or requested_adapters(config) is None:
         return

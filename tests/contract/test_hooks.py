@@ -13,7 +13,9 @@ from cs336_systems.grading.worker.cases import of_family
 def _params(family: str) -> list:
     params = []
     for case in of_family(family):
-        marks = [pytest.mark.hook(*case.hooks), pytest.mark.tier(case.tier)]
+        # one xdist group per job (family and world size): `-n N --dist loadgroup` runs families side by side
+        group = pytest.mark.xdist_group(f"{family}-ws{case.world_size}")
+        marks = [pytest.mark.hook(*case.hooks), pytest.mark.tier(case.tier), group]
         if case.world_size > 1:
             marks.append(pytest.mark.distributed)
         params.append(pytest.param(case, marks=marks, id=case.id))

@@ -1,73 +1,61 @@
-"""Grade an implementation: ``python -m cs336_systems.cli.grade PATH/TO/REPO`` (or its adapters file).
+"""Grade implementations: ``python -m cs336_systems.cli.grade TARGET... [--out DIR] [--jobs N]``.
 
-The contract tests run in worker processes of that repository's code; this process and the pytest run
-it starts make every input and reference and decide every verdict. The hook x tier table is the last
-thing printed. ``--course-tests`` also runs the repository's own course tests (its ``tests/``) and says,
-per hook, whether they agree with the grader's course tier. ``--bench`` also times its Triton
-FlashAttention on the 2025 leaderboard's case the course's way (one GPU). Arguments after ``--`` go to
+A TARGET is a repository (holding ``tests/adapters.py``), an adapters file, or a folder of
+repositories. Each repository is graded in processes of its own (its code runs in workers; the inputs,
+references and verdicts are made outside it), side by side with the others: one GPU each while GPUs
+last, else ``--jobs`` at a time. Per repository, ``DIR/<name>/`` gets ``grade.json`` (every case's
+verdict and message), ``results.json`` (Gradescope's format) and the logs; the run writes the class
+report (``class.md``, ``class.csv``, ``class.html``). A rerun skips repositories whose results are newer
+than their code (``--force`` regrades). The table is the last thing printed.
+
+``--course-tests [TESTS]`` also runs the course's tests (a release's ``tests/`` folder; without it,
+each repository's own) on each adapters file and says, per hook, whether they agree with the grader's
+course tier. ``--bench`` times each repository's Triton FlashAttention on the 2025 leaderboard's case the
+course's way (GPU), beside the suite's kernel and cuDNN timed once per GPU. Arguments after ``--`` go to
 pytest (``-- -k ddp``).
 
-Exit status: 0 when the course tier passes (or is skipped), 1 on a course failure or when a case
-cannot be graded, 2 when the repository cannot be graded at all (no adapters file, a bad path).
+Exit status, one repository: 0 when its course tier passes (or is skipped), 1 on a course failure or a
+case that cannot be graded, 2 when it cannot be graded at all. A class: 0 when every repository was
+graded (whatever the students' results), 1 when grading failed for one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from cs336_systems.grading.roots import SUITE_ROOT, GradingSetupError, discover
+from cs336_systems.grading.roots import SUITE_ROOT
 
 PROG = "python -m cs336_systems.cli.grade"
 
 
-def adapters_of(target: Path) -> Path:
-    """The adapters file of a repository (``tests/adapters.py``), or ``target`` when it is a file."""
-    if not target.exists():
-        raise GradingSetupError(f"{target}: no such file or folder")
-    if target.is_dir():
-        found = target / "tests" / "adapters.py"
-        if not found.is_file():
-            raise GradingSetupError(
-                f"{target} has no tests/adapters.py: the grader calls the course's hooks there "
-                "(point it at the repository root, or at the adapters file itself)"
-            )
-        return found
-    return target
-
-
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("target", type=Path, help="a student repository, or its adapters file")
-    p.add_argument("--grade-json", type=Path, help="write the report (every case's verdict and message) here")
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("targets", type=Path, nargs="+", metavar="TARGET", help="repositories, adapters files, or folders of repositories")
+    p.add_argument("--out", type=Path, help="where each repository's results and the class report go (default: a temporary folder for one repository, runs/grades for several)")
+    p.add_argument("--jobs", type=int, help="repositories graded at once on a machine without GPUs (default: half the cores)")
+    p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers per repository: its hook families side by side (default: 1)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one repository may take before it is stopped (default: 1800)")
+    p.add_argument("--force", action="store_true", help="grade again repositories whose results are newer than their code")
+    p.add_argument("--tiers", help="grade only these tiers, comma-separated: course, leaderboard, beyond (default: all)")
+    p.add_argument("--seed", type=int, help="the inputs' seed (default: fresh each run; the report records it)")
+    p.add_argument("--points", type=Path, help="a JSON table of points per tier and hook (default: grading/gradescope.py's DEFAULT_POINTS)")
+    p.add_argument("--grade-json", type=Path, help="one repository: also copy its report (every case's verdict and message) here")
     p.add_argument(
-        "--seed", type=int, help="the inputs' seed (default: fresh each run; the report records it)"
+        "--course-tests",
+        nargs="?",
+        const="own",
+        metavar="TESTS",
+        help="also run the course's tests on each adapters file and compare, hook by hook: TESTS is a course "
+        "release's tests/ folder (students edit their copies); without it, each repository's own tests/",
     )
-    p.add_argument(
-        "--course-tests", action="store_true", help="also run the repository's own course tests and compare"
-    )
-    p.add_argument(
-        "--bench", action="store_true", help="also time the leaderboard case the course's way (one GPU)"
-    )
-    p.add_argument(
-        "--repo-root", type=Path, help="the repository root (default: above tests/, where pyproject.toml is)"
-    )
-    p.add_argument(
-        "--package-root",
-        type=Path,
-        help="the folder holding its cs336_systems (default: module-root, src/ or the root)",
-    )
-    p.add_argument(
-        "--basics-root",
-        type=Path,
-        help="the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)",
-    )
+    p.add_argument("--bench", action="store_true", help="also time the leaderboard case the course's way (GPU)")
+    p.add_argument("--repo-root", type=Path, help="one repository: its root (default: above tests/, where pyproject.toml is)")
+    p.add_argument("--package-root", type=Path, help="one repository: the folder holding its cs336_systems (default: module-root, src/ or the root)")
+    p.add_argument("--basics-root", type=Path, help="one repository: the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)")
     p.epilog = "Arguments after -- go to pytest, e.g. -- -k ddp"
     return p
 
@@ -80,73 +68,82 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def contract_command(adapters: Path, args: argparse.Namespace, report: Path) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests/contract/test_hooks.py",
-        f"--adapters={adapters}",
-        f"--grade-json={report}",
-    ]
-    cmd += ["--grade-summary=none", "--no-summary", "-q", "-p", "no:cacheprovider"]
-    for flag in ("repo_root", "package_root", "basics_root"):
-        if getattr(args, flag) is not None:
-            cmd.append(f"--{flag.replace('_', '-')}={getattr(args, flag).resolve()}")
-    if args.seed is not None:
-        cmd.append(f"--grade-seed={args.seed}")
-    return cmd + args.pytest_args
+def _options(args: argparse.Namespace):
+    from cs336_systems.grading.repo_job import RepoOptions
+
+    return RepoOptions(
+        tiers=args.tiers,
+        seed=args.seed,
+        course_tests=args.course_tests,
+        bench=args.bench,
+        points=args.points.resolve() if args.points else None,
+        workers=args.workers,
+        roots=(args.repo_root, args.package_root, args.basics_root),
+        pytest_args=tuple(args.pytest_args),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cs336_systems.grading import course_tests, summary
-
     args = parse(argv)
-    try:
-        adapters = adapters_of(args.target.expanduser().resolve())
-        roots = discover(adapters, args.repo_root, args.package_root, args.basics_root)
-    except GradingSetupError as exc:
-        print(f"{PROG}: cannot grade: {exc}", file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="cs336-grade-cli-") as tmp:
-        report_file = Path(tmp) / "grade.json"
-        code = subprocess.call(contract_command(adapters, args, report_file), cwd=SUITE_ROOT)
-        if not report_file.is_file():
-            return code or 2  # the run stopped before grading (its one line says why)
-        report = json.loads(report_file.read_text())
-    if args.course_tests:
-        report["course_tests"] = course_tests.run(roots)
-        report["agreement"] = course_tests.agreement(report["course_tests"], report["groups"], report["cases"])
+    if len(args.targets) > 1 or args.out is not None or args.jobs is not None:
+        return grade_class(args)
+    return grade_one(args)
+
+
+def grade_one(args: argparse.Namespace) -> int:
+    from cs336_systems.grading import summary
+    from cs336_systems.grading.repo_job import grade_repo
+
+    with tempfile.TemporaryDirectory(prefix="cs336-grade-") as tmp:
+        out = Path(tmp)
+        code = grade_repo(args.targets[0], out, _options(args))
+        report = json.loads((out / "grade.json").read_text()) if (out / "grade.json").is_file() else None
+        failure = (out / "failure.txt").read_text().strip() if (out / "failure.txt").is_file() else None
+        log = (out / "contract.log").read_text() if (out / "contract.log").is_file() else ""
+    if report is None:
+        print(f"{PROG}: {failure or 'grading failed'}", file=sys.stderr)
+        return code or 2
     if args.grade_json:
         args.grade_json.parent.mkdir(parents=True, exist_ok=True)
         args.grade_json.write_text(json.dumps(report, indent=2))
-    if args.bench:
-        code_bench = _bench(adapters)
-        code = max(code, code_bench)
+    print(log.rstrip())
+    _print_report(report, summary)
+    return code
+
+
+def _print_report(report: dict, summary) -> None:
+    lb = report.get("leaderboard")
+    if lb:
+        shown = f"{lb['mean_ms']:.3f} ms" if isinstance(lb.get("mean_ms"), int | float) else lb.get("error", "not timed")
+        rank = "ranked" if lb.get("ranked") else f"no rank: {lb.get('unranked_because')}"
+        print(f"leaderboard (course protocol): {shown}, {'compiled' if lb.get('compiled') else 'eager'}; {rank}")
+    errors = sorted({c["message"] for c in report["cases"] if c["status"] == "error"})
+    for message in errors:  # a missing dependency, named once
+        print(message)
+    for name, verdict in report.get("agreement", {}).items():
+        print(f"course tests, {name}: {verdict}")
     print()
     for line in summary.render(report):
         print(line)
-    for name, verdict in report.get("agreement", {}).items():
-        print(f"course tests, {name}: {verdict}")
-    return summary.exit_status(report, not roots.self_grade, code)
 
 
-def _bench(adapters: Path) -> int:
+def grade_class(args: argparse.Namespace) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        print("--bench: the leaderboard row needs a CUDA GPU; none here, so it was not timed")
-        return 0
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "bench/bench_flash.py",
-        "-k",
-        "leaderboard",
-        f"--adapters={adapters}",
-    ]
-    return subprocess.call([*cmd, "-p", "no:cacheprovider", "-q"], cwd=SUITE_ROOT)
+    from cs336_systems.grading import class_report
+    from cs336_systems.grading.classroom import ClassRun, repositories
+
+    repos = repositories(args.targets)
+    out = (args.out or SUITE_ROOT / "runs" / "grades").resolve()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    run = ClassRun(repos, out, _options(args), timeout=args.timeout, jobs=args.jobs, force=args.force, gpus=gpus)
+    outcomes = run.run()
+    written = class_report.write(out, list(repos))
+    header, rows = class_report.hook_table(class_report.collect(out, list(repos)))
+    print(f"\nclass report: {written['md']}, {written['csv']}, {written['html']}")
+    print(class_report.markdown_table(header, rows))
+    failed = [n for n, o in outcomes.items() if o.startswith("grading failed")]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

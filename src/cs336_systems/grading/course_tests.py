@@ -1,5 +1,10 @@
-"""The graded repository's own course tests (its ``tests/test_*.py``), run from its root the way its
-owner runs them, and mapped to hook groups: what the grader's course tier must agree with.
+"""The course's tests run on the graded repository's adapters file, and mapped to hook groups: what the
+grader's course tier must agree with.
+
+The tests are a course release's ``tests/`` folder (``--course-tests PATH``; students edit their own
+copies: one switched its DDP test to nccl, one its FSDP test to layers of its own), copied beside the
+repository's ``adapters.py`` into a folder of their own and run there as graders run them; without a
+path, the repository's own ``tests/`` run from its root.
 
 Each course test module imports its hooks from ``.adapters``; a test counts for the group of the first
 hook it imports (the grader's groups: ``get_ddp`` with ``ddp_on_after_backward``, ...). Nothing is
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,8 +25,11 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+from cs336_systems.distributed.launch import find_free_port
+
 from .probe import ALL_HOOKS
-from .roots import StudentRoots, suite_paths
+from .roots import GradingSetupError, StudentRoots, suite_paths
+from .settings import COURSE_PORT_ENV
 from .worker.cases import CASES
 
 GROUP_OF = {h: case.hooks[0] for case in CASES.values() for h in case.hooks}
@@ -44,66 +53,106 @@ def hooks_of(module: Path) -> tuple[list[str], dict[str, str]]:
     return imported, functions
 
 
+# The course's tests fix MASTER_PORT to 12390, so two runs on one machine collide: each run gets a free
+# port of its own, put in place of that one where the tests start their process group (nothing else of
+# the tests changes). Loaded by every process of the run as ``sitecustomize``.
+PORT_SHIM = """
+import os
+if os.environ.get("{env}"):
+    import torch.distributed as _dist
+
+    _init = _dist.init_process_group
+
+    def _init_on_own_port(*args, **kwargs):
+        if os.environ.get("MASTER_PORT") == "12390":
+            os.environ["MASTER_PORT"] = os.environ["{env}"]
+        return _init(*args, **kwargs)
+
+    _dist.init_process_group = _init_on_own_port
+"""
+
+
 def _metadata(roots: StudentRoots, folder: Path) -> None:
+    (folder / "sitecustomize.py").parent.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(PORT_SHIM.format(env=COURSE_PORT_ENV))
     for name, version in roots.dists.items():
         info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True, exist_ok=True)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
-def run(roots: StudentRoots, timeout: float = 900.0) -> dict[str, dict]:
+def release_for(roots: StudentRoots, tests: Path | None) -> Path | None:
+    """The course tests to run: ``tests`` itself when it holds test files, else its ``<version>/tests``
+    for the repository's version (a folder of releases: ``1.0.5/tests``, ``26.1.4/tests``); None for the
+    repository's own. A folder of releases without the repository's version is an error naming them."""
+    if tests is None or any(tests.glob("test_*.py")):
+        return tests
+    version = roots.dists.get("cs336-systems", "")
+    found = tests / version / "tests"
+    if not found.is_dir():
+        have = sorted(p.parent.name for p in tests.glob("*/tests"))
+        raise GradingSetupError(f"no course tests for release {version!r} under {tests} (it has {have})")
+    return found
+
+
+def _place(roots: StudentRoots, release: Path | None, folder: Path) -> Path:
+    """The folder the tests run from: the repository's root, or a new one holding the release's tests
+    with the repository's adapters file among them."""
+    if release is None:
+        return roots.repo_root
+    shutil.copytree(release, folder / "tests", ignore=shutil.ignore_patterns("adapters.py", "__pycache__"))
+    shutil.copy(roots.adapters, folder / "tests" / "adapters.py")
+    return folder
+
+
+def run(roots: StudentRoots, release: Path | None = None, timeout: float = 900.0) -> dict[str, dict]:
     """Per hook group: the course tests' counts (passed / failed / skipped) and the failing tests."""
-    tests = roots.repo_root / "tests"
-    group_of_module, group_of_function = {}, {}
+    tmp_root = Path(tempfile.mkdtemp(prefix="cs336-course-tests-"))
+    try:
+        return _run(roots, _place(roots, release, tmp_root / "root"), tmp_root, timeout)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+def _groups_of(tests: Path) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+    """Each test module's hook group, and each test function's where its body names a hook."""
+    of_module, of_function = {}, {}
     for module in sorted(tests.glob("test_*.py")):
         imported, functions = hooks_of(module)
         if imported:
-            group_of_module[module.stem] = GROUP_OF[imported[0]]
-            group_of_function |= {(module.stem, f): g for f, g in functions.items()}
-    with tempfile.TemporaryDirectory(prefix="cs336-course-tests-") as tmp:
-        folder = Path(tmp)
-        _metadata(roots, folder / "dist")
-        banned = {Path(p).resolve() for p in suite_paths()}
-        kept = [
-            p
-            for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-            if p and Path(p).resolve() not in banned
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_"))}
-        env["PYTHONPATH"] = os.pathsep.join([*roots.paths(), str(folder / "dist"), *kept])
-        cmd = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "addopts=",
-            f"--junitxml={folder / 'junit.xml'}",
-            "-p",
-            "no:randomly",
-        ]
-        subprocess.run(cmd, cwd=roots.repo_root, env=env, capture_output=True, text=True, timeout=timeout)
-        report = folder / "junit.xml"
-        cases = ET.parse(report).getroot().iter("testcase") if report.is_file() else []
-        groups: dict[str, dict] = {}
-        for case in cases:
-            module = (case.get("classname") or "").split(".")[-1]
-            if module not in group_of_module:
-                continue
-            status = (
-                "failed"
-                if case.find("failure") is not None or case.find("error") is not None
-                else ("skipped" if case.find("skipped") is not None else "passed")
-            )
-            function = (case.get("name") or "").split("[")[0]
-            group = group_of_function.get((module, function), group_of_module[module])
-            g = groups.setdefault(group, {"counts": Counter(), "failed": []})
-            g["counts"][status] += 1
-            if status == "failed":
-                g["failed"].append(f"{module}::{case.get('name')}")
+            of_module[module.stem] = GROUP_OF[imported[0]]
+            of_function |= {(module.stem, f): g for f, g in functions.items()}
+    return of_module, of_function
+
+
+def _env(roots: StudentRoots, dist: Path) -> dict[str, str]:
+    banned = {Path(p).resolve() for p in suite_paths()}
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() not in banned]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_"))}
+    env["PYTHONPATH"] = os.pathsep.join([*roots.paths(), str(dist), *kept])
+    env[COURSE_PORT_ENV] = str(find_free_port())
+    return env
+
+
+def _run(roots: StudentRoots, where: Path, tmp: Path, timeout: float) -> dict[str, dict]:
+    of_module, of_function = _groups_of(where / "tests")
+    _metadata(roots, tmp / "dist")
+    junit = tmp / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    cmd += [f"--junitxml={junit}", "-p", "no:randomly"]
+    subprocess.run(cmd, cwd=where, env=_env(roots, tmp / "dist"), capture_output=True, text=True, timeout=timeout)
+    groups: dict[str, dict] = {}
+    for case in ET.parse(junit).getroot().iter("testcase") if junit.is_file() else []:
+        module = (case.get("classname") or "").split(".")[-1]
+        if module not in of_module:
+            continue
+        failed = case.find("failure") is not None or case.find("error") is not None
+        status = "failed" if failed else "skipped" if case.find("skipped") is not None else "passed"
+        group = of_function.get((module, (case.get("name") or "").split("[")[0]), of_module[module])
+        g = groups.setdefault(group, {"counts": Counter(), "failed": []})
+        g["counts"][status] += 1
+        if failed:
+            g["failed"].append(f"{module}::{case.get('name')}")
     return {k: {"counts": dict(v["counts"]), "failed": v["failed"]} for k, v in groups.items()}
 
 

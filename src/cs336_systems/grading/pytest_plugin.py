@@ -26,6 +26,7 @@ OPTIONS = {
     "--basics-root": "the folder holding the graded cs336_basics (default: [tool.uv.sources] cs336-basics in pyproject.toml)",
     "--grade-json": "write the report (groups, tiers, every case's verdict and message, the seed) to this JSON file",
     "--grade-seed": "the seed of the run's inputs (default: fresh each run; the report records it)",
+    "--grade-progress": "append one JSON line per graded case to this file as the run goes (a class run's progress)",
 }
 ROOTS = pytest.StashKey()
 PROBE = pytest.StashKey()
@@ -35,7 +36,13 @@ SEED = pytest.StashKey()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cs336 grading")
     for flag, help_text in OPTIONS.items():
-        group.addoption(flag, default=None, metavar="PATH" if flag != "--grade-seed" else "N", help=help_text)
+        group.addoption(flag, default=None, metavar="N" if flag == "--grade-seed" else "PATH", help=help_text)
+    group.addoption(
+        "--grade-tiers",
+        default=None,
+        metavar="TIERS",
+        help="grade only these tiers, comma-separated (course, leaderboard, beyond; default: all)",
+    )
     group.addoption(
         "--grade-summary",
         choices=("table", "none"),
@@ -113,8 +120,10 @@ def pytest_configure(config: pytest.Config) -> None:
         seed=config.stash[SEED],
         adapters=str(roots.adapters),
         show=config.getoption("--grade-summary") == "table",
+        progress=Path(progress) if (progress := config.getoption("--grade-progress")) else None,
     )
-    config.pluginmanager.register(summary, "cs336-grade-summary")
+    if not hasattr(config, "workerinput"):  # the xdist controller (or a plain run) reports; workers compute
+        config.pluginmanager.register(summary, "cs336-grade-summary")
 
 
 def unimplemented(config: pytest.Config, hooks: tuple[str, ...]) -> str | None:

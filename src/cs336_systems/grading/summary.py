@@ -9,6 +9,7 @@ controller); the kinds of skips and errors are structured fields, never searched
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -117,21 +118,33 @@ class GradeSummary:
     ``--grade-json`` at the end of the run; sets the exit status when another implementation is graded."""
 
     def __init__(
-        self, external: bool, grade_json: Path | None, seed: int | None, adapters: str | None, show: bool
+        self,
+        external: bool,
+        grade_json: Path | None,
+        seed: int | None,
+        adapters: str | None,
+        show: bool,
+        progress: Path | None = None,
     ):
-        self.external, self.grade_json, self.seed, self.adapters, self.show = (
-            external,
-            grade_json,
-            seed,
-            adapters,
-            show,
-        )
+        self.external, self.grade_json, self.show, self.progress = external, grade_json, show, progress
+        self.seed, self.adapters = seed, adapters
         self.cases: dict[str, dict] = {}
+        self.started = time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             if key == CASE_PROPERTY:
                 self.cases[value["id"]] = value
+                self._progress(value)
+
+    def _progress(self, case: dict) -> None:
+        """One JSON line per graded case, for a class run's progress display."""
+        if self.progress is None:
+            return
+        line = {"case": case["id"], "hook": case["hooks"][0], "tier": case["tier"], "status": case["status"]}
+        line["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        with self.progress.open("a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def report(self) -> dict:
         return build(list(self.cases.values()), self.seed, self.adapters)

@@ -72,22 +72,9 @@ def timed(config: pytest.Config, task: str, args: dict, world_size: int = 1, bac
 
 
 def standing(config: pytest.Config, result: dict, floor_ms: float | None) -> dict[str, Any]:
-    """Whether an attention row may be ranked, and what its timed call ran: ``ranked`` is False, with
-    ``unranked_because``, when no Triton kernel of the repository ran, when torch's attention did, or when
-    the reported time is under ``floor_ms`` (the FLOPs at the GPU's dense peak: no kernel can be faster)."""
+    """Whether an attention row may be ranked (``grading.judge.provenance.standing``)."""
     folders = [p.resolve() for p in config.stash[ROOTS].folders()]
-    record = result.get("provenance")
-    try:
-        misses = provenance.attention_misses("triton", record, folders, on_gpu=True)
-        ran = provenance.summary(record, folders)
-    except Exception as exc:  # a malformed record is unranked, never a crash of the bench
-        misses, ran = [f"no usable provenance record ({type(exc).__name__})"], {}
-    mean = result.get("mean_ms")
-    if floor_ms is not None and mean is not None and mean < floor_ms:
-        misses.append(
-            f"reported {mean:.3f} ms is below {floor_ms:.3f} ms, the GPU's dense peak for these FLOPs"
-        )
-    return {"ranked": not misses, "unranked_because": "; ".join(misses) or None, **ran}
+    return provenance.standing(result.get("provenance"), folders, result.get("mean_ms"), floor_ms)
 
 
 def workload(on_gpu: bool) -> dict:

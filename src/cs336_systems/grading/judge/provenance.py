@@ -95,3 +95,18 @@ def summary(record: Any, roots: list[Path]) -> dict[str, Any]:
     ran = sorted(set(facts["launched_repo"]) | (repo & set(facts["kernels"])))
     foreign = sorted({n for n in facts["operators"] + facts["kernels"] if is_torch_attention(n, repo)})
     return {"repository_kernels_ran": ran, "torch_attention_ran": foreign, "kernels": facts["kernels"][:40]}
+
+
+def standing(record: Any, roots: list[Path], mean_ms: float | None, floor_ms: float | None) -> dict[str, Any]:
+    """Whether a timed attention row may be ranked, and what its timed call ran: ``ranked`` is False, with
+    ``unranked_because``, when no Triton kernel of the repository ran, when torch's attention did, or when
+    the reported time is under ``floor_ms`` (the FLOPs at the GPU's dense peak: no kernel is faster). The
+    time is the graded process's own report; these are the checks this process can make of it."""
+    try:
+        misses = attention_misses("triton", record, roots, on_gpu=True)
+        ran = summary(record, roots)
+    except Exception as exc:  # a malformed record is unranked, never a crash of the caller
+        misses, ran = [f"no usable provenance record ({type(exc).__name__})"], {}
+    if floor_ms is not None and mean_ms is not None and mean_ms < floor_ms:
+        misses.append(f"reported {mean_ms:.3f} ms is below {floor_ms:.3f} ms, the GPU's dense peak for these FLOPs")
+    return {"ranked": not misses, "unranked_because": "; ".join(misses) or None, **ran}

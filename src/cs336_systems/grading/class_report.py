@@ -1,0 +1,154 @@
+"""The class report of a class run's folder: ``class.md``, ``class.csv`` and ``class.html`` (one
+self-contained page, its chart inlined), and ``leaderboard.png``.
+
+Repositories x hook groups, each cell the group's verdict (course, then the tiers that fail); a
+repository that could not be graded is a row saying why. The leaderboard ranks the repositories' rows
+by the course's protocol (mean of ``do_bench(rep=10000, warmup=1000)`` under ``torch.compile(apply)``,
+eager with the reason where compiling fails), beside the suite's kernel and cuDNN timed on each GPU;
+a row whose timed call ran no kernel of the repository's own, ran torch's attention, or reports a time
+below the GPU's peak gets no rank, and says why.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from .probe import ALL_HOOKS
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def collect(out: Path, names: list[str]) -> dict[str, dict]:
+    """Per repository: its report (or None), why grading failed (or None), its leaderboard row."""
+    found = {}
+    for name in names:
+        folder = out / name
+        failure = folder / "failure.txt"
+        found[name] = {
+            "report": _load(folder / "grade.json"),
+            "failure": failure.read_text().strip() if failure.is_file() else None,
+            "leaderboard": _load(folder / "leaderboard.json"),
+            "score": (_load(folder / "results.json") or {}).get("score"),
+        }
+    return found
+
+
+def anchors(out: Path) -> list[dict]:
+    """The suite's kernel and cuDNN, timed the course's way on each GPU of the run."""
+    rows = []
+    for path in sorted((out / "anchors").glob("gpu*.json")):
+        data = _load(path) or {}
+        for row in data.get("rows", []) if isinstance(data, dict) else []:
+            if row.get("impl") in ("ours", "cudnn") and isinstance(row.get("mean_ms"), int | float):
+                rows.append({"name": {"ours": "suite kernel", "cudnn": "cuDNN (SDPA)"}[row["impl"]], "gpu": path.stem, "mean_ms": row["mean_ms"]})
+    return rows
+
+
+def hook_table(repos: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
+    groups = [g for g in ALL_HOOKS if any(g in ((r["report"] or {}).get("groups") or {}) for r in repos.values())]
+    header = ["repository", "score", *groups]
+    rows = []
+    for name, r in repos.items():
+        if r["report"] is None:
+            rows.append([name, "-", (r["failure"] or "cannot grade: no report")[:160], *["" for _ in groups[1:]]])
+            continue
+        got = r["report"]["groups"]
+        rows.append([name, f"{r['score']:g}" if isinstance(r["score"], int | float) else "-", *[got[g]["verdict"] if g in got else "—" for g in groups]])
+    return header, rows
+
+
+def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
+    """Ranked rows first (fastest first), then unranked ones with their reason, then the anchors."""
+    rows = []
+    for name, r in repos.items():
+        lb = r["leaderboard"]
+        if not lb:
+            continue
+        how = "compiled" if lb.get("compiled") else f"eager ({lb.get('compile_error') or 'compile failed'})"
+        rows.append({"name": name, "mean_ms": lb.get("mean_ms"), "how": how, "ranked": bool(lb.get("ranked")) and lb.get("mean_ms") is not None,
+                     "why": lb.get("unranked_because") or lb.get("error") or "", "ran": ", ".join(lb.get("repository_kernels_ran") or []) or "-"})
+    ranked = sorted((r for r in rows if r["ranked"]), key=lambda r: r["mean_ms"])
+    for i, r in enumerate(ranked, 1):
+        r["rank"] = str(i)
+    unranked = [dict(r, rank="no rank") for r in rows if not r["ranked"]]
+    refs = [{"rank": "ref", "name": a["name"], "mean_ms": a["mean_ms"], "how": f"on {a['gpu']}", "ranked": False, "why": "", "ran": "-"} for a in anchor_rows]
+    return ranked + unranked + refs
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda c: str(c).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows])
+
+
+def _lb_rows(board: list[dict]) -> list[list[str]]:
+    ms = lambda v: f"{v:.3f}" if isinstance(v, int | float) else "-"
+    return [[b["rank"], b["name"], ms(b["mean_ms"]), b["how"], b["ran"], b["why"]] for b in board]
+
+
+LB_HEADER = ["rank", "repository", "mean ms", "how", "repository kernels that ran", "no rank because"]
+
+
+def chart(board: list[dict], path: Path) -> bytes | None:
+    timed = [b for b in board if isinstance(b["mean_ms"], int | float)]
+    if not timed:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(timed) + 1.2))
+    colors = ["tab:blue" if b["ranked"] else "tab:gray" if b["rank"] == "ref" else "tab:red" for b in timed]
+    ax.barh([b["name"] for b in timed][::-1], [b["mean_ms"] for b in timed][::-1], color=colors[::-1])
+    ax.set_xscale("log")
+    ax.set_xlabel("ms per forward+backward (course protocol, log scale); red: no rank, gray: reference")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    path.write_bytes(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def write(out: Path, names: list[str]) -> dict[str, Path]:
+    repos = collect(out, names)
+    header, rows = hook_table(repos)
+    board = leaderboard(repos, anchors(out))
+    md = ["# Class report", "", "Cells: the hook group's verdict (course tier, then the tiers that fail).", "", markdown_table(header, rows)]
+    if board:
+        md += ["", "## Leaderboard (2025 case, course protocol)", "", markdown_table(LB_HEADER, _lb_rows(board))]
+    (out / "class.md").write_text("\n".join(md) + "\n")
+    with (out / "class.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
+    png = chart(board, out / "leaderboard.png")
+    (out / "class.html").write_text(_html(header, rows, board, png))
+    return {"md": out / "class.md", "csv": out / "class.csv", "html": out / "class.html"}
+
+
+def _html(header: list[str], rows: list[list[str]], board: list[dict], png: bytes | None) -> str:
+    def table(h: list[str], body: list[list[str]]) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in h)
+        cells = lambda row: "".join(f"<td class='{_css(c)}'>{html.escape(str(c))}</td>" for c in row)
+        return f"<table><tr>{head}</tr>" + "".join(f"<tr>{cells(r)}</tr>" for r in body) + "</table>"
+
+    image = f"<img alt='leaderboard chart' src='data:image/png;base64,{base64.b64encode(png).decode()}'>" if png else ""
+    style = "body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px;font-size:13px}.fail{background:#fdd}.ok{background:#dfd}"
+    board_html = f"<h2>Leaderboard (2025 case, course protocol)</h2>{table(LB_HEADER, _lb_rows(board))}{image}" if board else ""
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}{board_html}</body></html>"
+
+
+def _css(cell: str) -> str:
+    cell = str(cell)
+    return "fail" if cell.startswith(("FAIL", "cannot")) else "ok" if cell == "ok" else ""

@@ -1,0 +1,211 @@
+"""Grading a class: many repositories side by side, each in a process of its own (``repo_job``).
+
+One GPU per repository while GPUs last (``CUDA_VISIBLE_DEVICES``); on a machine without one, ``--jobs``
+repositories at a time with the cores split between them. Each repository has a time limit: one that
+crashes, hangs or runs out of memory gets that verdict in its ``results.json`` and never stops the
+others. A repository whose ``results.json`` is newer than every file of its code is not graded again
+(``force`` regrades). With ``bench``, each GPU also times the suite's kernel and cuDNN once
+(``anchors/gpu<i>.json``), beside which the class report ranks the students' rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import gradescope
+from .exchange import text
+from .repo_job import RepoOptions
+
+SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
+
+
+def repositories(targets: list[Path]) -> dict[str, Path]:
+    """Name -> path: each target that is a repository (holds tests/adapters.py) or an adapters file;
+    a folder that is neither stands for the repositories directly inside it."""
+    found: list[Path] = []
+    for target in targets:
+        target = target.expanduser().resolve()
+        if target.is_file() or (target / "tests" / "adapters.py").is_file() or not target.is_dir():
+            found.append(target)
+        else:
+            inside = sorted(p for p in target.iterdir() if (p / "tests" / "adapters.py").is_file())
+            found += inside or [target]  # none inside: graded as it is, to say what is missing
+    names: dict[str, Path] = {}
+    for path in found:
+        base = path.parent.parent.name if path.is_file() else path.name
+        name, n = base, 2
+        while name in names:
+            name, n = f"{base}-{n}", n + 1
+        names[name] = path
+    return names
+
+
+def newest_code(repo: Path) -> float:
+    """The newest modification time of a repository's code (Python files and pyproject.toml)."""
+    root = repo.parent.parent if repo.is_file() else repo
+    newest = 0.0
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        for f in files:
+            if f.endswith((".py", ".toml")):
+                newest = max(newest, (Path(folder) / f).stat().st_mtime)
+    return newest
+
+
+def up_to_date(repo: Path, out: Path) -> bool:
+    results = out / "results.json"
+    return results.is_file() and results.stat().st_mtime > newest_code(repo)
+
+
+@dataclass
+class Running:
+    name: str
+    proc: subprocess.Popen
+    started: float
+    gpu: int | None
+    out: Path
+    progress_at: float = 0.0
+
+
+@dataclass
+class ClassRun:
+    repos: dict[str, Path]
+    out: Path
+    options: RepoOptions
+    timeout: float = 1800.0
+    jobs: int | None = None
+    force: bool = False
+    gpus: int = 0
+    log: object = field(default=sys.stdout)
+
+    def slots(self) -> list[int | None]:
+        if self.gpus:
+            return list(range(self.gpus))
+        return [None] * max(1, self.jobs or max(1, (os.cpu_count() or 2) // 2))
+
+    def _spawn(self, name: str, target: Path, gpu: int | None, threads: int) -> Running:
+        out = self.out / name
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in ("grade.json", "results.json", "progress.jsonl", "failure.txt", "leaderboard.json"):
+            (out / stale).unlink(missing_ok=True)
+        options = out / "options.json"
+        raw = dataclasses.asdict(self.options)
+        raw["roots"] = [str(r) if r else None for r in raw["roots"]]
+        raw["points"] = str(raw["points"]) if raw["points"] else None
+        options.write_text(json.dumps(raw))
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(target), "--out", str(out), "--options", str(options)]
+        log = (out / "job.log").open("w")
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return Running(name, proc, time.monotonic(), gpu, out)
+
+    def _anchor(self, gpu: int) -> Running:
+        out = self.out / "anchors"
+        out.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+        cmd = [sys.executable, "-m", "cs336_systems.cli.leaderboard", "--impls", "ours,cudnn", "--json", str(out / f"gpu{gpu}.json")]
+        log = (out / f"gpu{gpu}.log").open("w")
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return Running(f"anchors (gpu {gpu})", proc, time.monotonic(), gpu, out)
+
+    def run(self) -> dict[str, str]:
+        """Grade every repository; each one's outcome (graded, up to date, or why grading failed)."""
+        todo = [(n, p) for n, p in self.repos.items() if self.force or not up_to_date(p, self.out / n)]
+        outcomes = {n: "up to date (results.json newer than its code; --force regrades)" for n in self.repos if (n, self.repos[n]) not in todo}
+        for name in outcomes:
+            self._say(f"[{name}] {outcomes[name]}")
+        free = self.slots()
+        threads = max(1, (os.cpu_count() or 2) // len(free))
+        anchors = [g for g in free if g is not None] if self.options.bench and todo else []
+        running: list[Running] = []
+        started = time.monotonic()
+        while todo or running or anchors:
+            while free and (anchors or todo):
+                slot = free.pop(0)
+                if slot is not None and slot in anchors:
+                    anchors.remove(slot)
+                    running.append(self._anchor(slot))
+                elif todo:
+                    name, target = todo.pop(0)
+                    running.append(self._spawn(name, target, slot, threads))
+                    self._say(f"[{name}] started" + (f" on GPU {slot}" if slot is not None else ""))
+                else:
+                    free.append(slot)
+                    break
+            time.sleep(0.5)
+            for job in list(running):
+                if self._finished(job, outcomes):
+                    running.remove(job)
+                    free.append(job.gpu)
+        self._say(f"{len(self.repos)} repositories in {time.monotonic() - started:.0f} s")
+        return outcomes
+
+    def _finished(self, job: Running, outcomes: dict[str, str]) -> bool:
+        elapsed = time.monotonic() - job.started
+        code = job.proc.poll()
+        if code is None and elapsed > self.timeout:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait()
+            code = "timeout"
+        if code is None:
+            if time.monotonic() - job.progress_at > 15:
+                job.progress_at = time.monotonic()
+                self._say(f"[{job.name}] {_progress_line(job.out / 'progress.jsonl')}, {elapsed:.0f} s")
+            return False
+        if job.name.startswith("anchors"):
+            return True
+        outcomes[job.name] = self._outcome(job, code, elapsed)
+        self._say(f"[{job.name}] {outcomes[job.name]}")
+        return True
+
+    def _outcome(self, job: Running, code: int | str, elapsed: float) -> str:
+        results = job.out / "results.json"
+        if code == "timeout" or not results.is_file():
+            why = f"timed out after {self.timeout:.0f} s" if code == "timeout" else f"the grading process died (exit {code}): {_tail(job.out / 'job.log')}"
+            partial = _partial_report(job.out / "progress.jsonl")
+            points = gradescope.load_points(self.options.points)
+            results.write_text(json.dumps(gradescope.results(partial, points, why), indent=2))
+            (job.out / "failure.txt").write_text(why + "\n")
+            return f"grading failed: {why}"
+        failure = job.out / "failure.txt"
+        if failure.is_file():
+            return f"grading failed: {failure.read_text().strip()}"
+        return f"graded in {elapsed:.0f} s (exit {code})"
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.log, flush=True)
+
+
+
+def _progress_line(progress: Path) -> str:
+    lines = progress.read_text().splitlines() if progress.is_file() else []
+    if not lines:
+        return "starting"
+    last = json.loads(lines[-1])
+    return f"{len(lines)} cases done, last {last['hook']} {last['tier']} ({last['status']})"
+
+
+def _partial_report(progress: Path) -> dict | None:
+    """The cases a run that did not finish had graded (no messages: the progress lines carry none)."""
+    if not progress.is_file():
+        return None
+    cases = []
+    for line in progress.read_text().splitlines():
+        row = json.loads(line)
+        cases.append({"id": row["case"], "tier": row["tier"], "hooks": [row["hook"]], "status": row["status"], "kind": "", "message": ""})
+    return {"cases": cases, "seed": None}
+
+
+def _tail(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
+    return text(lines[-1], 300) if lines else "(no output)"

@@ -1,0 +1,165 @@
+"""Grading one repository into a folder of its own: what a class run does for each repository, in a
+process of its own (``python -m cs336_systems.grading.repo_job --out DIR TARGET``).
+
+The folder gets ``grade.json`` (every case's verdict and message, the seed), ``results.json``
+(Gradescope's format, written even when grading fails), ``contract.log`` and ``progress.jsonl`` (one
+line per graded case, which the class run reads for its progress lines), and with ``--bench``
+``leaderboard.json``: the 2025 leaderboard case timed the course's way in a worker of the repository's
+code, with what the timed call ran and whether it may be ranked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import course_tests, gradescope
+from .exchange import text
+from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
+
+LEADERBOARD = {"shape": (16, 16384, 64), "rep": 10000, "warmup": 1000}  # the course's do_bench protocol
+
+
+@dataclass
+class RepoOptions:
+    tiers: str | None = None
+    seed: int | None = None
+    course_tests: str | None = None  # "own", a release's tests/ folder, or None
+    bench: bool = False
+    points: Path | None = None
+    workers: int = 1
+    roots: tuple[Path | None, Path | None, Path | None] = (None, None, None)  # repo, package, basics
+    pytest_args: tuple[str, ...] = ()
+
+
+def adapters_of(target: Path) -> Path:
+    """The adapters file of a repository (``tests/adapters.py``), or ``target`` when it is a file."""
+    if not target.exists():
+        raise GradingSetupError(f"{target}: no such file or folder")
+    if target.is_dir():
+        found = target / "tests" / "adapters.py"
+        if not found.is_file():
+            raise GradingSetupError(
+                f"{target} has no tests/adapters.py: the grader calls the course's hooks there "
+                "(point it at the repository root, or at the adapters file itself)"
+            )
+        return found
+    return target
+
+
+def contract_command(adapters: Path, opts: RepoOptions, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "tests/contract/test_hooks.py", f"--adapters={adapters}"]
+    cmd += [f"--grade-json={out / 'grade.json'}", f"--grade-progress={out / 'progress.jsonl'}"]
+    cmd += ["--grade-summary=none", "--no-summary", "-q", "-p", "no:cacheprovider"]
+    for flag, value in zip(("--repo-root", "--package-root", "--basics-root"), opts.roots, strict=True):
+        if value is not None:
+            cmd.append(f"{flag}={Path(value).resolve()}")
+    if opts.seed is not None:
+        cmd.append(f"--grade-seed={opts.seed}")
+    if opts.tiers:
+        cmd.append(f"--grade-tiers={opts.tiers}")
+    cmd += ["-n", str(opts.workers), "--dist", "loadgroup"] if opts.workers > 1 else ["-n", "0"]
+    return cmd + list(opts.pytest_args)
+
+
+def leaderboard_row(roots: StudentRoots) -> dict[str, Any]:
+    """The leaderboard case the course's way, in a worker of the repository's code, judged here."""
+    import torch
+
+    from cs336_systems.profiling.flops import attention_flops, dense_bf16_peak_tflops
+
+    from .judge import attention, provenance
+    from .runner import Job, run
+
+    got = run(Job(roots, "timing.leaderboard", args=dict(LEADERBOARD), timeout=900.0))
+    record = got.records.get(("timing", 0))
+    result = record.get("result") if record and record.get("status") == "done" else None
+    if not isinstance(result, dict):
+        why = got.job_problem or next(iter(got.problems.values()), None) or text((record or {}).get("message"))
+        return {"error": why, "ranked": False, "unranked_because": "the timed run failed"}
+    heads, seq, d = LEADERBOARD["shape"]
+    peak = dense_bf16_peak_tflops(torch.cuda.get_device_name(0))
+    flops = attention_flops(1, seq, d, heads=heads, causal=True, pass_="fwd_bwd")
+    mean = result.get("mean_ms") if isinstance(result.get("mean_ms"), int | float) else None
+    row = {
+        "gpu": torch.cuda.get_device_name(0),
+        "mean_ms": mean,
+        "compiled": bool(result.get("compiled")),
+        "compile_error": attention.compile_failure(text(result["compile_error"], 4000)) if result.get("compile_error") else None,
+        "error": text(result["error"]) if result.get("error") else None,
+        "protocol": "torch.compile(apply), do_bench(rep=10000, warmup=1000) mean",
+    }
+    folders = [p.resolve() for p in roots.folders()]
+    return row | provenance.standing(result.get("provenance"), folders, mean, flops / (peak * 1e9) if peak else None)
+
+
+def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
+    """Grade ``target`` into ``out``; the exit status of a one-repository run (0 course ok, 1 a course
+    failure or a case that cannot be graded, 2 the repository cannot be graded at all)."""
+    out.mkdir(parents=True, exist_ok=True)
+    points = gradescope.load_points(opts.points)
+    try:
+        adapters = adapters_of(target.expanduser().resolve())
+        roots = discover(adapters, *opts.roots)
+    except GradingSetupError as exc:
+        return _failed(out, points, f"cannot grade: {exc}")
+    with (out / "contract.log").open("w") as log:
+        code = subprocess.call(contract_command(adapters, opts, out), cwd=SUITE_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if not (out / "grade.json").is_file():
+        return _failed(out, points, _last_line(out / "contract.log") or f"the contract run exited with {code}")
+    report = json.loads((out / "grade.json").read_text())
+    if opts.course_tests:
+        given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
+        try:
+            report["course_tests"] = course_tests.run(roots, course_tests.release_for(roots, given))
+        except GradingSetupError as exc:
+            report["course_tests"] = {}
+            report["course_tests_error"] = str(exc)
+        report["agreement"] = course_tests.agreement(report["course_tests"], report["groups"], report["cases"])
+    if opts.bench:
+        report["leaderboard"] = leaderboard_row(roots) if _has_gpu() else {"error": "needs a CUDA GPU (none here): not timed", "ranked": False}
+        (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
+    (out / "grade.json").write_text(json.dumps(report, indent=2))
+    (out / "results.json").write_text(json.dumps(gradescope.results(report, points), indent=2))
+    from .summary import exit_status
+
+    return exit_status(report, not roots.self_grade, code)
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _failed(out: Path, points: dict, why: str) -> int:
+    (out / "results.json").write_text(json.dumps(gradescope.results(None, points, why), indent=2))
+    (out / "failure.txt").write_text(why + "\n")
+    return 2
+
+
+def _last_line(log: Path) -> str:
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return text(next((ln for ln in reversed(lines) if "cannot grade" in ln or "ERROR" in ln), lines[-1] if lines else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cs336_systems.grading.repo_job", description=__doc__)
+    p.add_argument("target", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--options", type=Path, required=True, help="the RepoOptions of the class run, as JSON")
+    args = p.parse_args(argv)
+    raw = json.loads(args.options.read_text())
+    raw["roots"] = tuple(Path(r) if r else None for r in raw.get("roots", (None, None, None)))
+    raw["points"] = Path(raw["points"]) if raw.get("points") else None
+    raw["pytest_args"] = tuple(raw.get("pytest_args", ()))
+    return grade_repo(args.target, args.out, RepoOptions(**raw))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
