@@ -130,18 +130,16 @@ class ClassRun:
         running: list[Running] = []
         started = time.monotonic()
         while todo or running or anchors:
-            while free and (anchors or todo):
+            # Students first; each GPU times the anchors once it has no student left to grade.
+            while free and (todo or anchors):
                 slot = free.pop(0)
-                if slot is not None and slot in anchors:
-                    anchors.remove(slot)
-                    running.append(self._anchor(slot))
-                elif todo:
+                if todo:
                     name, target = todo.pop(0)
                     running.append(self._spawn(name, target, slot, threads))
                     self._say(f"[{name}] started" + (f" on GPU {slot}" if slot is not None else ""))
-                else:
-                    free.append(slot)
-                    break
+                elif slot in anchors:
+                    anchors.remove(slot)
+                    running.append(self._anchor(slot))
             time.sleep(0.5)
             for job in list(running):
                 if self._finished(job, outcomes):
@@ -190,7 +188,7 @@ class ClassRun:
 def _progress_line(progress: Path) -> str:
     lines = progress.read_text().splitlines() if progress.is_file() else []
     if not lines:
-        return "starting"
+        return "loading its code and starting its first workers"
     last = json.loads(lines[-1])
     return f"{len(lines)} cases done, last {last['hook']} {last['tier']} ({last['status']})"
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,22 +109,29 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         roots = discover(adapters, *opts.roots)
     except GradingSetupError as exc:
         return _failed(out, points, f"cannot grade: {exc}")
+    started = time.monotonic()
     with (out / "contract.log").open("w") as log:
         code = subprocess.call(contract_command(adapters, opts, out), cwd=SUITE_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    seconds = {"contract": round(time.monotonic() - started, 1)}
     if not (out / "grade.json").is_file():
         return _failed(out, points, _last_line(out / "contract.log") or f"the contract run exited with {code}")
     report = json.loads((out / "grade.json").read_text())
     if opts.course_tests:
         given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
+        started = time.monotonic()
         try:
             report["course_tests"] = course_tests.run(roots, course_tests.release_for(roots, given))
         except GradingSetupError as exc:
             report["course_tests"] = {}
             report["course_tests_error"] = str(exc)
+        seconds["course_tests"] = round(time.monotonic() - started, 1)
         report["agreement"] = course_tests.agreement(report["course_tests"], report["groups"], report["cases"])
     if opts.bench:
+        started = time.monotonic()
         report["leaderboard"] = leaderboard_row(roots) if _has_gpu() else {"error": "needs a CUDA GPU (none here): not timed", "ranked": False}
+        seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
+    report["seconds"] = seconds
     (out / "grade.json").write_text(json.dumps(report, indent=2))
     (out / "results.json").write_text(json.dumps(gradescope.results(report, points), indent=2))
     from .summary import exit_status

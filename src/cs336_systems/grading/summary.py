@@ -132,6 +132,8 @@ class GradeSummary:
         self.started = time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":  # the verdict is recorded in the call; teardown's report repeats it
+            return
         for key, value in report.user_properties:
             if key == CASE_PROPERTY:
                 self.cases[value["id"]] = value
@@ -153,9 +155,6 @@ class GradeSummary:
         if not self.cases:
             return
         report = self.report()
-        if self.grade_json:
-            self.grade_json.parent.mkdir(parents=True, exist_ok=True)
-            self.grade_json.write_text(json.dumps(report, indent=2))
         if self.show:
             terminalreporter.write_sep("=", "grading summary: hook x tier (passed/failed/skipped)")
             for line in render(report):
@@ -163,5 +162,9 @@ class GradeSummary:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # Written here, not in the terminal summary: pytest before 8.4 skips that hook under --no-summary.
+        if self.cases and self.grade_json:
+            self.grade_json.parent.mkdir(parents=True, exist_ok=True)
+            self.grade_json.write_text(json.dumps(self.report(), indent=2))
         if self.cases and self.external and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             session.exitstatus = exit_status(self.report(), True, exitstatus)
