@@ -220,7 +220,7 @@ def test_module_root_decides_where_the_package_is(tmp_path: Path) -> None:
 
 
 def test_setup_errors_are_one_line_naming_what_is_missing(tmp_path: Path) -> None:
-    with pytest.raises(GradingSetupError, match="holds no tests/adapters.py"):
+    with pytest.raises(GradingSetupError, match=r"holds no tests/adapters\.py"):
         discover(tmp_path)
     (tmp_path / "a.py").write_text("")
     with pytest.raises(GradingSetupError, match="--repo-root /nope: no such folder"):

@@ -32,6 +32,11 @@ PLANTED = {
         "max |",
     ),
     "planted_fsdp_summed.py": (_ids("fsdp", "course-train", "fp32"), "max |gathered", "is not sharded"),
+    "planted_fsdp_fp32_compute.py": (
+        _ids("fsdp", "beyond-train-ws2-fp16"),
+        "compute_dtype is not used",
+        "max |gathered",
+    ),
     "students/src_layout/tests/adapters_dq_bug.py": (
         _ids("attention", "beyond-pytorch-match-b2-q45-k83", "fp32"),
         "max |dQ - float64|",

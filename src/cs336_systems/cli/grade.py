@@ -33,17 +33,59 @@ PROG = "python -m cs336_systems.cli.grade"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("targets", type=Path, nargs="+", metavar="TARGET", help="repositories, adapters files, or folders of repositories")
-    p.add_argument("--out", type=Path, help="where each repository's results and the class report go (default: a temporary folder for one repository, runs/grades for several)")
-    p.add_argument("--jobs", type=int, help="repositories graded at once on a machine without GPUs (default: half the cores)")
-    p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers per repository: its hook families side by side (default: 1)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one repository may take before it is stopped (default: 1800)")
-    p.add_argument("--force", action="store_true", help="grade again repositories whose results are newer than their code")
-    p.add_argument("--tiers", help="grade only these tiers, comma-separated: course, leaderboard, beyond (default: all)")
-    p.add_argument("--seed", type=int, help="the inputs' seed (default: fresh each run; the report records it)")
-    p.add_argument("--points", type=Path, help="a JSON table of points per tier and hook (default: grading/gradescope.py's DEFAULT_POINTS)")
-    p.add_argument("--grade-json", type=Path, help="one repository: also copy its report (every case's verdict and message) here")
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "targets",
+        type=Path,
+        nargs="+",
+        metavar="TARGET",
+        help="repositories, adapters files, or folders of repositories",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="where each repository's results and the class report go (default: a temporary folder for one repository, runs/grades for several)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        help="repositories graded at once on a machine without GPUs (default: half the cores)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="pytest-xdist workers per repository: its hook families side by side (default: 1)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one repository may take before it is stopped (default: 1800)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="grade again repositories whose results are newer than their code",
+    )
+    p.add_argument(
+        "--tiers", help="grade only these tiers, comma-separated: course, leaderboard, beyond (default: all)"
+    )
+    p.add_argument(
+        "--seed", type=int, help="the inputs' seed (default: fresh each run; the report records it)"
+    )
+    p.add_argument(
+        "--points",
+        type=Path,
+        help="a JSON table of points per tier and hook (default: grading/gradescope.py's DEFAULT_POINTS)",
+    )
+    p.add_argument(
+        "--grade-json",
+        type=Path,
+        help="one repository: also copy its report (every case's verdict and message) here",
+    )
     p.add_argument(
         "--course-tests",
         nargs="?",
@@ -52,10 +94,24 @@ def parser() -> argparse.ArgumentParser:
         help="also run the course's tests on each adapters file and compare, hook by hook: TESTS is a course "
         "release's tests/ folder (students edit their copies); without it, each repository's own tests/",
     )
-    p.add_argument("--bench", action="store_true", help="also time the leaderboard case the course's way (GPU)")
-    p.add_argument("--repo-root", type=Path, help="one repository: its root (default: above tests/, where pyproject.toml is)")
-    p.add_argument("--package-root", type=Path, help="one repository: the folder holding its cs336_systems (default: module-root, src/ or the root)")
-    p.add_argument("--basics-root", type=Path, help="one repository: the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)")
+    p.add_argument(
+        "--bench", action="store_true", help="also time the leaderboard case the course's way (GPU)"
+    )
+    p.add_argument(
+        "--repo-root",
+        type=Path,
+        help="one repository: its root (default: above tests/, where pyproject.toml is)",
+    )
+    p.add_argument(
+        "--package-root",
+        type=Path,
+        help="one repository: the folder holding its cs336_systems (default: module-root, src/ or the root)",
+    )
+    p.add_argument(
+        "--basics-root",
+        type=Path,
+        help="one repository: the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)",
+    )
     p.epilog = "Arguments after -- go to pytest, e.g. -- -k ddp"
     return p
 
@@ -114,9 +170,15 @@ def grade_one(args: argparse.Namespace) -> int:
 def _print_report(report: dict, summary) -> None:
     lb = report.get("leaderboard")
     if lb:
-        shown = f"{lb['mean_ms']:.3f} ms" if isinstance(lb.get("mean_ms"), int | float) else lb.get("error", "not timed")
+        shown = (
+            f"{lb['mean_ms']:.3f} ms"
+            if isinstance(lb.get("mean_ms"), int | float)
+            else lb.get("error", "not timed")
+        )
         rank = "ranked" if lb.get("ranked") else f"no rank: {lb.get('unranked_because')}"
-        print(f"leaderboard (course protocol): {shown}, {'compiled' if lb.get('compiled') else 'eager'}; {rank}")
+        print(
+            f"leaderboard (course protocol): {shown}, {'compiled' if lb.get('compiled') else 'eager'}; {rank}"
+        )
     errors = sorted({c["message"] for c in report["cases"] if c["status"] == "error"})
     for message in errors:  # a missing dependency, named once
         print(message)
@@ -136,7 +198,9 @@ def grade_class(args: argparse.Namespace) -> int:
     repos = repositories(args.targets)
     out = (args.out or SUITE_ROOT / "runs" / "grades").resolve()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    run = ClassRun(repos, out, _options(args), timeout=args.timeout, jobs=args.jobs, force=args.force, gpus=gpus)
+    run = ClassRun(
+        repos, out, _options(args), timeout=args.timeout, jobs=args.jobs, force=args.force, gpus=gpus
+    )
     outcomes = run.run()
     written = class_report.write(out, list(repos))
     header, rows = class_report.hook_table(class_report.collect(out, list(repos)))

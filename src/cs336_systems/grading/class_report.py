@@ -51,20 +51,36 @@ def anchors(out: Path) -> list[dict]:
         data = _load(path) or {}
         for row in data.get("rows", []) if isinstance(data, dict) else []:
             if row.get("impl") in ("ours", "cudnn") and isinstance(row.get("mean_ms"), int | float):
-                rows.append({"name": {"ours": "suite kernel", "cudnn": "cuDNN (SDPA)"}[row["impl"]], "gpu": path.stem, "mean_ms": row["mean_ms"]})
+                rows.append(
+                    {
+                        "name": {"ours": "suite kernel", "cudnn": "cuDNN (SDPA)"}[row["impl"]],
+                        "gpu": path.stem,
+                        "mean_ms": row["mean_ms"],
+                    }
+                )
     return rows
 
 
 def hook_table(repos: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
-    groups = [g for g in ALL_HOOKS if any(g in ((r["report"] or {}).get("groups") or {}) for r in repos.values())]
+    groups = [
+        g for g in ALL_HOOKS if any(g in ((r["report"] or {}).get("groups") or {}) for r in repos.values())
+    ]
     header = ["repository", "score", *groups]
     rows = []
     for name, r in repos.items():
         if r["report"] is None:
-            rows.append([name, "-", (r["failure"] or "cannot grade: no report")[:160], *["" for _ in groups[1:]]])
+            rows.append(
+                [name, "-", (r["failure"] or "cannot grade: no report")[:160], *["" for _ in groups[1:]]]
+            )
             continue
         got = r["report"]["groups"]
-        rows.append([name, f"{r['score']:g}" if isinstance(r["score"], int | float) else "-", *[got[g]["verdict"] if g in got else "—" for g in groups]])
+        rows.append(
+            [
+                name,
+                f"{r['score']:g}" if isinstance(r["score"], int | float) else "-",
+                *[got[g]["verdict"] if g in got else "—" for g in groups],
+            ]
+        )
     return header, rows
 
 
@@ -76,13 +92,32 @@ def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
         if not lb:
             continue
         how = "compiled" if lb.get("compiled") else f"eager ({lb.get('compile_error') or 'compile failed'})"
-        rows.append({"name": name, "mean_ms": lb.get("mean_ms"), "how": how, "ranked": bool(lb.get("ranked")) and lb.get("mean_ms") is not None,
-                     "why": lb.get("unranked_because") or lb.get("error") or "", "ran": ", ".join(lb.get("repository_kernels_ran") or []) or "-"})
+        rows.append(
+            {
+                "name": name,
+                "mean_ms": lb.get("mean_ms"),
+                "how": how,
+                "ranked": bool(lb.get("ranked")) and lb.get("mean_ms") is not None,
+                "why": lb.get("unranked_because") or lb.get("error") or "",
+                "ran": ", ".join(lb.get("repository_kernels_ran") or []) or "-",
+            }
+        )
     ranked = sorted((r for r in rows if r["ranked"]), key=lambda r: r["mean_ms"])
     for i, r in enumerate(ranked, 1):
         r["rank"] = str(i)
     unranked = [dict(r, rank="no rank") for r in rows if not r["ranked"]]
-    refs = [{"rank": "ref", "name": a["name"], "mean_ms": a["mean_ms"], "how": f"on {a['gpu']}", "ranked": False, "why": "", "ran": "-"} for a in anchor_rows]
+    refs = [
+        {
+            "rank": "ref",
+            "name": a["name"],
+            "mean_ms": a["mean_ms"],
+            "how": f"on {a['gpu']}",
+            "ranked": False,
+            "why": "",
+            "ran": "-",
+        }
+        for a in anchor_rows
+    ]
     return ranked + unranked + refs
 
 
@@ -126,9 +161,20 @@ def write(out: Path, names: list[str]) -> dict[str, Path]:
     repos = collect(out, names)
     header, rows = hook_table(repos)
     board = leaderboard(repos, anchors(out))
-    md = ["# Class report", "", "Cells: the hook group's verdict (course tier, then the tiers that fail).", "", markdown_table(header, rows)]
+    md = [
+        "# Class report",
+        "",
+        "Cells: the hook group's verdict (course tier, then the tiers that fail).",
+        "",
+        markdown_table(header, rows),
+    ]
     if board:
-        md += ["", "## Leaderboard (2025 case, course protocol)", "", markdown_table(LB_HEADER, _lb_rows(board))]
+        md += [
+            "",
+            "## Leaderboard (2025 case, course protocol)",
+            "",
+            markdown_table(LB_HEADER, _lb_rows(board)),
+        ]
     (out / "class.md").write_text("\n".join(md) + "\n")
     with (out / "class.csv").open("w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
@@ -143,9 +189,17 @@ def _html(header: list[str], rows: list[list[str]], board: list[dict], png: byte
         cells = lambda row: "".join(f"<td class='{_css(c)}'>{html.escape(str(c))}</td>" for c in row)
         return f"<table><tr>{head}</tr>" + "".join(f"<tr>{cells(r)}</tr>" for r in body) + "</table>"
 
-    image = f"<img alt='leaderboard chart' src='data:image/png;base64,{base64.b64encode(png).decode()}'>" if png else ""
+    image = (
+        f"<img alt='leaderboard chart' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        if png
+        else ""
+    )
     style = "body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px;font-size:13px}.fail{background:#fdd}.ok{background:#dfd}"
-    board_html = f"<h2>Leaderboard (2025 case, course protocol)</h2>{table(LB_HEADER, _lb_rows(board))}{image}" if board else ""
+    board_html = (
+        f"<h2>Leaderboard (2025 case, course protocol)</h2>{table(LB_HEADER, _lb_rows(board))}{image}"
+        if board
+        else ""
+    )
     return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}{board_html}</body></html>"
 
 

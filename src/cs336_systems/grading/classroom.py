@@ -104,7 +104,16 @@ class ClassRun:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(target), "--out", str(out), "--options", str(options)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cs336_systems.grading.repo_job",
+            str(target),
+            "--out",
+            str(out),
+            "--options",
+            str(options),
+        ]
         log = (out / "job.log").open("w")
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return Running(name, proc, time.monotonic(), gpu, out)
@@ -113,7 +122,15 @@ class ClassRun:
         out = self.out / "anchors"
         out.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
-        cmd = [sys.executable, "-m", "cs336_systems.cli.leaderboard", "--impls", "ours,cudnn", "--json", str(out / f"gpu{gpu}.json")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cs336_systems.cli.leaderboard",
+            "--impls",
+            "ours,cudnn",
+            "--json",
+            str(out / f"gpu{gpu}.json"),
+        ]
         log = (out / f"gpu{gpu}.log").open("w")
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return Running(f"anchors (gpu {gpu})", proc, time.monotonic(), gpu, out)
@@ -121,7 +138,11 @@ class ClassRun:
     def run(self) -> dict[str, str]:
         """Grade every repository; each one's outcome (graded, up to date, or why grading failed)."""
         todo = [(n, p) for n, p in self.repos.items() if self.force or not up_to_date(p, self.out / n)]
-        outcomes = {n: "up to date (results.json newer than its code; --force regrades)" for n in self.repos if (n, self.repos[n]) not in todo}
+        outcomes = {
+            n: "up to date (results.json newer than its code; --force regrades)"
+            for n in self.repos
+            if (n, self.repos[n]) not in todo
+        }
         for name in outcomes:
             self._say(f"[{name}] {outcomes[name]}")
         free = self.slots()
@@ -169,7 +190,11 @@ class ClassRun:
     def _outcome(self, job: Running, code: int | str, elapsed: float) -> str:
         results = job.out / "results.json"
         if code == "timeout" or not results.is_file():
-            why = f"timed out after {self.timeout:.0f} s" if code == "timeout" else f"the grading process died (exit {code}): {_tail(job.out / 'job.log')}"
+            why = (
+                f"timed out after {self.timeout:.0f} s"
+                if code == "timeout"
+                else f"the grading process died (exit {code}): {_tail(job.out / 'job.log')}"
+            )
             partial = _partial_report(job.out / "progress.jsonl")
             points = gradescope.load_points(self.options.points)
             results.write_text(json.dumps(gradescope.results(partial, points, why), indent=2))
@@ -182,7 +207,6 @@ class ClassRun:
 
     def _say(self, line: str) -> None:
         print(line, file=self.log, flush=True)
-
 
 
 def _progress_line(progress: Path) -> str:
@@ -200,7 +224,16 @@ def _partial_report(progress: Path) -> dict | None:
     cases = []
     for line in progress.read_text().splitlines():
         row = json.loads(line)
-        cases.append({"id": row["case"], "tier": row["tier"], "hooks": [row["hook"]], "status": row["status"], "kind": "", "message": ""})
+        cases.append(
+            {
+                "id": row["case"],
+                "tier": row["tier"],
+                "hooks": [row["hook"]],
+                "status": row["status"],
+                "kind": "",
+                "message": "",
+            }
+        )
     return {"cases": cases, "seed": None}
 
 

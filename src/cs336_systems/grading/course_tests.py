@@ -127,7 +127,9 @@ def _groups_of(tests: Path) -> tuple[dict[str, str], dict[tuple[str, str], str]]
 
 def _env(roots: StudentRoots, dist: Path) -> dict[str, str]:
     banned = {Path(p).resolve() for p in suite_paths()}
-    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() not in banned]
+    kept = [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() not in banned
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_"))}
     env["PYTHONPATH"] = os.pathsep.join([*roots.paths(), str(dist), *kept])
     env[COURSE_PORT_ENV] = str(find_free_port())
@@ -140,7 +142,9 @@ def _run(roots: StudentRoots, where: Path, tmp: Path, timeout: float) -> dict[st
     junit = tmp / "junit.xml"
     cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += [f"--junitxml={junit}", "-p", "no:randomly"]
-    subprocess.run(cmd, cwd=where, env=_env(roots, tmp / "dist"), capture_output=True, text=True, timeout=timeout)
+    subprocess.run(
+        cmd, cwd=where, env=_env(roots, tmp / "dist"), capture_output=True, text=True, timeout=timeout
+    )
     groups: dict[str, dict] = {}
     for case in ET.parse(junit).getroot().iter("testcase") if junit.is_file() else []:
         module = (case.get("classname") or "").split(".")[-1]

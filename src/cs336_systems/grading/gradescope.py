@@ -45,7 +45,9 @@ def load_points(path: Path | None) -> dict[str, dict[str, float]]:
     if path is not None:
         for tier, row in json.loads(path.read_text()).items():
             if tier not in TIERS or not isinstance(row, dict):
-                raise ValueError(f"{path}: points are given per tier ({', '.join(TIERS)}), each a table of hook -> points")
+                raise ValueError(
+                    f"{path}: points are given per tier ({', '.join(TIERS)}), each a table of hook -> points"
+                )
             points[tier].update({k: float(v) for k, v in row.items()})
     return points
 
@@ -64,7 +66,9 @@ def _case_points(cases: list[dict], points: dict[str, dict[str, float]]) -> dict
     return share
 
 
-def results(report: dict[str, Any] | None, points: dict[str, dict[str, float]], failure: str | None = None) -> dict[str, Any]:
+def results(
+    report: dict[str, Any] | None, points: dict[str, dict[str, float]], failure: str | None = None
+) -> dict[str, Any]:
     """Gradescope's results for one repository; ``failure`` (or a report without cases) adds a visible
     "grader failed" entry."""
     tests = []
@@ -91,8 +95,15 @@ def results(report: dict[str, Any] | None, points: dict[str, dict[str, float]], 
     if failure or not cases or errors:
         why = failure or (errors[0]["message"] if errors else "the grader produced no verdicts")
         tests.append(
-            {"name": "grader failed", "score": 0.0, "max_score": 0.0, "status": "failed", "output": why[:8000],
-             "visibility": "visible", "tags": ["grader"]}
+            {
+                "name": "grader failed",
+                "score": 0.0,
+                "max_score": 0.0,
+                "status": "failed",
+                "output": why[:8000],
+                "visibility": "visible",
+                "tags": ["grader"],
+            }
         )
     return {
         "score": round(sum(t["score"] for t in tests), 2),
@@ -103,7 +114,14 @@ def results(report: dict[str, Any] | None, points: dict[str, dict[str, float]], 
     }
 
 
-REQUIRED = {"name": str, "score": (int, float), "max_score": (int, float), "status": str, "output": str, "visibility": str}
+REQUIRED = {
+    "name": str,
+    "score": (int, float),
+    "max_score": (int, float),
+    "status": str,
+    "output": str,
+    "visibility": str,
+}
 
 
 def problems(doc: dict[str, Any]) -> list[str]:
@@ -117,6 +135,10 @@ def problems(doc: dict[str, Any]) -> list[str]:
             found.append(f"tests[{i}].status is {test.get('status')!r}")
         if test.get("visibility") not in ("visible", "hidden", "after_due_date", "after_published"):
             found.append(f"tests[{i}].visibility is {test.get('visibility')!r}")
-        if isinstance(test.get("score"), int | float) and isinstance(test.get("max_score"), int | float) and test["score"] > test["max_score"]:
+        if (
+            isinstance(test.get("score"), int | float)
+            and isinstance(test.get("max_score"), int | float)
+            and test["score"] > test["max_score"]
+        ):
             found.append(f"tests[{i}] scores above its max_score")
     return found

@@ -37,7 +37,9 @@ EDITIONS = {
 ALL_HOOKS = tuple(dict.fromkeys(h for hooks in EDITIONS.values() for h in hooks))
 # The hooks only one edition has: a file that visibly defines one of an edition's own hooks is of that
 # edition, and the other edition's own hooks are absent from it even when it also star-imports.
-OWN_HOOKS = {e: set(hooks) - {h for o, hs in EDITIONS.items() if o != e for h in hs} for e, hooks in EDITIONS.items()}
+OWN_HOOKS = {
+    e: set(hooks) - {h for o, hs in EDITIONS.items() if o != e for h in hs} for e, hooks in EDITIONS.items()
+}
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def probe(adapters: Path) -> Probe:
     defs = {n.name: n for n in statements if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     bound = {name for n in statements for name in _bound(n)}
     editions = [e for e, own in OWN_HOOKS.items() if own & bound]
-    other = {h for e, own in OWN_HOOKS.items() if e not in editions for h in own} if len(editions) == 1 else set()
+    other = (
+        {h for e, own in OWN_HOOKS.items() if e not in editions for h in own} if len(editions) == 1 else set()
+    )
     blank = {}
     for hook in ALL_HOOKS:
         if hook in defs and _raises_only(defs[hook]):

@@ -24,6 +24,7 @@ from .exchange import text
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 
 LEADERBOARD = {"shape": (16, 16384, 64), "rep": 10000, "warmup": 1000}  # the course's do_bench protocol
+TRITON_HOOK = "get_flashattention_autograd_function_triton"
 
 
 @dataclass
@@ -81,7 +82,9 @@ def leaderboard_row(roots: StudentRoots) -> dict[str, Any]:
     record = got.records.get(("timing", 0))
     result = record.get("result") if record and record.get("status") == "done" else None
     if not isinstance(result, dict):
-        why = got.job_problem or next(iter(got.problems.values()), None) or text((record or {}).get("message"))
+        why = (
+            got.job_problem or next(iter(got.problems.values()), None) or text((record or {}).get("message"))
+        )
         return {"error": why, "ranked": False, "unranked_because": "the timed run failed"}
     heads, seq, d = LEADERBOARD["shape"]
     peak = dense_bf16_peak_tflops(torch.cuda.get_device_name(0))
@@ -91,12 +94,19 @@ def leaderboard_row(roots: StudentRoots) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0),
         "mean_ms": mean,
         "compiled": bool(result.get("compiled")),
-        "compile_error": attention.compile_failure(text(result["compile_error"], 4000)) if result.get("compile_error") else None,
+        "compile_error": attention.compile_failure(text(result["compile_error"], 4000))
+        if result.get("compile_error")
+        else None,
         "error": text(result["error"]) if result.get("error") else None,
         "protocol": "torch.compile(apply), do_bench(rep=10000, warmup=1000) mean",
     }
     folders = [p.resolve() for p in roots.folders()]
-    return row | provenance.standing(result.get("provenance"), folders, mean, flops / (peak * 1e9) if peak else None)
+    row |= provenance.standing(
+        result.get("provenance"), folders, mean, flops / (peak * 1e9) if peak else None
+    )
+    if mean is None:  # it did not run to the end: nothing to rank
+        row.update(ranked=False, unranked_because=row["error"] or "no time was reported")
+    return row
 
 
 def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
@@ -111,10 +121,14 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         return _failed(out, points, f"cannot grade: {exc}")
     started = time.monotonic()
     with (out / "contract.log").open("w") as log:
-        code = subprocess.call(contract_command(adapters, opts, out), cwd=SUITE_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            contract_command(adapters, opts, out), cwd=SUITE_ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
     seconds = {"contract": round(time.monotonic() - started, 1)}
     if not (out / "grade.json").is_file():
-        return _failed(out, points, _last_line(out / "contract.log") or f"the contract run exited with {code}")
+        return _failed(
+            out, points, _last_line(out / "contract.log") or f"the contract run exited with {code}"
+        )
     report = json.loads((out / "grade.json").read_text())
     if opts.course_tests:
         given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
@@ -125,10 +139,12 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
             report["course_tests"] = {}
             report["course_tests_error"] = str(exc)
         seconds["course_tests"] = round(time.monotonic() - started, 1)
-        report["agreement"] = course_tests.agreement(report["course_tests"], report["groups"], report["cases"])
+        report["agreement"] = course_tests.agreement(
+            report["course_tests"], report["groups"], report["cases"]
+        )
     if opts.bench:
         started = time.monotonic()
-        report["leaderboard"] = leaderboard_row(roots) if _has_gpu() else {"error": "needs a CUDA GPU (none here): not timed", "ranked": False}
+        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters)
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
@@ -139,10 +155,21 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     return exit_status(report, not roots.self_grade, code)
 
 
-def _has_gpu() -> bool:
+def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path) -> dict[str, Any]:
     import torch
 
-    return torch.cuda.is_available()
+    from .probe import probe
+
+    blank = probe(adapters).reason(TRITON_HOOK)
+    if blank:
+        return {"error": blank, "ranked": False, "unranked_because": "not implemented"}
+    if not torch.cuda.is_available():
+        return {
+            "error": "needs a CUDA GPU (none here): not timed",
+            "ranked": False,
+            "unranked_because": "not timed",
+        }
+    return leaderboard_row(roots)
 
 
 def _failed(out: Path, points: dict, why: str) -> int:
@@ -153,7 +180,12 @@ def _failed(out: Path, points: dict, why: str) -> int:
 
 def _last_line(log: Path) -> str:
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return text(next((ln for ln in reversed(lines) if "cannot grade" in ln or "ERROR" in ln), lines[-1] if lines else ""))
+    return text(
+        next(
+            (ln for ln in reversed(lines) if "cannot grade" in ln or "ERROR" in ln),
+            lines[-1] if lines else "",
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,7 +79,10 @@ def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_g
     for rank, record in enumerate(outcome.records):
         if record.get("status") == "done":
             continue
-        if str(record.get("missing_module") or "").split(".")[0] == "cs336_basics" and roots.basics_root is None:
+        if (
+            str(record.get("missing_module") or "").split(".")[0] == "cs336_basics"
+            and roots.basics_root is None
+        ):
             return Verdict.error(
                 "cannot-grade",
                 f"cannot grade: the repository's cs336_basics was not found ({roots.describe()}); an empty "

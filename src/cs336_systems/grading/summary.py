@@ -34,7 +34,8 @@ def group_verdict(cases: list[dict]) -> str:
     grading; else whether the course tier passed, or why it was skipped, and the other tiers that fail."""
     errors = [c for c in cases if c["status"] == ERROR]
     if errors:
-        return f"cannot grade: {errors[0]['message'].splitlines()[0][:160]}"
+        first = errors[0]["message"].splitlines()[0][:160]
+        return first if first.startswith("cannot grade") else f"cannot grade: {first}"
     course = [c for c in cases if c["tier"] == "course"]
     if any(c["status"] == FAILED for c in course):
         return "FAIL"

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..exchange import Untrusted, field, tensor
+from ..exchange import Untrusted, field, tensor, text
 from ..verdict import Verdict, fmt
 from ..worker import course_layers
 from ..worker.cases import COURSE, Case
@@ -124,14 +124,18 @@ def low_precision_reference(model: nn.Module, dtype: torch.dtype) -> None:
             m.weight.register_post_accumulate_grad_hook(lambda p, m=m: master_grad(m, p))
 
 
-def _reference(case: Case, inputs: dict, device: torch.device) -> list[list[torch.Tensor]]:
+def _reference(
+    case: Case, inputs: dict, device: torch.device, dtype: str | None = None
+) -> list[list[torch.Tensor]]:
+    """The parameters after each step of single-process training in ``dtype`` (default: the case's)."""
+    dtype = dtype or case.dtype
     model = LayersModel(LAYERS, *case.knob("sizes"))
     with torch.no_grad():
         for p, t in zip(model.parameters(), inputs["init"], strict=True):
             p.copy_(t)
     model = model.to(device)
-    if case.dtype in LOW:
-        low_precision_reference(model, LOW[case.dtype])
+    if dtype in LOW:
+        low_precision_reference(model, LOW[dtype])
     opt = make_optimizer(case.knob("optimizer"), model.parameters())
     params = []
     with like_a_worker(device), warnings.catch_warnings():
@@ -237,6 +241,27 @@ def _gathered_misses(
     return misses
 
 
+def _compute_dtype_miss(case: Case, step: dict, where: str) -> list[str]:
+    """Under a low compute dtype the last Linear computes in it, so the model's output has it (the
+    course's reference returns its logits in that dtype; the loss casts them up)."""
+    if case.dtype not in LOW or step.get("out_dtype") == str(LOW[case.dtype]).removeprefix("torch."):
+        return []
+    return [
+        f"{where}: the model's output is {text(step.get('out_dtype'), 40)}, not {case.dtype}: compute_dtype is not used"
+    ]
+
+
+def _matches_fp32(
+    case: Case, inputs: dict, device: torch.device, results: list[dict], names: list[str]
+) -> bool:
+    """Whether rank 0's gathered parameters are those of fp32 training (within the case's tolerance)."""
+    ref = _reference(case, inputs, device, dtype="fp32")
+    steps = results[0]["steps"]
+    return not any(
+        _gathered_misses(step.get("gathered"), names, ref[s], case, "") for s, step in enumerate(steps)
+    )
+
+
 def judge(case: Case, inputs: dict, payloads: list[dict], device: torch.device) -> Verdict:
     try:
         results = [field(p, "result", dict, "fsdp") for p in payloads]
@@ -261,7 +286,13 @@ def judge(case: Case, inputs: dict, payloads: list[dict], device: torch.device) 
                 where = f"rank {r}, after step {s}; {label}"
                 if beyond:
                     misses += _fact_misses(field(step, "facts", dict, "facts"), names, where)
+                    misses += _compute_dtype_miss(case, step, where)
                 misses += _gathered_misses(step.get("gathered"), names, ref[s], case, where)
+        if misses and case.dtype in LOW and _matches_fp32(case, inputs, device, results, names):
+            misses.insert(
+                0,
+                f"the gathered parameters follow fp32 training, not {case.dtype} compute: compute_dtype is not used",
+            )
         if beyond:
             for s in range(len(ref)):
                 misses += _replicated_misses([r["steps"][s]["facts"] for r in results], names, f"step {s}")

@@ -108,5 +108,7 @@ def standing(record: Any, roots: list[Path], mean_ms: float | None, floor_ms: fl
     except Exception as exc:  # a malformed record is unranked, never a crash of the caller
         misses, ran = [f"no usable provenance record ({type(exc).__name__})"], {}
     if floor_ms is not None and mean_ms is not None and mean_ms < floor_ms:
-        misses.append(f"reported {mean_ms:.3f} ms is below {floor_ms:.3f} ms, the GPU's dense peak for these FLOPs")
+        misses.append(
+            f"reported {mean_ms:.3f} ms is below {floor_ms:.3f} ms, the GPU's dense peak for these FLOPs"
+        )
     return {"ranked": not misses, "unranked_because": "; ".join(misses) or None, **ran}

@@ -115,11 +115,14 @@ def run(hooks: Hooks, case: Case, inputs: dict, device: torch.device, rank: int)
         for step in range(case.knob("steps")):
             ids, targets = (rank_slice(inputs[n][step], rank, world).to(device) for n in ("ids", "targets"))
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(fsdp(ids)[:, -1].float(), targets).backward()
+            out = fsdp(ids)
+            F.cross_entropy(out[:, -1].float(), targets).backward()
             hooks.fsdp_on_after_backward(fsdp, opt)
             facts = _param_facts(fsdp)
             opt.step()
             gathered = hooks.fsdp_gather_full_params(fsdp)
             full = {n: t.detach().cpu().clone() for n, t in dict(gathered).items()}
-            result["steps"].append({"facts": facts, "gathered": full})
+            result["steps"].append(
+                {"facts": facts, "gathered": full, "out_dtype": str(out.dtype).removeprefix("torch.")}
+            )
     return result

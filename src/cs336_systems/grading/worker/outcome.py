@@ -36,5 +36,7 @@ def describe(exc: BaseException, roots: list[str]) -> dict[str, Any]:
         "student_frame": where(theirs[-1] if theirs else None),
         "innermost_frame": where(frames[-1] if frames else None),
         "missing_dependency": top if missing else None,
-        "missing_module": (getattr(exc, "name", None) or "") if isinstance(exc, ModuleNotFoundError) else None,
+        "missing_module": (getattr(exc, "name", None) or "")
+        if isinstance(exc, ModuleNotFoundError)
+        else None,
     }
