@@ -70,7 +70,7 @@ def load_adapters(path: str) -> types.ModuleType:
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
-        raise AdaptersError(f"{exc.filename}:{exc.lineno}: does not parse: {exc.msg}") from None
+        raise AdaptersError(f"does not parse: {exc.msg} ({exc.filename}:{exc.lineno})") from None
     except ModuleNotFoundError as exc:
         raise AdaptersError(_missing_module(exc, file)) from None
     except ImportError as exc:

@@ -1,0 +1,97 @@
+"""A class in one command (``cli.grade`` on several repositories): a repository that hangs, one whose
+worker crashes and one whose adapters file does not load are each one row with that verdict, and the
+others are graded as if alone; every ``results.json`` is valid Gradescope; a rerun grades only what
+changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cs336_systems.grading import gradescope
+
+from .grading_run import ROOT, STUDENTS, clean_env
+
+pytestmark = [pytest.mark.timeout(400), pytest.mark.usefixtures("suite_self_check")]
+PYTORCH_COURSE = "course-pytorch"  # one quick case per repository
+
+
+def _grade(targets: list[Path], out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "cs336_systems.cli.grade", *map(str, targets), "--out", str(out)]
+    cmd += ["--jobs", "2", "--tiers", "course", "--timeout", "45", *extra, "--", "-k", PYTORCH_COURSE]
+    return subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def class_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("class")
+    broken = root / "repos" / "broken"
+    (broken / "tests").mkdir(parents=True)
+    (broken / "tests" / "adapters.py").write_text("def get_ddp(:\n")
+    repos = {
+        "src_layout": STUDENTS / "src_layout",
+        "hangs": STUDENTS / "hangs",
+        "crashes": STUDENTS / "crashes",
+        "broken": broken,
+    }
+    copies = {}
+    for name, path in repos.items():  # copies: the rerun test touches one
+        copies[name] = shutil.copytree(path, root / "repos2" / name) if name != "broken" else path
+    out = root / "out"
+    return _grade(list(copies.values()), out), out, copies
+
+
+def _results(out: Path, name: str) -> dict:
+    return json.loads((out / name / "results.json").read_text())
+
+
+def test_each_failure_is_one_row_and_the_others_are_graded(class_run) -> None:
+    run, out, _ = class_run
+    assert run.returncode == 1, "a repository whose grading failed fails the class run"
+    report = (out / "class.md").read_text()
+    assert "timed out after 45 s" in run.stdout and "hangs" in run.stdout, run.stdout[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ") and "---" not in line}
+    assert "does not parse" in rows["broken"], rows
+    assert "timed out" in rows["hangs"], rows
+    assert "FAIL" in rows["crashes"], rows
+    assert rows["src_layout"].count("| ok |") == 1, rows
+    crashed = _results(out, "crashes")["tests"]
+    assert any("killed by SIGABRT" in t["output"] for t in crashed), crashed
+    assert _results(out, "src_layout")["score"] > 0
+
+
+def test_every_results_json_is_valid_gradescope(class_run) -> None:
+    _, out, copies = class_run
+    for name in copies:
+        doc = _results(out, name)
+        assert gradescope.problems(doc) == [], (name, gradescope.problems(doc))
+    for name in ("hangs", "broken"):
+        names = [t["name"] for t in _results(out, name)["tests"]]
+        assert "grader failed" in names, (name, names)
+    assert (out / "class.html").read_text().startswith("<!doctype html>")
+    assert (out / "class.csv").read_text().splitlines()[0].startswith("repository,score")
+
+
+def test_a_rerun_grades_only_what_changed(class_run) -> None:
+    _, out, copies = class_run
+    keep = {n: p for n, p in copies.items() if n in ("src_layout", "broken")}
+    before = (out / "src_layout" / "results.json").stat().st_mtime
+    time.sleep(1.1)
+    os.utime(copies["broken"] / "tests" / "adapters.py")
+    again = _grade(list(keep.values()), out)
+    assert "[src_layout] up to date" in again.stdout, again.stdout[-2000:]
+    assert "[broken] started" in again.stdout, again.stdout[-2000:]
+    assert (out / "src_layout" / "results.json").stat().st_mtime == before
+
+
+def test_results_json_problems_are_named() -> None:
+    bad = {"tests": [{"name": "x", "score": 2, "max_score": 1, "status": "skipped", "output": "", "visibility": "visible"}]}
+    found = gradescope.problems(bad)
+    assert any("status" in p for p in found) and any("above its max_score" in p for p in found), found
