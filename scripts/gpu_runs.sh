@@ -141,20 +141,13 @@ for stage in "$@"; do
       CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
     leaderboard-course)  # D12 the course's way: compiled apply, do_bench(rep=10000, warmup=1000) mean, ours vs cuDNN (~1 min)
       python3 -m cs336_systems.cli.leaderboard --json "$OUT/leaderboard-course.json" 2>&1 | tail -3 ;;
-    grade)  # issue 48: each repository in $GRADE_REPOS graded (contract, one GPU) and its leaderboard row the
-      # course's way beside ours and cuDNN; then the course's own 1.0.5 tests on the suite's adapters
-      for repo in ${GRADE_REPOS:-}; do
-        name=$(basename "$repo")
-        CUDA_VISIBLE_DEVICES=0 timeout "${GRADE_TIMEOUT:-240}" python3 -m cs336_systems.cli.grade "$repo" \
-          --grade-json "$OUT/grade-$name.json" -q ${GRADE_K:+-k "$GRADE_K"} > "$OUT/grade-$name.log" 2>&1
-        grep -A18 "grading summary" "$OUT/grade-$name.log"
-        CUDA_VISIBLE_DEVICES=0 timeout 200 "${BENCH[@]}" bench/bench_flash.py -k "leaderboard and (flash_triton or sdpa_cudnn or adapters)" \
-          --adapters "$repo/tests/adapters.py" --benchmark-json="$OUT/lb-$name.json" 2>&1 | tail -6
-      done
-      if [ -n "${COURSE_TESTS:-}" ]; then  # a course release's tests/ folder, run on the suite's tests/adapters.py
-        rm -rf /tmp/course && mkdir -p /tmp/course && cp -r "$COURSE_TESTS" /tmp/course/tests && cp tests/adapters.py /tmp/course/tests/
-        (cd /tmp/course && PYTHONPATH="$OLDPWD/src:${PYTHONPATH:-}" timeout 200 python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -4)
-      fi ;;
+    grade)  # each repository in $GRADE_REPOS (or folders of them) graded side by side, one GPU each, course +
+      # leaderboard tiers and the leaderboard row the course's way (anchors: the suite's kernel and cuDNN per GPU);
+      # with COURSE_TESTS (a course release's tests/, or a folder of releases by version) the course's tests too
+      timeout "${GRADE_TIMEOUT:-540}" python3 -m cs336_systems.cli.grade ${GRADE_REPOS:-} --out "$OUT/class" \
+        --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --workers 2 --timeout 420 \
+        ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} > "$OUT/class.log" 2>&1
+      echo "grade rc=$?"; grep -v "cases done\|loading its code" "$OUT/class.log" | tail -30 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

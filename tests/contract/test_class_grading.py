@@ -30,7 +30,9 @@ def _grade(targets: list[Path], out: Path, *extra: str) -> subprocess.CompletedP
 
 
 @pytest.fixture(scope="module")
-def class_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path, dict[str, Path]]:
+def class_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess, Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("class")
     broken = root / "repos" / "broken"
     (broken / "tests").mkdir(parents=True)
@@ -57,7 +59,11 @@ def test_each_failure_is_one_row_and_the_others_are_graded(class_run) -> None:
     assert run.returncode == 1, "a repository whose grading failed fails the class run"
     report = (out / "class.md").read_text()
     assert "timed out after 45 s" in run.stdout and "hangs" in run.stdout, run.stdout[-3000:]
-    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in report.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
     assert "does not parse" in rows["broken"], rows
     assert "timed out" in rows["hangs"], rows
     assert "FAIL" in rows["crashes"], rows
@@ -92,6 +98,17 @@ def test_a_rerun_grades_only_what_changed(class_run) -> None:
 
 
 def test_results_json_problems_are_named() -> None:
-    bad = {"tests": [{"name": "x", "score": 2, "max_score": 1, "status": "skipped", "output": "", "visibility": "visible"}]}
+    bad = {
+        "tests": [
+            {
+                "name": "x",
+                "score": 2,
+                "max_score": 1,
+                "status": "skipped",
+                "output": "",
+                "visibility": "visible",
+            }
+        ]
+    }
     found = gradescope.problems(bad)
     assert any("status" in p for p in found) and any("above its max_score" in p for p in found), found

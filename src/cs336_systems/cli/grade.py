@@ -125,15 +125,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _options(args: argparse.Namespace):
+    import torch
+
     from cs336_systems.grading.repo_job import RepoOptions
 
+    workers = args.workers or (2 if torch.cuda.is_available() else 1)
     return RepoOptions(
         tiers=args.tiers,
         seed=args.seed,
         course_tests=args.course_tests,
         bench=args.bench,
         points=args.points.resolve() if args.points else None,
-        workers=args.workers,
+        workers=workers,
         roots=(args.repo_root, args.package_root, args.basics_root),
         pytest_args=tuple(args.pytest_args),
     )
