@@ -40,5 +40,7 @@ def test_grade_one_repository(benchmark, tmp_path: Path, case: str) -> None:
     grade_repo(STUDENTS / repo, tmp_path, RepoOptions(tiers=tiers, bench=bench, seed=0))
     seconds = time.perf_counter() - start
     report = (tmp_path / "grade.json").read_text()
-    record_times(benchmark, [seconds * 1e3], repository=repo, tiers=tiers, bench_row=bench, report_bytes=len(report))
+    record_times(
+        benchmark, [seconds * 1e3], repository=repo, tiers=tiers, bench_row=bench, report_bytes=len(report)
+    )
     assert (tmp_path / "results.json").is_file()

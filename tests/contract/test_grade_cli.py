@@ -30,7 +30,9 @@ def test_the_table_is_last_and_adds_up() -> None:
     cells = [c for row in table[1:] for c in row.split()[1:4] if "/" in c]
     assert sum(sum(map(int, c.split("/"))) for c in cells) == 2, table
     assert "needs a CUDA GPU (none here): not timed" in run.stdout
-    sessions = [ln for ln in lines if " in " in ln and ("passed" in ln or "skipped" in ln) and "deselected" in ln]
+    sessions = [
+        ln for ln in lines if " in " in ln and ("passed" in ln or "skipped" in ln) and "deselected" in ln
+    ]
     assert len(sessions) == 1, "one pytest session, not a second one for the bench"
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,7 +94,7 @@ def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_g
             name = text(dep, 60)
             return Verdict.error(
                 "missing-dependency",
-                f"cannot grade: needs {name} (install it where the grader runs: pip install {name})",
+                f"cannot grade: needs {name} (install it with `{Path(sys.executable).parent / 'pip'} install {name}`)",
             )
         if case.family == "attention":
             return judge.attention.judge_raised(case, record, folders, on_gpu)

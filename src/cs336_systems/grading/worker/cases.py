@@ -183,17 +183,25 @@ def _ddp(family: str, tier: str, ws: int, model: str, tol: Tolerance, **knobs: A
     parts = [family, tier, f"ws{ws}", model, knobs.get("extra", "all")]
     parts += [f"{bucket}MB"] if bucket is not None else []
     parts.append(knobs["optimizer"])
+    return _trained("-".join(parts), "ddp", DDP_HOOKS[family], tier, ws, model, tol, {"family": family, **knobs})
+
+
+def _trained(
+    cid: str, family: str, hooks: tuple[str, ...], tier: str, ws: int, model: str, tol: Tolerance, knobs: dict
+) -> Case:
+    """A data-parallel case: the course's models in fp32 where the course places them; beyond, float64
+    toy models on the CPU, where any mismatch is a bug."""
     return Case(
-        id="-".join(parts),
-        family="ddp",
-        hooks=DDP_HOOKS[family],
+        id=cid,
+        family=family,
+        hooks=hooks,
         tier=tier,
         device="course" if tier == COURSE else "cpu",
         dtype="fp32" if tier == COURSE else "fp64",
         tolerance=tol,
         world_size=ws,
         model=model,
-        knobs={"family": family, **knobs},
+        knobs=knobs,
     )
 
 
@@ -254,18 +262,7 @@ def _sharded(tier: str, ws: int, model: str, tol: Tolerance, **knobs: Any) -> Ca
     cid = f"sharded-{tier}-ws{ws}-{model}-{knobs['optimizer']}-{knobs['groups']}" + (
         f"-add{add}" if add is not None else ""
     )
-    return Case(
-        id=cid,
-        family="sharded",
-        hooks=SHARDED_HOOKS,
-        tier=tier,
-        device="course" if tier == COURSE else "cpu",
-        dtype="fp32" if tier == COURSE else "fp64",
-        tolerance=tol,
-        world_size=ws,
-        model=model,
-        knobs=knobs,
-    )
+    return _trained(cid, "sharded", SHARDED_HOOKS, tier, ws, model, tol, knobs)
 
 
 def _sharded_cases() -> list[Case]:
