@@ -42,7 +42,7 @@ _GROUPS = (
     BenchGroup("leaderboard_2026", "D26", "2026 leaderboard step"),
     BenchGroup("leaderboard_2026_ablation", "D26", "2026 leaderboard ablation"),
     BenchGroup("proxy_8b", "D26", "8B per-GPU proxy"),
-    BenchGroup("grading", "grading", "grading one repository"),
+    BenchGroup("grading", "", "grading one repository"),  # the grader itself, no deliverable of the handout
 )
 GROUPS: dict[str, BenchGroup] = {g.key: g for g in _GROUPS}
 
