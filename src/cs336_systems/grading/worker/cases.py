@@ -183,7 +183,9 @@ def _ddp(family: str, tier: str, ws: int, model: str, tol: Tolerance, **knobs: A
     parts = [family, tier, f"ws{ws}", model, knobs.get("extra", "all")]
     parts += [f"{bucket}MB"] if bucket is not None else []
     parts.append(knobs["optimizer"])
-    return _trained("-".join(parts), "ddp", DDP_HOOKS[family], tier, ws, model, tol, {"family": family, **knobs})
+    return _trained(
+        "-".join(parts), "ddp", DDP_HOOKS[family], tier, ws, model, tol, {"family": family, **knobs}
+    )
 
 
 def _trained(
