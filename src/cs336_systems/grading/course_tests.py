@@ -28,7 +28,7 @@ from pathlib import Path
 from cs336_systems.distributed.launch import find_free_port
 
 from .probe import ALL_HOOKS
-from .roots import GradingSetupError, StudentRoots, suite_paths
+from .roots import GradingSetupError, StudentRoots, grader_pythonpath
 from .settings import COURSE_PORT_ENV
 from .worker.cases import CASES
 
@@ -126,12 +126,8 @@ def _groups_of(tests: Path) -> tuple[dict[str, str], dict[tuple[str, str], str]]
 
 
 def _env(roots: StudentRoots, dist: Path) -> dict[str, str]:
-    banned = {Path(p).resolve() for p in suite_paths()}
-    kept = [
-        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() not in banned
-    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_"))}
-    env["PYTHONPATH"] = os.pathsep.join([*roots.paths(), str(dist), *kept])
+    env["PYTHONPATH"] = os.pathsep.join([*roots.paths(), str(dist), *grader_pythonpath(os.environ)])
     env[COURSE_PORT_ENV] = str(find_free_port())
     return env
 

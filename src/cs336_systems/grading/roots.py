@@ -8,6 +8,7 @@ their own, or a path outside the repository). Each can be overridden.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,3 +122,11 @@ def suite_paths() -> list[str]:
     """The suite's own ``sys.path`` entries, which a worker drops (not site-packages, where the suite
     may be installed beside torch: there the student's roots, put first, win and the guard checks)."""
     return [str(p) for p in (SUITE_SRC, SUITE_ROOT) if not (p / "torch").is_dir()]
+
+
+def grader_pythonpath(environ: dict[str, str]) -> list[str]:
+    """``PYTHONPATH`` entries a process of the graded code keeps: what the grader installed beside
+    (``--target`` folders), absolute (it runs in the student's repository), without the suite's roots."""
+    banned = {Path(p).resolve() for p in suite_paths()}
+    kept = [Path(p).resolve() for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [str(p) for p in kept if p not in banned]

@@ -30,7 +30,7 @@ import torch
 from cs336_systems.distributed.launch import find_free_port
 
 from .exchange import Untrusted, read_payload, text
-from .roots import SUITE_PACKAGE, StudentRoots, suite_paths
+from .roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
 EXIT_MEANING = {
@@ -71,11 +71,7 @@ class Collected:
 
 def _env(rank: int, world_size: int, port: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_GRADE"))}
-    # PYTHONPATH may hold what the grader installed beside (``--target`` folders): keep it, absolute
-    # (a worker runs in the student's repo), without the suite's own roots.
-    banned = {Path(p).resolve() for p in suite_paths()}
-    kept = [Path(p).resolve() for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in kept if p not in banned)
+    env["PYTHONPATH"] = os.pathsep.join(grader_pythonpath(env))
     env.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),

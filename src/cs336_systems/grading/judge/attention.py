@@ -18,6 +18,7 @@ from ..exchange import Untrusted, field, tensor, text
 from ..verdict import Verdict, fmt
 from ..worker.cases import REFUSES_CPU, Case, Tolerance
 from . import provenance
+from .compare import max_diff, outside
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CHUNK_BYTES = 1 << 31  # the reference's scores are computed a batch slice at a time under this size
@@ -66,13 +67,12 @@ def run_reference(
 
 
 def _course_miss(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, where: str) -> str | None:
-    err = (got.double() - ref.double()).abs()
-    bad = err > tol.atol + tol.rtol * ref.double().abs()
+    bad = outside(got, ref, tol)
     if not bool(bad.any()):
         return None
     return (
         f"{name}: {int(bad.sum())} of {bad.numel()} elements outside {tol.describe()}, "
-        f"max |{name} - reference| = {fmt(err.max().item())} ({where})"
+        f"max |{name} - reference| = {fmt(max_diff(got, ref))} ({where})"
     )
 
 

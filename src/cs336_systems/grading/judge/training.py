@@ -28,6 +28,7 @@ from ..worker.cases import COURSE, Case, Tolerance
 from ..worker.models import IN, OUT, VOCAB, loss_fn, make_model
 from ..worker.sharded import param_groups, sharded_loss
 from ..worker.training import make_optimizer, optimizer_spec
+from .compare import close, max_diff
 
 TOYS = ("toy", "tied")
 ALLCLOSE = Tolerance(1e-8, 1e-5)
@@ -84,14 +85,6 @@ def make_ddp_inputs(case: Case, gen: torch.Generator) -> dict[str, Any]:
     return {"init": init, "x": torch.stack(xs), "y": torch.stack(ys), "mask": torch.stack(masks)}
 
 
-def _close(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> bool:
-    return bool(((got.double() - ref.double()).abs() <= tol.atol + tol.rtol * ref.double().abs()).all())
-
-
-def _maxdiff(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return (got.double() - ref.double()).abs().max().item() if got.numel() else 0.0
-
-
 def _reference_ddp(case: Case, inputs: dict, device: torch.device) -> tuple[nn.Module, list, list]:
     model = make_model(case.model, case.dtype, inputs["init"][0]).to(device)
     opt = make_optimizer(case.knob("optimizer"), model.parameters())
@@ -131,14 +124,14 @@ def _grad_miss(
         nonzero = got is not None and bool(got.abs().max() > 0)
         return f"{where}: {name} has no gradient on any rank but got a nonzero one" if nonzero else None
     grad = torch.zeros_like(ref) if got is None else got
-    if _close(grad, ref, tol):
+    if close(grad, ref, tol):
         return None
     summed = (
         ": gradients summed, not averaged (= world size x the full-batch gradient)"
-        if _close(grad, ws * ref, tol)
+        if close(grad, ws * ref, tol)
         else ""
     )
-    return f"{where}: max |grad {name} - full-batch grad| = {fmt(_maxdiff(grad, ref))} > {tol.describe()}{summed}"
+    return f"{where}: max |grad {name} - full-batch grad| = {fmt(max_diff(grad, ref))} > {tol.describe()}{summed}"
 
 
 def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.device) -> Verdict:
@@ -157,9 +150,7 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
     wrap_tol = ALLCLOSE if course else Tolerance()
     for r, (after, _, _) in enumerate(ranks):
         bad = [
-            n
-            for n, a, i in zip(state_names, after, init0, strict=True)
-            if not _close(a, i.detach(), wrap_tol)
+            n for n, a, i in zip(state_names, after, init0, strict=True) if not close(a, i.detach(), wrap_tol)
         ]
         if bad:
             misses.append(
@@ -171,12 +162,12 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
             off = [
                 i
                 for i, (p, q) in enumerate(zip(params[step], ref_params[step], strict=True))
-                if not _close(p, q, tol)
+                if not close(p, q, tol)
             ]
             if off:
                 i = off[0]
                 misses.append(
-                    f"{where}: max |{names[i]} - non-parallel model's| = {fmt(_maxdiff(params[step][i], ref_params[step][i]))} "
+                    f"{where}: max |{names[i]} - non-parallel model's| = {fmt(max_diff(params[step][i], ref_params[step][i]))} "
                     f"> {tol.describe()}"
                 )
             grad_misses = [
@@ -187,7 +178,7 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
                 misses += grad_misses
     if not course:
         final = [torch.cat([p.reshape(-1) for p in params[-1]]) for _, _, params in ranks]
-        spread = max(_maxdiff(f, final[0]) for f in final)
+        spread = max(max_diff(f, final[0]) for f in final)
         if spread > 0:
             misses.append(
                 f"ranks hold different weights after {case.knob('steps')} steps: max |rank r - rank 0| = {fmt(spread)}"
@@ -243,7 +234,7 @@ def _ownership_misses(case: Case, states: list[dict], ref_state: dict, names: li
                 if (
                     not isinstance(got, torch.Tensor)
                     or got.shape != ref.shape
-                    or not _close(got, ref, case.tolerance)
+                    or not close(got, ref, case.tolerance)
                 ):
                     misses.append(
                         f"rank {rank}'s optimizer state {key!r} of {names[index]} is not the unsharded optimizer's"
@@ -286,18 +277,18 @@ def judge_sharded(case: Case, inputs: dict, payloads: list[dict], device: torch.
             off = [
                 i
                 for i, (p, q) in enumerate(zip(run[step], ref_params[step], strict=True))
-                if not _close(p, q, case.tolerance)
+                if not close(p, q, case.tolerance)
             ]
             if off:
                 i = off[0]
                 misses.append(
                     f"rank {r}, step {step}: max |{names[i]} - unsharded {optimizer_spec(case.knob('optimizer'))[0].__name__}'s| = "
-                    f"{fmt(_maxdiff(run[step][i], ref_params[step][i]))} > {case.tolerance.describe()}"
+                    f"{fmt(max_diff(run[step][i], ref_params[step][i]))} > {case.tolerance.describe()}"
                 )
                 break
     if case.tier != COURSE:
         final = [torch.cat([p.reshape(-1) for p in run[-1]]) for run in runs]
-        spread = max(_maxdiff(f, final[0]) for f in final)
+        spread = max(max_diff(f, final[0]) for f in final)
         if spread > 0:
             misses.insert(0, f"ranks hold different weights: max |rank r - rank 0| = {fmt(spread)}")
         misses += _ownership_misses(case, states, ref_state, names)
