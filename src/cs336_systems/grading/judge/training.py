@@ -24,14 +24,11 @@ import torch.nn as nn
 
 from ..exchange import Untrusted, field, tensors
 from ..verdict import Verdict, fmt
-from ..worker.cases import COURSE, Case, Tolerance
+from ..worker.cases import ALLCLOSE, COURSE, Case, Tolerance
 from ..worker.models import IN, OUT, VOCAB, loss_fn, make_model
 from ..worker.sharded import param_groups, sharded_loss
 from ..worker.training import make_optimizer, optimizer_spec
 from .compare import close, max_diff
-
-TOYS = ("toy", "tied")
-ALLCLOSE = Tolerance(1e-8, 1e-5)
 
 
 @contextlib.contextmanager
