@@ -56,8 +56,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="pytest-xdist workers per repository: its hook families side by side (default: 1)",
+        help="pytest-xdist workers per repository, its hook families side by side (default: 2 with a GPU, else 1)",
     )
     p.add_argument(
         "--timeout",
@@ -205,10 +204,9 @@ def grade_class(args: argparse.Namespace) -> int:
         repos, out, _options(args), timeout=args.timeout, jobs=args.jobs, force=args.force, gpus=gpus
     )
     outcomes = run.run()
-    written = class_report.write(out, list(repos))
-    header, rows = class_report.hook_table(class_report.collect(out, list(repos)))
+    written, table = class_report.write(out, list(repos))
     print(f"\nclass report: {written['md']}, {written['csv']}, {written['html']}")
-    print(class_report.markdown_table(header, rows))
+    print(table)
     failed = [n for n, o in outcomes.items() if o.startswith("grading failed")]
     return 1 if failed else 0
 

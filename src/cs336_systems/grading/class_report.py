@@ -157,7 +157,8 @@ def chart(board: list[dict], path: Path) -> bytes | None:
     return buffer.getvalue()
 
 
-def write(out: Path, names: list[str]) -> dict[str, Path]:
+def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
+    """The report's files, and its hook table as Markdown (what the CLI prints last)."""
     repos = collect(out, names)
     header, rows = hook_table(repos)
     board = leaderboard(repos, anchors(out))
@@ -180,7 +181,8 @@ def write(out: Path, names: list[str]) -> dict[str, Path]:
         csv.writer(f).writerows([header, *rows])
     png = chart(board, out / "leaderboard.png")
     (out / "class.html").write_text(_html(header, rows, board, png))
-    return {"md": out / "class.md", "csv": out / "class.csv", "html": out / "class.html"}
+    paths = {"md": out / "class.md", "csv": out / "class.csv", "html": out / "class.html"}
+    return paths, markdown_table(header, rows)
 
 
 def _html(header: list[str], rows: list[list[str]], board: list[dict], png: bytes | None) -> str:

@@ -114,9 +114,7 @@ class ClassRun:
             "--options",
             str(options),
         ]
-        log = (out / "job.log").open("w")
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return Running(name, proc, time.monotonic(), gpu, out)
+        return _start(name, cmd, env, out / "job.log", gpu, out)
 
     def _anchor(self, gpu: int) -> Running:
         out = self.out / "anchors"
@@ -131,9 +129,7 @@ class ClassRun:
             "--json",
             str(out / f"gpu{gpu}.json"),
         ]
-        log = (out / f"gpu{gpu}.log").open("w")
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return Running(f"anchors (gpu {gpu})", proc, time.monotonic(), gpu, out)
+        return _start(f"anchors (gpu {gpu})", cmd, env, out / f"gpu{gpu}.log", gpu, out)
 
     def run(self) -> dict[str, str]:
         """Grade every repository; each one's outcome (graded, up to date, or why grading failed)."""
@@ -207,6 +203,13 @@ class ClassRun:
 
     def _say(self, line: str) -> None:
         print(line, file=self.log, flush=True)
+
+
+def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out: Path) -> Running:
+    """A job in a process group of its own (a time limit stops it with everything it started)."""
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    return Running(name, proc, time.monotonic(), gpu, out)
 
 
 def _progress_line(progress: Path) -> str:

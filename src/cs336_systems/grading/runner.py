@@ -57,13 +57,12 @@ class Job:
 
 @dataclass
 class Collected:
-    """What a job left: each (name, rank)'s validated record, or why there is none; a problem of the
-    whole job (timed out, wrote files nobody asked for); each rank's exit code and last output line."""
+    """What a job left: each (name, rank)'s validated record, or why there is none (its exit code and
+    last output line say why); a problem of the whole job (timed out, wrote files nobody asked for)."""
 
     records: dict[tuple[str, int], dict] = field(default_factory=dict)
     problems: dict[tuple[str, int], str] = field(default_factory=dict)
     job_problem: str | None = None
-    exit_codes: list[int | None] = field(default_factory=list)
 
     def complete(self, name: str, world_size: int) -> bool:
         return all((name, r) in self.records for r in range(world_size))
@@ -164,7 +163,7 @@ def _run_in(job: Job, folder: Path) -> Collected:
 
 
 def _collect(job: Job, folder: Path, token: str, codes: list[int | None], timed_out: bool) -> Collected:
-    got = Collected(exit_codes=codes)
+    got = Collected()
     optional = ["refused", "load"]  # written instead of the asked-for records when the job cannot start
     expected = {f"{n}.rank{r}.pt" for n in [*job.names(), *optional] for r in range(job.world_size)}
     extra = sorted(p.name for p in (folder / "out").iterdir() if p.name not in expected)

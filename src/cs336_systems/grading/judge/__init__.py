@@ -34,9 +34,9 @@ def reference_device(case: Case, on_gpu: bool) -> torch.device:
 
 def judge(case: Case, inputs: dict, payloads: list[dict], roots: list[Path], on_gpu: bool) -> Verdict:
     """The case's verdict from every rank's validated output record (status ``done``)."""
-    if case.family == "attention":
-        return attention.judge(case, inputs, payloads[0], roots, on_gpu)
     device = reference_device(case, on_gpu)
+    if case.family == "attention":
+        return attention.judge(case, inputs, payloads[0], roots, device)
     if case.family == "fsdp":
         return fsdp.judge(case, inputs, payloads, device)
     return (training.judge_ddp if case.family == "ddp" else training.judge_sharded)(

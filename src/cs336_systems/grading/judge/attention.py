@@ -175,13 +175,12 @@ def judge_raised(case: Case, payload: dict, roots: list[Path], on_gpu: bool) -> 
     return Verdict.failed(f"raised {message}{under}" + (f" (at {frame})" if frame else ""))
 
 
-def judge(case: Case, inputs: dict, payload: dict, roots: list[Path], on_gpu: bool) -> Verdict:
-    device = torch.device("cuda" if on_gpu and case.device == "cuda" else "cpu")
-    if payload.get("status") != "done":
-        return judge_raised(case, payload, roots, on_gpu)
+def judge(case: Case, inputs: dict, payload: dict, roots: list[Path], device: torch.device) -> Verdict:
+    """A call that returned (``judge_raised`` takes those that raised): its outputs and provenance."""
     result = payload.get("result")
     if case.knob("check") not in ("match", "compile"):
         return Verdict.from_misses(judge_bad_input(case, result))
+    on_gpu = device.type == "cuda"
     misses = provenance.attention_misses(case.knob("kind"), payload.get("provenance"), roots, on_gpu)
     try:
         misses += judge_match(case, inputs, result, device)
