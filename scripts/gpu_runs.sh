@@ -142,10 +142,10 @@ for stage in "$@"; do
     leaderboard-course)  # D12 the course's way: compiled apply, do_bench(rep=10000, warmup=1000) mean, ours vs cuDNN (~1 min)
       python3 -m cs336_systems.cli.leaderboard --json "$OUT/leaderboard-course.json" 2>&1 | tail -3 ;;
     grade)  # each repository in $GRADE_REPOS (or folders of them) graded side by side, one GPU each, course +
-      # leaderboard tiers and the leaderboard row the course's way (anchors: the suite's kernel and cuDNN per GPU);
+      # leaderboard tiers and the leaderboard row the course's way (anchors: the suite's kernel and cuDNN per GPU model);
       # with COURSE_TESTS (a course release's tests/, or a folder of releases by version) the course's tests too
       timeout "${GRADE_TIMEOUT:-540}" python3 -m cs336_systems.cli.grade ${GRADE_REPOS:-} --out "$OUT/class" \
-        --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --workers 2 --timeout 420 \
+        --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --timeout 420 \
         ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} > "$OUT/class.log" 2>&1
       echo "grade rc=$?"; grep -v "cases done\|loading its code" "$OUT/class.log" | tail -30 ;;
     *) echo "unknown stage $stage"; exit 2 ;;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.pytest_plugin import PROBE, ROOTS, SEED, requested_adapters
+from cs336_systems.grading.pytest_plugin import PROBE, ROOTS, SEED, grading_jobs, requested_adapters
 from cs336_systems.grading.roots import StudentRoots
 from cs336_systems.grading.session import Grader
 from cs336_systems.grading.summary import CASE_PROPERTY
@@ -27,11 +27,20 @@ def roots(pytestconfig: pytest.Config) -> StudentRoots:
 
 
 @pytest.fixture(scope="session")
-def grader(pytestconfig: pytest.Config, roots: StudentRoots) -> Grader:
-    return Grader(roots, pytestconfig.stash[PROBE], pytestconfig.stash[SEED], WORKER_TIMEOUT_S)
+def grader(request: pytest.FixtureRequest, pytestconfig: pytest.Config, roots: StudentRoots):
+    """The run's grader, planned with every selected case (its jobs start at once when side by side)."""
+    stash = pytestconfig.stash
+    found = Grader(roots, stash[PROBE], stash[SEED], WORKER_TIMEOUT_S, jobs=grading_jobs(pytestconfig))
+    found.plan([c for item in request.session.items if isinstance(c := _case_of(item), Case)])
+    yield found
+    found.close()
 
 
-def _record(node: pytest.Item, case: Case, verdict: Verdict) -> None:
+def _case_of(item: pytest.Item) -> object:
+    return getattr(item, "callspec", None) and item.callspec.params.get("case")
+
+
+def _record(node: pytest.Item, case: Case, verdict: Verdict, seconds: dict) -> None:
     node.user_properties.append(
         (
             CASE_PROPERTY,
@@ -42,6 +51,7 @@ def _record(node: pytest.Item, case: Case, verdict: Verdict) -> None:
                 "status": verdict.status,
                 "kind": verdict.kind,
                 "message": verdict.message,
+                **seconds,
             },
         )
     )
@@ -49,18 +59,12 @@ def _record(node: pytest.Item, case: Case, verdict: Verdict) -> None:
 
 @pytest.fixture
 def verdict(request: pytest.FixtureRequest, grader: Grader):
-    """``verdict(case)``: the case's verdict as this test's outcome. The function's other selected cases
-    at the same world size run in the same workers."""
+    """``verdict(case)``: the case's verdict as this test's outcome (``Grader.batch_key`` says which
+    other selected cases run in the same workers)."""
 
     def check(case: Case) -> None:
-        batch = [
-            item.callspec.params["case"].id
-            for item in request.session.items
-            if getattr(item, "function", None) is request.function
-            and item.callspec.params["case"].world_size == case.world_size
-        ]
-        result = grader.verdict(case, batch)
-        _record(request.node, case, result)
+        result = grader.verdict(case)
+        _record(request.node, case, result, grader.worker_seconds(case.id))
         if result.status == SKIPPED:
             pytest.skip(result.message)
         if result.status == FAILED:

@@ -62,10 +62,8 @@ def grade(adapters: Path | str, *args: str, equals_form: bool = False, timeout: 
 
 
 def verdicts(adapters: Path, case_ids: list[str], seed: int = 1) -> dict[str, Verdict]:
-    """Each case's verdict, the cases of one world size graded in one job."""
+    """Each case's verdict, the cases of one family and world size graded in one job."""
     roots = discover(adapters)
     grader = Grader(roots, probe(roots.adapters), seed, timeout=240.0)
-    return {
-        cid: grader.verdict(CASES[cid], [c for c in case_ids if CASES[c].world_size == CASES[cid].world_size])
-        for cid in case_ids
-    }
+    grader.plan([CASES[c] for c in case_ids])
+    return {cid: grader.verdict(CASES[cid]) for cid in case_ids}

@@ -1,5 +1,5 @@
 """A class in one command (``cli.grade`` on several repositories): a repository that hangs, one whose
-worker crashes and one whose adapters file does not load are each one row with that verdict, and the
+worker crashes and one whose adapters file does not parse or does not load are each one row with that verdict, and the
 others are graded as if alone; every ``results.json`` is valid Gradescope; a rerun grades only what
 changed."""
 
@@ -37,15 +37,24 @@ def class_run(
     broken = root / "repos" / "broken"
     (broken / "tests").mkdir(parents=True)
     (broken / "tests" / "adapters.py").write_text("def get_ddp(:\n")
+    unloadable = root / "repos" / "unloadable"  # parses; its import fails in every worker
+    (unloadable / "tests").mkdir(parents=True)
+    (unloadable / "tests" / "adapters.py").write_text(
+        "import cs336_not_installed_anywhere\n\n\ndef get_flashattention_autograd_function_pytorch():\n"
+        "    return cs336_not_installed_anywhere.FlashAttention\n"
+    )
     repos = {
         "src_layout": STUDENTS / "src_layout",
         "hangs": STUDENTS / "hangs",
         "crashes": STUDENTS / "crashes",
         "broken": broken,
+        "unloadable": unloadable,
     }
     copies = {}
     for name, path in repos.items():  # copies: the rerun test touches one
-        copies[name] = shutil.copytree(path, root / "repos2" / name) if name != "broken" else path
+        copies[name] = (
+            shutil.copytree(path, root / "repos2" / name) if path.is_relative_to(STUDENTS) else path
+        )
     out = root / "out"
     return _grade(list(copies.values()), out), out, copies
 
@@ -65,12 +74,17 @@ def test_each_failure_is_one_row_and_the_others_are_graded(class_run) -> None:
         if line.startswith("| ") and "---" not in line
     }
     assert "does not parse" in rows["broken"], rows
+    assert "cannot grade" in rows["unloadable"] and "cs336_not_installed_anywhere" in rows["unloadable"], rows
+    for name in ("broken", "unloadable", "hangs"):  # not graded: no score, rather than a score of 0
+        assert rows[name].split("|")[2].strip() == "-", rows[name]
     assert "timed out" in rows["hangs"], rows
     assert "FAIL" in rows["crashes"], rows
     assert rows["src_layout"].count("| ok |") == 1, rows
     crashed = _results(out, "crashes")["tests"]
     assert any("killed by SIGABRT" in t["output"] for t in crashed), crashed
     assert _results(out, "src_layout")["score"] > 0
+    progress = [json.loads(line) for line in (out / "src_layout" / "progress.jsonl").read_text().splitlines()]
+    assert progress and all(isinstance(p["worker_s"], float) and p["began_s"] > 0 for p in progress), progress
 
 
 def test_every_results_json_is_valid_gradescope(class_run) -> None:
@@ -78,7 +92,7 @@ def test_every_results_json_is_valid_gradescope(class_run) -> None:
     for name in copies:
         doc = _results(out, name)
         assert gradescope.problems(doc) == [], (name, gradescope.problems(doc))
-    for name in ("hangs", "broken"):
+    for name in ("hangs", "broken", "unloadable"):
         names = [t["name"] for t in _results(out, name)["tests"]]
         assert "grader failed" in names, (name, names)
     assert (out / "class.html").read_text().startswith("<!doctype html>")

@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers",
         type=int,
-        help="pytest-xdist workers per repository, its hook families side by side (default: 2 with a GPU, else 1)",
+        help="worker jobs per repository side by side (its hook families, and attention's tiers; default: "
+        "4 with a GPU, else 1)",
     )
     p.add_argument(
         "--timeout",
@@ -128,7 +129,7 @@ def _options(args: argparse.Namespace):
 
     from cs336_systems.grading.repo_job import RepoOptions
 
-    workers = args.workers or (2 if torch.cuda.is_available() else 1)
+    workers = args.workers or (4 if torch.cuda.is_available() else 1)
     return RepoOptions(
         tiers=args.tiers,
         seed=args.seed,
@@ -201,7 +202,14 @@ def grade_class(args: argparse.Namespace) -> int:
     out = (args.out or SUITE_ROOT / "runs" / "grades").resolve()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     run = ClassRun(
-        repos, out, _options(args), timeout=args.timeout, jobs=args.jobs, force=args.force, gpus=gpus
+        repos,
+        out,
+        _options(args),
+        timeout=args.timeout,
+        jobs=args.jobs,
+        force=args.force,
+        gpus=gpus,
+        gpu_models=[torch.cuda.get_device_name(i) for i in range(gpus)],
     )
     outcomes = run.run()
     written, table = class_report.write(out, list(repos))

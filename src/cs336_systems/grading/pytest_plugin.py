@@ -11,6 +11,7 @@ directory, a syntax error, a missing dependency), the run stops with that one li
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="grade only these tiers, comma-separated (course, leaderboard, beyond; default: all)",
     )
     group.addoption(
+        "--grade-jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker jobs of the graded code side by side, all started before the first verdict "
+        "(default: 4 with a GPU, else half the CPU cores up to 4; 1 in a pytest-xdist worker)",
+    )
+    group.addoption(
         "--grade-summary",
         choices=("table", "none"),
         default="table",
@@ -62,6 +71,18 @@ def student_roots(config: pytest.Config, adapters: Path):
     return discover(
         adapters, *(config.getoption(f) for f in ("--repo-root", "--package-root", "--basics-root"))
     )
+
+
+def grading_jobs(config: pytest.Config) -> int:
+    """How many worker jobs run side by side (``--grade-jobs``). A pytest-xdist worker runs its
+    groups' jobs one at a time: the workers are the parallelism there."""
+    if hasattr(config, "workerinput"):
+        return 1
+    if (asked := config.getoption("--grade-jobs", None)) is not None:
+        return max(1, asked)
+    import torch
+
+    return 4 if torch.cuda.is_available() else max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 def check_loads(roots) -> None:

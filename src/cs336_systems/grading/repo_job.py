@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from typing import Any
 from . import course_tests, gradescope
 from .exchange import text
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
+from .settings import LOADED_ENV
 
 LEADERBOARD = {"shape": (16, 16384, 64), "rep": 10000, "warmup": 1000}  # the course's do_bench protocol
 TRITON_HOOK = "get_flashattention_autograd_function_triton"
@@ -65,7 +67,7 @@ def contract_command(adapters: Path, opts: RepoOptions, out: Path) -> list[str]:
         cmd.append(f"--grade-seed={opts.seed}")
     if opts.tiers:
         cmd.append(f"--grade-tiers={opts.tiers}")
-    cmd += ["-n", str(opts.workers), "--dist", "loadgroup"] if opts.workers > 1 else ["-n", "0"]
+    cmd += ["-n", "0", f"--grade-jobs={opts.workers}"]
     return cmd + list(opts.pytest_args)
 
 
@@ -94,6 +96,10 @@ def leaderboard_row(roots: StudentRoots) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0),
         "mean_ms": mean,
         "compiled": bool(result.get("compiled")),
+        # where the row's time went in the worker (it says so itself: diagnostic only)
+        "worker_s": {
+            k: result[k] for k in ("compile_s", "recorded_s", "do_bench_s") if _number(result.get(k))
+        },
         "compile_error": attention.compile_failure(text(result["compile_error"], 4000))
         if result.get("compile_error")
         else None,
@@ -109,6 +115,10 @@ def leaderboard_row(roots: StudentRoots) -> dict[str, Any]:
     return row
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     """Grade ``target`` into ``out``; the exit status of a one-repository run (0 course ok, 1 a course
     failure or a case that cannot be graded, 2 the repository cannot be graded at all)."""
@@ -120,9 +130,16 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     except GradingSetupError as exc:
         return _failed(out, points, f"cannot grade: {exc}")
     started = time.monotonic()
+    # No load check of its own before the cases: every job loads the file, and one that cannot makes
+    # every case an error of kind "load" (read back below), without a process start on the way.
+    env = {**os.environ, LOADED_ENV: str(roots.adapters)}
     with (out / "contract.log").open("w") as log:
         code = subprocess.call(
-            contract_command(adapters, opts, out), cwd=SUITE_ROOT, stdout=log, stderr=subprocess.STDOUT
+            contract_command(adapters, opts, out),
+            cwd=SUITE_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     seconds = {"contract": round(time.monotonic() - started, 1)}
     if not (out / "grade.json").is_file():
@@ -130,6 +147,9 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
             out, points, _last_line(out / "contract.log") or f"the contract run exited with {code}"
         )
     report = json.loads((out / "grade.json").read_text())
+    if why := _load_failure(report):
+        (out / "grade.json").unlink()
+        return _failed(out, points, f"cannot grade {roots.adapters}: {why}")
     if opts.course_tests:
         given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
         started = time.monotonic()
@@ -153,6 +173,14 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     from .summary import exit_status
 
     return exit_status(report, not roots.self_grade, code)
+
+
+def _load_failure(report: dict) -> str | None:
+    """Why the adapters file did not load, when no case could run for that reason."""
+    graded = [c for c in report.get("cases", []) if c.get("status") != "skipped"]
+    if graded and all(c.get("kind") == "load" for c in graded):
+        return graded[0].get("message") or "the adapters file did not load"
+    return None
 
 
 def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class Collected:
         return all((name, r) in self.records for r in range(world_size))
 
 
-def _env(rank: int, world_size: int, port: int) -> dict:
+def _env(rank: int, world_size: int, port: int, task: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_GRADE"))}
     env["PYTHONPATH"] = os.pathsep.join(grader_pythonpath(env))
     env.update(
@@ -79,6 +79,10 @@ def _env(rank: int, world_size: int, port: int) -> dict:
         MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
+    if task == "cases":
+        # The cases' CPU work is small operators, in ranks and jobs side by side: one thread each rather
+        # than a thread per core in every one of them (timing workers keep the machine's setting).
+        env["OMP_NUM_THREADS"] = "1"
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -153,7 +157,7 @@ def _run_in(job: Job, folder: Path) -> Collected:
             subprocess.Popen(
                 [sys.executable, str(WORKER), str(folder / "job.json")],
                 cwd=job.roots.repo_root,
-                env=_env(rank, job.world_size, port),
+                env=_env(rank, job.world_size, port, job.task),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -210,6 +214,19 @@ class Outcome:
     records: list[dict] | None = None
     problem: str | None = None
     error: str | None = None
+
+    def seconds(self) -> float | None:
+        """How long the slowest rank said the case took (diagnostic: the graded process says it)."""
+        return _slowest(self.records, "seconds")
+
+    def began(self) -> float | None:
+        """When the case began after its worker started (the first case of a job: the start's cost)."""
+        return _slowest(self.records, "began_s")
+
+
+def _slowest(records: list[dict] | None, key: str) -> float | None:
+    times = [r[key] for r in records or () if isinstance(r.get(key), int | float)]
+    return max(times) if times else None
 
 
 @dataclass

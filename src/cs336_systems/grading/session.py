@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,21 +36,60 @@ def fresh_seed() -> int:
 
 @dataclass
 class Grader:
+    """Judges cases; their jobs (``batch_key``: one per family and world size) run one at a time as
+    their first case is judged, or, with ``jobs`` > 1, all started by ``plan`` and run that many side by
+    side, so that a job's process start, imports and Triton compiles overlap the others'."""
+
     roots: StudentRoots
     probe: Probe
     seed: int
     timeout: float
     on_gpu: bool = field(default_factory=torch.cuda.is_available)
+    jobs: int = 1
 
     def __post_init__(self) -> None:
         self.runs = CaseRuns(self.roots, self.timeout)
         self._inputs: dict[str, dict] = {}
+        self._drawing = threading.Lock()  # inputs are drawn one at a time: some makers seed torch's RNG
+        self._batches: dict[tuple, list[str]] = {}
+        self._started: dict[tuple, Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     def inputs(self, case_id: str) -> dict[str, Any]:
-        if case_id not in self._inputs:
-            digest = hashlib.sha256(f"{self.seed}/{case_id}".encode()).digest()
-            self._inputs[case_id] = judge.make_inputs(CASES[case_id], int.from_bytes(digest[:4], "little"))
-        return self._inputs[case_id]
+        with self._drawing:
+            if case_id not in self._inputs:
+                digest = hashlib.sha256(f"{self.seed}/{case_id}".encode()).digest()
+                seed = int.from_bytes(digest[:4], "little")
+                self._inputs[case_id] = judge.make_inputs(CASES[case_id], seed)
+            return self._inputs[case_id]
+
+    def batch_key(self, case: Case) -> tuple[str, int, str]:
+        """The job a case runs in. Side by side, attention's tiers run in jobs apart: each compiles its
+        own Triton kernels (fp32, bf16, the leaderboard's shape), and compiles are the job's time."""
+        apart = case.tier if case.family == "attention" and self.jobs > 1 else ""
+        return case.family, case.world_size, apart
+
+    def plan(self, cases: list[Case]) -> None:
+        """The cases this run will judge: their jobs' batches, every job started now when ``jobs`` > 1."""
+        for case in cases:
+            if self.precheck(case) is None:
+                self._batches.setdefault(self.batch_key(case), []).append(case.id)
+        if self.jobs <= 1 or not self._batches:
+            return
+        self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="grading-job")
+        for key, batch in self._batches.items():
+            self._started[key] = self._pool.submit(
+                self.runs.outcome, batch[0], batch, CASES[batch[0]].world_size, self.inputs
+            )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def worker_seconds(self, case_id: str) -> dict[str, float | None]:
+        """How long ``case_id`` took in its worker and when it began there, for progress lines."""
+        outcome = self.runs.done.get(case_id)
+        return {"worker_s": outcome.seconds(), "began_s": outcome.began()} if outcome else {}
 
     def precheck(self, case: Case) -> Verdict | None:
         """A skip decided before any worker runs."""
@@ -59,13 +100,16 @@ class Grader:
             return Verdict.skipped(NEEDS_GPU, "needs a CUDA GPU (none on this machine)")
         return None
 
-    def verdict(self, case: Case, batch: list[str]) -> Verdict:
-        """``case``'s verdict; the other ``batch`` cases (same family and world size) run in the same job."""
+    def verdict(self, case: Case) -> Verdict:
+        """``case``'s verdict; the planned cases of its ``batch_key`` run in the same job."""
         early = self.precheck(case)
         if early is not None:
             return early
-        runnable = [c for c in batch if self.precheck(CASES[c]) is None] or [case.id]
-        outcome = self.runs.outcome(case.id, runnable, case.world_size, self.inputs)
+        key = self.batch_key(case)
+        if key in self._started:
+            self._started[key].result()  # its job's outcomes (a retry of a case alone included)
+        batch = self._batches.get(key) or [case.id]
+        outcome = self.runs.outcome(case.id, batch, case.world_size, self.inputs)
         try:
             return decide(case, self.inputs(case.id), outcome, self.roots, self.on_gpu)
         finally:

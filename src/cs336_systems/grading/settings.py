@@ -2,7 +2,8 @@
 
 - ``CS336_ADAPTERS``: the adapters file to grade, as ``--adapters`` (the option wins).
 - ``CS336_GRADE_LOADED``, ``CS336_GRADE_SEED``: set by the run itself, so that its pytest-xdist workers
-  neither load the adapters file again nor draw another seed. Workers of the graded code never see them.
+  neither load the adapters file again nor draw another seed (and by a class run's ``repo_job``, whose
+  jobs each load the file anyway). Workers of the graded code never see them.
 - ``CS336_COURSE_TESTS_PORT``: set for a run of the course's tests (``course_tests``): the port its process
   groups use instead of the course's fixed 12390, so that runs side by side do not collide.
 """

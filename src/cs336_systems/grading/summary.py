@@ -146,6 +146,7 @@ class GradeSummary:
             return
         line = {"case": case["id"], "hook": case["hooks"][0], "tier": case["tier"], "status": case["status"]}
         line["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        line |= {k: case[k] for k in ("worker_s", "began_s") if k in case}
         with self.progress.open("a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -70,6 +70,18 @@ def repository_kernels(roots: list[str]) -> dict[str, str]:
     return found
 
 
+def _event_names(profiler: torch.profiler.profile) -> Iterator[tuple[str, Any]]:
+    """(name, device type) of every event the profiler kept. Read from the raw results: building
+    ``key_averages()`` parses every event into a tree first, 35x slower for a call of 60,000 small
+    operators (16.6 s against 0.47 s on a 2-core CPU), and a backward written in PyTorch operators at
+    the leaderboard's shape is such a call."""
+    results = getattr(profiler.profiler, "kineto_results", None)
+    if results is None:
+        yield from ((e.key, e.device_type) for e in profiler.key_averages())
+        return
+    yield from ((e.name(), e.device_type()) for e in results.events())
+
+
 class Recorder:
     """Records Triton launches and profiler names while active (``with recorder.active(): ...``); the
     record survives an exception raised inside, so a call that raised still tells what it launched."""
@@ -106,9 +118,9 @@ class Recorder:
             for cls, run in originals.items():
                 cls.run = run
             with contextlib.suppress(Exception):
-                for event in profiler.key_averages():
-                    on_gpu = event.device_type == torch.autograd.DeviceType.CUDA
-                    (self.kernels if on_gpu else self.operators).add(event.key)
+                for name, device_type in _event_names(profiler):
+                    on_gpu = device_type == torch.autograd.DeviceType.CUDA
+                    (self.kernels if on_gpu else self.operators).add(name)
 
     def report(self, roots: list[str]) -> dict[str, Any]:
         """Plain data for the judging process."""

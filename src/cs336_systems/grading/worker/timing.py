@@ -40,12 +40,15 @@ def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
     result: dict[str, Any] = {"compiled": True, "compile_error": None}
     torch._dynamo.reset()
     flash = torch.compile(fn.apply)
+    started = time.monotonic()
     try:
         flash(q, k, v, True).sum().backward()
     except Exception as exc:
         result.update(compiled=False, compile_error=_failure(exc))
         flash = fn.apply
+    result["compile_s"] = round(time.monotonic() - started, 1)
     recorder = Recorder()
+    started = time.monotonic()
     try:
         with recorder.active():
             flash(q, k, v, True).sum().backward()
@@ -53,6 +56,8 @@ def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
     except Exception as exc:
         return {**result, "error": _failure(exc), "provenance": recorder.report(roots)}
     result["provenance"] = recorder.report(roots)
+    result["recorded_s"] = round(time.monotonic() - started, 1)
+    started = time.monotonic()
     try:
         times = do_bench(
             lambda: flash(q, k, v, True).sum().backward(),
@@ -62,6 +67,7 @@ def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str]) -> dict:
         )
     except Exception as exc:
         return {**result, "error": ("oom: " if _is_oom(exc) else "") + _failure(exc)}
+    result["do_bench_s"] = round(time.monotonic() - started, 1)
     return {**result, "mean_ms": statistics.fmean(times), "times_ms": list(times)}
 
 
