@@ -6,8 +6,9 @@ crashes, hangs or runs out of memory gets that verdict in its ``results.json`` a
 others. A repository whose ``results.json`` is newer than every file of its code is not graded again
 (``force`` regrades). With ``bench``, the suite's kernel and cuDNN are timed once on each model of GPU
 the run has (``anchors/gpu<i>.json``, on the first of them to have no repository left), beside which the
-class report ranks the students' rows: the two H200s of one host timed them 0.5% and 1.5% apart, less
-than a whole extra job at the end of each GPU's queue is worth.
+class report ranks the students' rows. Once per GPU would add a whole job (about 80 s) to the end of
+every GPU's queue, to catch a spread between cards of one model that measured 0.5% (the suite's kernel)
+and 1.5% (cuDNN) on two H200s of one host.
 """
 
 from __future__ import annotations
