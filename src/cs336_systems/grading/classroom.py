@@ -127,9 +127,7 @@ class ClassRun:
         cmd = [
             sys.executable,
             "-m",
-            "cs336_systems.cli.leaderboard",
-            "--impls",
-            "ours,cudnn",
+            "cs336_systems.grading.leaderboard",
             "--json",
             str(out / f"gpu{gpu}.json"),
         ]

@@ -4,8 +4,8 @@ process of its own (``python -m cs336_systems.grading.repo_job --out DIR TARGET`
 The folder gets ``grade.json`` (every case's verdict and message, the seed), ``results.json``
 (Gradescope's format, written even when grading fails), ``contract.log`` and ``progress.jsonl`` (one
 line per graded case, which the class run reads for its progress lines), and with ``--bench``
-``leaderboard.json``: the 2025 leaderboard case timed the course's way in a worker of the repository's
-code, with what the timed call ran and whether it may be ranked.
+``leaderboard.json``: the 2025 leaderboard case timed on this side's clock over iterations it verifies,
+observed from outside where the machine can, and whether it may be ranked (``leaderboard.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from . import course_tests, gradescope
 from .exchange import text
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .settings import LOADED_ENV
-
-LEADERBOARD = {"shape": (16, 16384, 64), "rep": 10000, "warmup": 1000}  # the course's do_bench protocol
-TRITON_HOOK = "get_flashattention_autograd_function_triton"
+from .worker.cases import TRITON_HOOK
 
 
 @dataclass
@@ -69,54 +67,6 @@ def contract_command(adapters: Path, opts: RepoOptions, out: Path) -> list[str]:
         cmd.append(f"--grade-tiers={opts.tiers}")
     cmd += ["-n", "0", f"--grade-jobs={opts.workers}"]
     return cmd + list(opts.pytest_args)
-
-
-def leaderboard_row(roots: StudentRoots) -> dict[str, Any]:
-    """The leaderboard case the course's way, in a worker of the repository's code, judged here."""
-    import torch
-
-    from cs336_systems.profiling.flops import attention_flops, dense_bf16_peak_tflops
-
-    from .judge import attention, provenance
-    from .runner import Job, run
-
-    got = run(Job(roots, "timing.leaderboard", args=dict(LEADERBOARD), timeout=900.0))
-    record = got.records.get(("timing", 0))
-    result = record.get("result") if record and record.get("status") == "done" else None
-    if not isinstance(result, dict):
-        why = (
-            got.job_problem or next(iter(got.problems.values()), None) or text((record or {}).get("message"))
-        )
-        return {"error": why, "ranked": False, "unranked_because": "the timed run failed"}
-    heads, seq, d = LEADERBOARD["shape"]
-    peak = dense_bf16_peak_tflops(torch.cuda.get_device_name(0))
-    flops = attention_flops(1, seq, d, heads=heads, causal=True, pass_="fwd_bwd")
-    mean = result.get("mean_ms") if isinstance(result.get("mean_ms"), int | float) else None
-    row = {
-        "gpu": torch.cuda.get_device_name(0),
-        "mean_ms": mean,
-        "compiled": bool(result.get("compiled")),
-        # where the row's time went in the worker (it says so itself: diagnostic only)
-        "worker_s": {
-            k: result[k] for k in ("compile_s", "recorded_s", "do_bench_s") if _number(result.get(k))
-        },
-        "compile_error": attention.compile_failure(text(result["compile_error"], 4000))
-        if result.get("compile_error")
-        else None,
-        "error": text(result["error"]) if result.get("error") else None,
-        "protocol": "torch.compile(apply), do_bench(rep=10000, warmup=1000) mean",
-    }
-    folders = [p.resolve() for p in roots.folders()]
-    row |= provenance.standing(
-        result.get("provenance"), folders, mean, flops / (peak * 1e9) if peak else None
-    )
-    if mean is None:  # it did not run to the end: nothing to rank
-        row.update(ranked=False, unranked_because=row["error"] or "no time was reported")
-    return row
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
@@ -164,7 +114,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         )
     if opts.bench:
         started = time.monotonic()
-        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters)
+        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report)
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
@@ -183,9 +133,10 @@ def _load_failure(report: dict) -> str | None:
     return None
 
 
-def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path) -> dict[str, Any]:
+def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict) -> dict[str, Any]:
     import torch
 
+    from . import leaderboard
     from .probe import probe
 
     blank = probe(adapters).reason(TRITON_HOOK)
@@ -197,7 +148,7 @@ def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path) -> dict[str, An
             "ranked": False,
             "unranked_because": "not timed",
         }
-    return leaderboard_row(roots)
+    return leaderboard.row(roots, report)
 
 
 def _failed(out: Path, points: dict, why: str) -> int:

@@ -20,7 +20,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,16 @@ class Job:
     world_size: int = 1
     timeout: float = 300.0
     backend: str = "gloo"
+    # Run in this process while the workers run, given the job's folder and a check that they are all
+    # still alive (the parent's clock talks to a timing worker this way); its return value is kept.
+    conversation: Callable[[Path, Callable[[], bool]], Any] | None = None
+    records: tuple[str, ...] = ()  # more records the workers write (``clock.<round>``)
+    files: tuple[str, ...] = ()  # plain files the workers may leave in ``out/`` (``ready.<round>``)
+    prefix: tuple[str, ...] = ()  # a command the worker runs under (an observer outside the process)
 
     def names(self) -> list[str]:
-        return {"cases": self.cases, "load": ["load"]}.get(self.task, ["timing"])
+        base = {"cases": self.cases, "load": ["load"]}.get(self.task, ["timing"])
+        return [*base, *self.records]
 
 
 @dataclass
@@ -63,6 +72,7 @@ class Collected:
     records: dict[tuple[str, int], dict] = field(default_factory=dict)
     problems: dict[tuple[str, int], str] = field(default_factory=dict)
     job_problem: str | None = None
+    conversation: Any = None  # what ``Job.conversation`` returned
 
     def complete(self, name: str, world_size: int) -> bool:
         return all((name, r) in self.records for r in range(world_size))
@@ -155,21 +165,45 @@ def _run_in(job: Job, folder: Path) -> Collected:
         log = (folder / f"rank{rank}.log").open("w")
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), str(folder / "job.json")],
+                [*job.prefix, sys.executable, str(WORKER), str(folder / "job.json")],
                 cwd=job.roots.repo_root,
                 env=_env(rank, job.world_size, port, job.task),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
         )
+    talk = _Conversation(job, folder, procs) if job.conversation else None
     timed_out = _watch(procs, job.timeout)
-    return _collect(job, folder, token, [p.returncode for p in procs], timed_out)
+    got = _collect(job, folder, token, [p.returncode for p in procs], timed_out)
+    got.conversation = talk.result() if talk else None
+    return got
+
+
+class _Conversation(threading.Thread):
+    """``Job.conversation`` in a thread beside ``_watch`` (which still ends the job on a dead rank or at
+    its time limit); an exception it raises is its result, for the caller to report."""
+
+    def __init__(self, job: Job, folder: Path, procs: list[subprocess.Popen]) -> None:
+        super().__init__(daemon=True)
+        self.job, self.folder, self.procs, self.value = job, folder, procs, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self.job.conversation(self.folder, lambda: all(p.poll() is None for p in self.procs))
+        except Exception as exc:
+            self.value = exc
+
+    def result(self) -> Any:
+        self.join(timeout=60)
+        return self.value
 
 
 def _collect(job: Job, folder: Path, token: str, codes: list[int | None], timed_out: bool) -> Collected:
     got = Collected()
     optional = ["refused", "load"]  # written instead of the asked-for records when the job cannot start
     expected = {f"{n}.rank{r}.pt" for n in [*job.names(), *optional] for r in range(job.world_size)}
+    expected |= set(job.files)
     extra = sorted(p.name for p in (folder / "out").iterdir() if p.name not in expected)
     if extra:
         got.job_problem = f"the graded process wrote files the grader did not ask for: {', '.join(extra[:5])}"

@@ -39,7 +39,29 @@ DDP_HOOKS = {
 }
 SHARDED_HOOKS = ("get_sharded_optimizer",)
 FSDP_HOOKS = ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params")
-LEADERBOARD_SHAPE = (16, 16384, 16384, 64)  # q, k, v of (16, 16384, 64): batch 1 x 16 heads, causal, bf16
+
+
+@dataclass(frozen=True)
+class LeaderboardCase:
+    """The 2025 leaderboard's case, declared once: q, k, v of ``shape`` (batch 1 x 16 heads as the
+    course's (16, 16384, 64) tensors), causal, bf16, timed by ``do_bench(rep, warmup)``'s mean."""
+
+    shape: tuple[int, int, int] = (16, 16384, 64)
+    causal: bool = True
+    dtype: str = "bf16"
+    rep_ms: int = 10000
+    warmup_ms: int = 1000
+
+    @property
+    def attention_shape(self) -> tuple[int, int, int, int]:
+        """(batch, n_queries, n_keys, d), as the case table's attention cases read."""
+        b, s, d = self.shape
+        return (b, s, s, d)
+
+
+LEADERBOARD_CASE = LeaderboardCase()
+LEADERBOARD_SHAPE = LEADERBOARD_CASE.attention_shape
+TRITON_HOOK = ATTENTION_HOOKS["triton"]
 
 
 @dataclass(frozen=True)

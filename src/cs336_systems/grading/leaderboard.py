@@ -1,0 +1,218 @@
+"""One leaderboard row: the 2025 case timed on the parent's clock, observed from outside, judged here.
+
+``row`` runs a timing worker of the repository's code (``worker/timing.leaderboard``) with the parent's
+clock talking to it (``judge/clock.py``), then, where this machine has Nsight Compute, an observed run of
+one more round under ``ncu`` (``observer.py``); it verifies every timed iteration against the reference
+and decides the rank (``judge/standing.py``). ``anchors`` times the suite's own kernel and cuDNN the same
+way. Where each number of a row comes from: ``docs/grading.md``, "The leaderboard".
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .exchange import text
+from .judge import clock, standing
+from .observer import Observed, command, ncu_path, parse
+from .roots import SUITE_ROOT, StudentRoots, discover
+from .worker.cases import LEADERBOARD_CASE, TRITON_HOOK
+from .worker.timing import OBSERVED_RANGE
+
+PROTOCOL = "torch.compile(apply) (eager where compiling fails); parent's clock over verified iterations"
+REFERENCES = {
+    "suite kernel": SUITE_ROOT / "tests" / "adapters.py",
+    "cuDNN (SDPA)": Path(__file__).resolve().parent / "references" / "cudnn_adapters.py",
+}
+
+
+def course_failures(report: dict | None) -> list[str] | None:
+    """The Triton hook's failing course cases (None when its course tier was not graded)."""
+    cases = [
+        c
+        for c in (report or {}).get("cases", [])
+        if c.get("tier") == "course" and TRITON_HOOK in (c.get("hooks") or [])
+    ]
+    graded = [c for c in cases if c.get("status") != "skipped"]
+    if not graded:
+        return None
+    return [c["id"] for c in graded if c.get("status") != "passed"]
+
+
+def row(
+    roots: StudentRoots,
+    report: dict | None,
+    plan: clock.ClockPlan | None = None,
+    device: str = "cuda",
+    observe: bool = True,
+    keep_times: bool = False,
+) -> dict[str, Any]:
+    """The row of one repository; ``report`` is its grade (the course tier's verdicts). ``keep_times``
+    keeps the course figure's every do_bench time (the benches' rows record them)."""
+    import torch
+
+    plan = plan or clock.ClockPlan()
+    shape = LEADERBOARD_CASE.shape
+    timed, ms, problem = _timed(roots, plan, shape, device)
+    result = timed.get("result") or {}
+    evidence = standing.Evidence(
+        course_failures=course_failures(report),
+        clock_problem=problem,
+        parent_ms=ms,
+        course_ms=result.get("mean_ms"),
+        floor_ms=_floor_ms(device),
+        self_record=result.get("provenance"),
+        roots=[p.resolve() for p in roots.folders()],
+    )
+    ncu = ncu_path() if observe and device == "cuda" else None
+    if ncu:
+        evidence.observed, evidence.observed_iterations, why = _observed(roots, ncu, shape, device)
+        if why:
+            evidence.clock_problem = "; ".join(filter(None, [evidence.clock_problem, why]))
+        from .kernel_names import repository_kernels
+
+        evidence.repo_kernels = repository_kernels(roots.folders())
+    decided = standing.standing(evidence)
+    return {
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
+        "mean_ms": decided["parent_ms"],  # the rank's time: the parent's clock
+        "compiled": bool(result.get("compiled")),
+        "compile_error": text(result["compile_error"], 600) if result.get("compile_error") else None,
+        "error": text(result["error"]) if result.get("error") else None,
+        "protocol": PROTOCOL,
+        "iterations": timed.get("iterations"),
+        "worker_s": {k: result[k] for k in ("compile_s", "recorded_s", "do_bench_s") if k in result},
+        **decided,
+    } | ({"course_times_ms": result.get("times_ms")} if keep_times else {})
+
+
+def _timed(
+    roots: StudentRoots, plan: clock.ClockPlan, shape: tuple[int, int, int], device: str
+) -> tuple[dict, float | None, str | None]:
+    """The timing worker's record (the course figure, its own provenance), the parent's time per
+    iteration, and why that time does not count (None when every round verified)."""
+    import torch
+
+    from .runner import Job, run
+
+    args = {
+        "shape": shape,
+        "device": device,
+        "rounds": plan.rounds,
+        "rep": LEADERBOARD_CASE.rep_ms,
+        "warmup": LEADERBOARD_CASE.warmup_ms,
+        "wait_s": plan.wait_s,
+    }
+    job = Job(
+        roots,
+        "timing.leaderboard",
+        args=args,
+        timeout=plan.wait_s * 2,
+        conversation=clock.conversation(plan),
+        records=plan.records(),
+        files=plan.files(),
+    )
+    got = run(job)
+    talk = got.conversation
+    record = got.records.get(("timing", 0)) or {}
+    out = {"result": record.get("result") if record.get("status") == "done" else None}
+    if not isinstance(talk, clock.ClockRun):
+        return out, None, f"the parent's clock failed: {text(talk)}"
+    if talk.problem or len(talk.rounds) < plan.rounds:
+        why = talk.problem or "the clock's rounds did not finish"
+        return out, None, f"{why} ({_job_trouble(got)})"
+    out["iterations"] = talk.rounds[-1].iterations
+    for i, round_ in enumerate(talk.rounds):
+        rec = got.records.get((clock.result_name(i), 0)) or {}
+        why = clock.verify(rec.get("fingerprints"), round_, shape, torch.device(device))
+        if why:
+            return out, None, why
+    return out, clock.per_iteration_ms(talk), None
+
+
+def _observed(
+    roots: StudentRoots, ncu: str, shape: tuple[int, int, int], device: str
+) -> tuple[Observed | None, int, str | None]:
+    """One round under ncu, verified like a timed one: the kernels it ran and their GPU time."""
+    import torch
+
+    from .runner import Job, run
+
+    plan = clock.ClockPlan(rounds=1)
+    folder = Path(tempfile.mkdtemp(prefix="cs336-observed-"))
+    log = folder / "ncu.csv"
+    try:
+        job = Job(
+            roots,
+            "timing.leaderboard",
+            args={"shape": shape, "device": device, "rounds": 1, "observe": True, "wait_s": plan.wait_s},
+            timeout=plan.wait_s * 2,
+            conversation=clock.conversation(plan),
+            records=plan.records(),
+            files=plan.files(),
+            prefix=command(ncu, log, OBSERVED_RANGE),
+        )
+        got = run(job)
+        talk = got.conversation
+        if not isinstance(talk, clock.ClockRun) or talk.problem or not talk.rounds:
+            why = talk.problem if isinstance(talk, clock.ClockRun) else text(talk)
+            return None, 0, f"the observed run failed: {why} ({_job_trouble(got)})"
+        rec = got.records.get((clock.result_name(0), 0)) or {}
+        why = clock.verify(rec.get("fingerprints"), talk.rounds[0], shape, torch.device(device))
+        if why:
+            return None, 0, f"the observed run: {why}"
+        seen = parse(log.read_text(errors="replace")) if log.is_file() else Observed()
+        return seen, talk.rounds[0].iterations, None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _job_trouble(got: Any) -> str:
+    problems = [got.job_problem, *got.problems.values()]
+    return text(next((p for p in problems if p), "no output"), 400)
+
+
+def _floor_ms(device: str) -> float | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    from cs336_systems.profiling.flops import attention_flops, dense_bf16_peak_tflops
+
+    peak = dense_bf16_peak_tflops(torch.cuda.get_device_name(0))
+    b, s, d = LEADERBOARD_CASE.shape
+    flops = attention_flops(1, s, d, heads=b, causal=True, pass_="fwd_bwd")
+    return flops / (peak * 1e9) if peak else None
+
+
+def anchors(plan: clock.ClockPlan | None = None) -> list[dict[str, Any]]:
+    """The suite's kernel and cuDNN, timed the same way as the students' rows (references, never
+    ranked)."""
+    rows = []
+    for name, adapters in REFERENCES.items():
+        got = row(discover(adapters), None, plan, observe=False)
+        rows.append({"name": name, **{k: got.get(k) for k in ("mean_ms", "course_ms", "agreement", "gpu")}})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(
+        prog="python -m cs336_systems.grading.leaderboard",
+        description="Time the leaderboard's references (the suite's kernel, cuDNN) as the students' rows are "
+        "timed, on this machine's first GPU; write them as JSON.",
+    )
+    p.add_argument("--json", type=Path, required=True)
+    args = p.parse_args(argv)
+    rows = anchors()
+    args.json.write_text(json.dumps({"rows": rows, "protocol": PROTOCOL}, indent=1))
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""The iterations the parent's clock times, the same code on both sides of the process boundary.
+
+The graded process runs ``iterations`` with its attention; the judging process runs it again with a
+reference attention and compares. Each iteration draws its own inputs (the course's one leaf
+``randn(3, *shape)``, unpacked into q, k, v) from a generator seeded with a number the graded process
+learns only when the parent starts its clock, runs ``call(q, k, v).sum().backward()`` as the course's
+protocol does, and reduces what came out to a fingerprint: per batch row, the dot product of dQ, dK, dV
+and O with a projection drawn from the same generator. A fingerprint costs one fused pass over each
+tensor; it cannot be produced without the iteration's outputs, so an iteration skipped, cached,
+precomputed or computed on other inputs fails the parent's comparison (``judge/clock.py``).
+
+The protocol between the two processes, through files in the job's folder: the worker writes
+``out/ready.<round>`` when it is warm and waits for ``inputs/go.<round>.json`` (``{"seed", "iterations"}``,
+written by the parent at the moment its clock starts); it then runs the iterations and writes
+``out/clock.<round>.rank0.pt`` (the fingerprints and the run's token) by an atomic rename; the parent's
+clock stops when that file appears. This module imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+DTYPE = torch.bfloat16
+POLL_S = 0.0002  # the parent's and the worker's poll of each other's files: far below one iteration
+FIELDS = ("dq", "dk", "dv", "o")
+
+
+def draw(gen: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, device=device, dtype=DTYPE)
+
+
+def iterations(
+    call: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    seed: int,
+    count: int,
+    shape: tuple[int, int, int],
+    device: torch.device,
+    scales: bool = False,
+) -> torch.Tensor:
+    """``(count, 4, batch)`` fp32 fingerprints (dQ, dK, dV, O per batch row) of ``count`` iterations,
+    each on fresh inputs from ``seed``; with ``scales``, ``(count, 2, 4, batch)``: the fingerprints and
+    the norm of each projected tensor (the judge's yardstick of rounding, computed on the reference)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    proj = draw(gen, shape, device)
+    out = torch.empty((count, 2 if scales else 1, 4, shape[0]), device=device, dtype=torch.float32)
+    for i in range(count):
+        leaf = draw(gen, (3, *shape), device).requires_grad_()
+        q, k, v = leaf
+        o = call(q, k, v)
+        o.sum().backward()
+        products = (leaf.grad * proj, o.detach() * proj)
+        out[i, 0, :3] = products[0].sum(dim=(-2, -1), dtype=torch.float32)
+        out[i, 0, 3] = products[1].sum(dim=(-2, -1), dtype=torch.float32)
+        if scales:
+            out[i, 1, :3] = products[0].float().square().sum(dim=(-2, -1)).sqrt()
+            out[i, 1, 3] = products[1].float().square().sum(dim=(-2, -1)).sqrt()
+    return (out if scales else out[:, 0]).cpu()
+
+
+def ready_file(out: Path, round_: int) -> Path:
+    return out / f"ready.{round_}"
+
+
+def go_file(inputs: Path, round_: int) -> Path:
+    return inputs / f"go.{round_}.json"
+
+
+def result_name(round_: int) -> str:
+    return f"clock.{round_}"
+
+
+def wait_for(path: Path, deadline: float) -> bool:
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def serve_round(
+    call: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    round_: int,
+    job: dict,
+    shape: tuple[int, int, int],
+    device: torch.device,
+    timeout_s: float,
+) -> None:
+    """The worker's side of one round: say ready, wait for the parent's seed, run, hand back."""
+    out, inputs = Path(job["out"]), Path(job["inputs"])
+    ready_file(out, round_).touch()
+    go = go_file(inputs, round_)
+    if not wait_for(go, time.monotonic() + timeout_s):
+        raise TimeoutError(f"the parent never started round {round_}")
+    order = json.loads(go.read_text())
+    prints = iterations(call, int(order["seed"]), int(order["iterations"]), shape, device)
+    rank = int(os.environ.get("RANK", "0"))
+    name = result_name(round_)
+    partial = out / f".{name}.partial"
+    torch.save({"token": job["token"], "case": name, "rank": rank, "fingerprints": prints}, partial)
+    partial.rename(out / f"{name}.rank{rank}.pt")
