@@ -145,7 +145,7 @@ def _lb_rows(board: list[dict]) -> list[list[str]]:
             b["how"],
             b["ran"],
             b["why"],
-        ]  # fmt: skip
+        ]
         for b in board
     ]
 
