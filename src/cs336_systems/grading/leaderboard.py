@@ -48,14 +48,17 @@ def row(
     device: str = "cuda",
     observe: bool = True,
     keep_times: bool = False,
+    shape: tuple[int, int, int] | None = None,
+    compile: bool = True,
+    dtype: str = "bf16",
 ) -> dict[str, Any]:
     """The row of one repository; ``report`` is its grade (the course tier's verdicts). ``keep_times``
     keeps the course figure's every do_bench time (the benches' rows record them)."""
     import torch
 
     plan = plan or clock.ClockPlan()
-    shape = LEADERBOARD_CASE.shape
-    timed, ms, problem = _timed(roots, plan, shape, device)
+    shape = shape or LEADERBOARD_CASE.shape  # another shape: a stand-in workload (the CPU's tests)
+    timed, ms, problem = _timed(roots, plan, shape, device, compile, dtype)
     result = timed.get("result") or {}
     evidence = standing.Evidence(
         course_failures=course_failures(report),
@@ -89,7 +92,12 @@ def row(
 
 
 def _timed(
-    roots: StudentRoots, plan: clock.ClockPlan, shape: tuple[int, int, int], device: str
+    roots: StudentRoots,
+    plan: clock.ClockPlan,
+    shape: tuple[int, int, int],
+    device: str,
+    compile: bool,
+    dtype: str,
 ) -> tuple[dict, float | None, str | None]:
     """The timing worker's record (the course figure, its own provenance), the parent's time per
     iteration, and why that time does not count (None when every round verified)."""
@@ -100,8 +108,10 @@ def _timed(
     args = {
         "shape": shape,
         "device": device,
+        "compile": compile,
+        "dtype": dtype,
         "rounds": plan.rounds,
-        "rep": LEADERBOARD_CASE.rep_ms,
+        "rep": LEADERBOARD_CASE.rep_ms if device == "cuda" else 0,
         "warmup": LEADERBOARD_CASE.warmup_ms,
         "wait_s": plan.wait_s,
     }
@@ -126,7 +136,7 @@ def _timed(
     out["iterations"] = talk.rounds[-1].iterations
     for i, round_ in enumerate(talk.rounds):
         rec = got.records.get((clock.result_name(i), 0)) or {}
-        why = clock.verify(rec.get("fingerprints"), round_, shape, torch.device(device))
+        why = clock.verify(rec.get("fingerprints"), round_, shape, torch.device(device), dtype)
         if why:
             return out, None, why
     return out, clock.per_iteration_ms(talk), None
@@ -160,7 +170,7 @@ def _observed(
             why = talk.problem if isinstance(talk, clock.ClockRun) else text(talk)
             return None, 0, f"the observed run failed: {why} ({_job_trouble(got)})"
         rec = got.records.get((clock.result_name(0), 0)) or {}
-        why = clock.verify(rec.get("fingerprints"), talk.rounds[0], shape, torch.device(device))
+        why = clock.verify(rec.get("fingerprints"), talk.rounds[0], shape, torch.device(device), "bf16")
         if why:
             return None, 0, f"the observed run: {why}"
         seen = parse(log.read_text(errors="replace")) if log.is_file() else Observed()

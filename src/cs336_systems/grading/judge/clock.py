@@ -117,13 +117,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
 
 
-def verify(fingerprints: Any, round_: Round, shape: tuple[int, int, int], device: torch.device) -> str | None:
+def verify(
+    fingerprints: Any, round_: Round, shape: tuple[int, int, int], device: torch.device, dtype: str = "bf16"
+) -> str | None:
     """Why a round's fingerprints are not its iterations' (None when every one matches the reference)."""
     try:
         got = tensor(fingerprints, f"round {round_.seed:x}", (round_.iterations, 4, shape[0]), torch.float32)
     except Untrusted as exc:
         return str(exc)
-    ref = iterations(sdpa, round_.seed, round_.iterations, shape, device, scales=True)
+    ref = iterations(sdpa, round_.seed, round_.iterations, shape, device, dtype, scales=True)
     bound = TOLERANCE * ref[:, 1]
     off = (got - ref[:, 0]).abs() > bound
     if not bool(off.any()):

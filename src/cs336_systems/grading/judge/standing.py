@@ -39,6 +39,9 @@ OBSERVED_SLACK = 0.85
 # The parent's clock and the course's do_bench agree within this on honest rows (measured: the anchors
 # and the real repositories, docs/grading.md); beyond it the row says so.
 AGREEMENT = 0.10
+# A course figure under half the parent's time is no noise: the graded process's timer was replaced, or
+# its work skips the course loop's repeated inputs (a cache). Such a row is not ranked.
+CLAIM_LIMIT = 0.5
 
 
 @dataclass
@@ -81,6 +84,12 @@ def standing(e: Evidence) -> dict[str, Any]:
     else:
         row |= _self_reported(e, misses)
     row["agreement"] = _agreement(parent, row["course_ms"])
+    if parent is not None and row["course_ms"] is not None and row["course_ms"] < CLAIM_LIMIT * parent:
+        misses.append(
+            f"the graded process's own do_bench reported {row['course_ms']:.3f} ms, under {CLAIM_LIMIT:g}x "
+            f"the {parent:.3f} ms of the parent's clock: its timer, or work it skips on the repeated inputs "
+            "of the course's loop"
+        )
     row["ranked"] = not misses
     row["unranked_because"] = "; ".join(misses) or None
     return row

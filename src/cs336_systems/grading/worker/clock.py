@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-DTYPE = torch.bfloat16
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 POLL_S = 0.0002  # the parent's and the worker's poll of each other's files: far below one iteration
 FIELDS = ("dq", "dk", "dv", "o")
 
 
-def draw(gen: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return torch.randn(shape, generator=gen, device=device, dtype=DTYPE)
+def draw(gen: torch.Generator, shape: tuple[int, ...], device: torch.device, dtype: str) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, device=device, dtype=DTYPES[dtype])
 
 
 def iterations(
@@ -41,6 +41,7 @@ def iterations(
     count: int,
     shape: tuple[int, int, int],
     device: torch.device,
+    dtype: str = "bf16",
     scales: bool = False,
 ) -> torch.Tensor:
     """``(count, 4, batch)`` fp32 fingerprints (dQ, dK, dV, O per batch row) of ``count`` iterations,
@@ -48,10 +49,10 @@ def iterations(
     the norm of each projected tensor (the judge's yardstick of rounding, computed on the reference)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    proj = draw(gen, shape, device)
+    proj = draw(gen, shape, device, dtype)
     out = torch.empty((count, 2 if scales else 1, 4, shape[0]), device=device, dtype=torch.float32)
     for i in range(count):
-        leaf = draw(gen, (3, *shape), device).requires_grad_()
+        leaf = draw(gen, (3, *shape), device, dtype).requires_grad_()
         q, k, v = leaf
         o = call(q, k, v)
         o.sum().backward()
@@ -90,6 +91,7 @@ def serve_round(
     job: dict,
     shape: tuple[int, int, int],
     device: torch.device,
+    dtype: str,
     timeout_s: float,
 ) -> None:
     """The worker's side of one round: say ready, wait for the parent's seed, run, hand back."""
@@ -99,7 +101,7 @@ def serve_round(
     if not wait_for(go, time.monotonic() + timeout_s):
         raise TimeoutError(f"the parent never started round {round_}")
     order = json.loads(go.read_text())
-    prints = iterations(call, int(order["seed"]), int(order["iterations"]), shape, device)
+    prints = iterations(call, int(order["seed"]), int(order["iterations"]), shape, device, dtype)
     rank = int(os.environ.get("RANK", "0"))
     name = result_name(round_)
     partial = out / f".{name}.partial"
