@@ -131,6 +131,10 @@ def test_an_honest_observed_row_is_ranked() -> None:
             "1% of the observed GPU time is in this repository's own Triton kernels",
         ),
         ({"observed": Observed({})}, "saw no GPU work"),
+        (
+            {"observed": Observed({"lb_fwd_kernel": 1.0, "lb_bwd_dkdv_kernel": 1.0})},
+            "the observer saw 2.000 ms of GPU work per call of the 10.000 ms timed: work was hidden",
+        ),
     ],
 )
 def test_each_rule_unranks_and_names_why(change: dict, reason: str) -> None:

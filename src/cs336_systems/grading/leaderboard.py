@@ -19,7 +19,6 @@ from .judge import clock, standing
 from .observer import Observed, command, ncu_path, parse
 from .roots import SUITE_ROOT, StudentRoots, discover
 from .worker.cases import LEADERBOARD_CASE, TRITON_HOOK
-from .worker.timing import OBSERVED_RANGE
 
 PROTOCOL = "torch.compile(apply) (eager where compiling fails); parent's clock over verified iterations"
 REFERENCES = {
@@ -162,7 +161,7 @@ def _observed(
             conversation=clock.conversation(plan),
             records=plan.records(),
             files=plan.files(),
-            prefix=command(ncu, log, OBSERVED_RANGE),
+            prefix=command(ncu, log),
         )
         got = run(job)
         talk = got.conversation

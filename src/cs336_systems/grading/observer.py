@@ -1,9 +1,11 @@
 """What ran on the GPU, seen from outside the graded process: Nsight Compute's command line.
 
 The observed run is a second timing worker started under ``ncu``, which records every kernel launched
-inside the worker's NVTX range (one round of the parent's clock, on fresh inputs the parent verifies) with
-its GPU time (``gpu__time_duration.sum``), and writes them to a file this process names, in a folder the
-graded code cannot write (under the grader's sandbox). ncu's host process is not the graded process; its
+during the observed calls (one round of the parent's clock, on fresh inputs the parent verifies, each
+call and its backward between ``cudaProfilerStart`` and ``Stop``) with its GPU time
+(``gpu__time_duration.sum``), and writes them to a file this process names, in a folder the graded code
+cannot write (under the grader's sandbox). The graded code can stop the recording itself (the profiler
+API is process-wide): the rules compare what was seen with the parent's clock, so hidden work shows. ncu's host process is not the graded process; its
 report is not anything the graded Python can rewrite. Caches and clocks are left alone
 (``--cache-control none --clock-control none``), so each kernel takes about the time it takes untimed.
 
@@ -37,16 +39,16 @@ def ncu_path() -> str | None:
     return found
 
 
-def command(ncu: str, log: Path, nvtx_range: str) -> tuple[str, ...]:
-    """The prefix that runs a worker under ncu, recording the kernels inside ``nvtx_range`` only (the
-    compile and the warm-up outside it run at full speed)."""
+def command(ncu: str, log: Path) -> tuple[str, ...]:
+    """The prefix that runs a worker under ncu, recording only the kernels between
+    ``cudaProfilerStart`` and ``Stop`` (the observed calls: the compile, the warm-up, drawing the inputs
+    and fingerprinting run unrecorded)."""
     return (
         ncu,
         "--target-processes",
         "all",
-        "--nvtx",
-        "--nvtx-include",
-        f"{nvtx_range}/",
+        "--profile-from-start",
+        "off",
         "--metrics",
         METRIC,
         "--cache-control",

@@ -9,7 +9,8 @@ A row is ranked only when all of these hold, and otherwise says "no rank" naming
 3. **Whose kernels.** Observed from outside the graded process (``observer.py``): at least
    ``MIN_SHARE`` of the observed GPU time is in kernels whose names the repository's own Triton source
    defines (``kernel_names.py``), and the timed run is not faster than those kernels took under the
-   observer (else the timed work was not the observed work). Where nothing observes, the graded
+   observer (else the timed work was not the observed work), nor much slower than all the GPU work the
+   observer saw (else work was hidden from it). Where nothing observes, the graded
    process's own record decides (a repository kernel ran, torch's attention did not), and the row is
    marked self-reported and ranked below every observed row.
 
@@ -36,6 +37,10 @@ MIN_SHARE = 0.90
 # The timed run's iterations may be this much faster than its kernels' GPU time under the observer:
 # ncu's per-kernel times carry the launch's own overhead.
 OBSERVED_SLACK = 0.85
+# The observed calls' GPU time is at least this share of the parent's time per iteration: the graded code
+# can pause the observer (the profiler API is process-wide), and work it hides leaves the GPU time short.
+# Honest rows: the kernels keep the GPU busy for 85-95% of an iteration at the leaderboard's shape.
+COVERAGE = 0.5
 # The parent's clock and the course's do_bench agree within this on honest rows (measured: the anchors
 # and the real repositories, docs/grading.md); beyond it the row says so.
 AGREEMENT = 0.10
@@ -108,6 +113,12 @@ def _observed(e: Evidence, parent: float | None, misses: list[str]) -> dict[str,
         misses.append(
             f"{share:.0%} of the observed GPU time is in this repository's own Triton kernels (a rank "
             f"needs {MIN_SHARE:.0%}); the rest: {shown}"
+        )
+    seen_ms = seen.total_ms() / max(1, e.observed_iterations)
+    if parent is not None and seen.total_ms() > 0 and seen_ms < COVERAGE * parent:
+        misses.append(
+            f"the observer saw {seen_ms:.3f} ms of GPU work per call of the {parent:.3f} ms timed: work was "
+            "hidden from it"
         )
     mine_ms = sum(seen.kernels[n] for n in mine) / max(1, e.observed_iterations)
     if parent is not None and mine and parent < OBSERVED_SLACK * mine_ms:

@@ -18,10 +18,11 @@ clock stops when that file appears. This module imports only torch and the stand
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -43,10 +44,14 @@ def iterations(
     device: torch.device,
     dtype: str = "bf16",
     scales: bool = False,
+    observed: bool = False,
 ) -> torch.Tensor:
     """``(count, 4, batch)`` fp32 fingerprints (dQ, dK, dV, O per batch row) of ``count`` iterations,
     each on fresh inputs from ``seed``; with ``scales``, ``(count, 2, 4, batch)``: the fingerprints and
-    the norm of each projected tensor (the judge's yardstick of rounding, computed on the reference)."""
+    the norm of each projected tensor (the judge's yardstick of rounding, computed on the reference).
+    ``observed``: each call and its backward alone between ``cudaProfilerStart`` and ``Stop``, which an
+    observer started with ``--profile-from-start off`` records (process-wide: the backward's kernels are
+    launched from autograd's own thread); drawing the inputs and fingerprinting stay outside."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     proj = draw(gen, shape, device, dtype)
@@ -54,8 +59,9 @@ def iterations(
     for i in range(count):
         leaf = draw(gen, (3, *shape), device, dtype).requires_grad_()
         q, k, v = leaf
-        o = call(q, k, v)
-        o.sum().backward()
+        with _profiled(observed):
+            o = call(q, k, v)
+            o.sum().backward()
         products = (leaf.grad * proj, o.detach() * proj)
         out[i, 0, :3] = products[0].sum(dim=(-2, -1), dtype=torch.float32)
         out[i, 0, 3] = products[1].sum(dim=(-2, -1), dtype=torch.float32)
@@ -63,6 +69,20 @@ def iterations(
             out[i, 1, :3] = products[0].float().square().sum(dim=(-2, -1)).sqrt()
             out[i, 1, 3] = products[1].float().square().sum(dim=(-2, -1)).sqrt()
     return (out if scales else out[:, 0]).cpu()
+
+
+@contextlib.contextmanager
+def _profiled(on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    try:
+        yield
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.profiler.stop()
 
 
 def ready_file(out: Path, round_: int) -> Path:
@@ -93,6 +113,7 @@ def serve_round(
     device: torch.device,
     dtype: str,
     timeout_s: float,
+    observed: bool = False,
 ) -> None:
     """The worker's side of one round: say ready, wait for the parent's seed, run, hand back."""
     out, inputs = Path(job["out"]), Path(job["inputs"])
@@ -101,7 +122,8 @@ def serve_round(
     if not wait_for(go, time.monotonic() + timeout_s):
         raise TimeoutError(f"the parent never started round {round_}")
     order = json.loads(go.read_text())
-    prints = iterations(call, int(order["seed"]), int(order["iterations"]), shape, device, dtype)
+    seed, count = int(order["seed"]), int(order["iterations"])
+    prints = iterations(call, seed, count, shape, device, dtype, observed=observed)
     rank = int(os.environ.get("RANK", "0"))
     name = result_name(round_)
     partial = out / f".{name}.partial"
