@@ -9,6 +9,8 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from cs336_systems.grading import gradescope, repo_job
 from cs336_systems.grading.worker.cases import CASES, COURSE
 
@@ -76,6 +78,9 @@ def test_each_tier_has_its_own_points(tmp_path: Path) -> None:
     table.write_text(json.dumps({"beyond": {"default": 1}}))
     doc = gradescope.results({"cases": cases}, gradescope.load_points(table))
     assert _scores(doc) == [(5.0, 5.0), (0.34, 0.34), (0.33, 0.33), (0.33, 0.33)] and doc["score"] == 6
+    table.write_text(json.dumps({"course": {"get_ddp": -1}}))
+    with pytest.raises(ValueError, match="points are numbers of 0 or more"):
+        gradescope.load_points(table)
 
 
 def test_not_implemented_scores_zero_of_its_points() -> None:
@@ -150,7 +155,7 @@ def test_problems_are_named() -> None:
     }
     found = gradescope.problems({"score": 4, "tests": [test, {**test, "status": None} | {"score": 1}]})
     assert "tests[0].status is 'skipped'" in found, found
-    assert any("outside 0..its max_score" in p for p in found), found
+    assert "tests[0] scores 2, above its max_score 1" in found, found
     assert any("not the sum of the tests' scores" in p for p in found), found
     unscored = {k: v for k, v in test.items() if k != "status"} | {"score": 0}
     assert gradescope.problems({"score": 0, "tests": [unscored]}) == [

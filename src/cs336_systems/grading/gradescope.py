@@ -56,6 +56,9 @@ def load_points(path: Path | None) -> dict[str, dict[str, float]]:
                 raise ValueError(
                     f"{path}: points are given per tier ({', '.join(TIERS)}), each a table of hook -> points"
                 )
+            bad = {k: v for k, v in row.items() if not _number(v) or v < 0}
+            if bad:
+                raise ValueError(f"{path}: points are numbers of 0 or more, not {bad}")
             points[tier].update({k: float(v) for k, v in row.items()})
     return points
 
@@ -189,8 +192,10 @@ def _test_problems(i: int, test: Any) -> list[str]:
     if test.get("visibility") not in VISIBILITIES:
         found.append(f"tests[{i}].visibility is {test.get('visibility')!r}")
     score, top = test.get("score"), test.get("max_score")
-    if _number(score) and _number(top) and not 0 <= score <= top:
-        found.append(f"tests[{i}] scores {score} outside 0..its max_score {top}")
+    if _number(score) and _number(top) and score > top:
+        found.append(f"tests[{i}] scores {score}, above its max_score {top}")
+    if _number(score) and score < 0:
+        found.append(f"tests[{i}] scores {score}, below 0")
     return found
 
 
