@@ -82,7 +82,9 @@ def test_each_failure_is_one_row_and_the_others_are_graded(class_run) -> None:
     assert rows["src_layout"].count("| ok |") == 1, rows
     crashed = _results(out, "crashes")["tests"]
     assert any("killed by SIGABRT" in t["output"] for t in crashed), crashed
-    assert _results(out, "src_layout")["score"] > 0
+    graded = _results(out, "src_layout")  # one course case, the whole of its group's points
+    assert [(t["score"], t["max_score"], t["status"]) for t in graded["tests"]] == [(5.0, 5.0, "passed")]
+    assert graded["score"] == 5.0
     progress = [json.loads(line) for line in (out / "src_layout" / "progress.jsonl").read_text().splitlines()]
     assert progress and all(isinstance(p["worker_s"], float) and p["began_s"] > 0 for p in progress), progress
 
@@ -92,9 +94,14 @@ def test_every_results_json_is_valid_gradescope(class_run) -> None:
     for name in copies:
         doc = _results(out, name)
         assert gradescope.problems(doc) == [], (name, gradescope.problems(doc))
-    for name in ("hangs", "broken", "unloadable"):
+    for name in ("hangs", "unloadable"):
         names = [t["name"] for t in _results(out, name)["tests"]]
         assert "grader failed" in names, (name, names)
+    broken = _results(out, "broken")  # a syntax error is the student's: every group with points fails
+    assert "grader failed" not in [t["name"] for t in broken["tests"]], broken
+    assert broken["score"] == 0 and all(
+        t["status"] == "failed" and t["max_score"] > 0 for t in broken["tests"]
+    )
     assert (out / "class.html").read_text().startswith("<!doctype html>")
     assert (out / "class.csv").read_text().splitlines()[0].startswith("repository,score")
 

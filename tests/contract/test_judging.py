@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336_systems.grading import exchange, summary
-from cs336_systems.grading.judge import attention
+from cs336_systems.grading import exchange, judge, summary
+from cs336_systems.grading.judge import attention, compare, training
 from cs336_systems.grading.roots import GradingSetupError, discover
 from cs336_systems.grading.runner import Outcome
 from cs336_systems.grading.session import decide
+from cs336_systems.grading.verdict import Verdict
 from cs336_systems.grading.worker import outcome as worker_outcome
 from cs336_systems.grading.worker.cases import (
     CASES,
@@ -22,7 +23,9 @@ from cs336_systems.grading.worker.cases import (
     COURSE_ATTENTION_SHAPE,
     LEADERBOARD,
     REFUSES_CPU,
+    Tolerance,
 )
+from cs336_systems.grading.worker.models import make_model
 
 TOKEN = "a" * 32
 TRITON_COURSE = "course-triton-match-b4-q128-k128-d64-causal-fp32-cuda"
@@ -49,6 +52,23 @@ def test_a_record_must_come_from_this_run_and_this_case(tmp_path: Path) -> None:
             exchange.read_payload(_record(tmp_path, body), TOKEN, "case", 0)
     with pytest.raises(exchange.Untrusted, match="no output"):
         exchange.read_payload(tmp_path / "absent.rank0.pt", TOKEN, "absent", 0)
+
+
+def test_a_record_without_a_token_or_for_another_rank_is_refused(tmp_path: Path) -> None:
+    good = {"token": TOKEN, "case": "case", "rank": 1, "status": "done"}
+    no_token = {k: v for k, v in good.items() if k != "token"}
+    with pytest.raises(exchange.Untrusted, match="token"):
+        exchange.read_payload(_record(tmp_path, no_token, rank=1), TOKEN, "case", 1)
+    with pytest.raises(exchange.Untrusted, match="claims case 'case' rank 1"):
+        exchange.read_payload(_record(tmp_path, good, rank=0), TOKEN, "case", 0)
+
+
+def test_a_record_larger_than_the_limit_is_not_loaded(tmp_path: Path) -> None:
+    path = _record(tmp_path, {"token": TOKEN, "case": "case", "rank": 0, "x": torch.zeros(256)})
+    size = path.stat().st_size
+    assert exchange.read_payload(path, TOKEN, "case", 0, max_bytes=size)["x"].numel() == 256
+    with pytest.raises(exchange.Untrusted, match=f"is {size} bytes, more than"):
+        exchange.read_payload(path, TOKEN, "case", 0, max_bytes=size - 1)
 
 
 class Gadget:
@@ -80,6 +100,77 @@ def test_a_saved_l_must_be_unique_as_the_course_finds_it() -> None:
         result = {**out, "L": candidates, "saved_shapes": [[b, nq]] * len(candidates)}
         with pytest.raises(exchange.Untrusted, match="exactly one saved tensor"):
             attention._outputs(case, result, leaderboard=False)
+
+
+# -- comparisons --------------------------------------------------------------------------------------
+
+PYTORCH_COURSE = "course-pytorch-match-b4-q128-k128-d64-full-fp32-cpu"
+NO_PROVENANCE = {"launched": [], "repository_kernels": {}, "operators": [], "kernels": []}
+
+
+def test_a_nan_is_outside_every_bound_and_an_inf_outside_a_finite_reference() -> None:
+    tol = Tolerance(1e-2, 1e-2)
+    got = torch.tensor([math.nan, 1.0, math.inf, math.inf, -math.inf])
+    ref = torch.tensor([1.0, 1.0, 1.0, math.inf, 1.0])
+    assert compare.outside(got, ref, tol).tolist() == [True, False, True, False, True]
+    assert not compare.close(torch.tensor([math.nan]), torch.tensor([math.nan]), Tolerance())
+
+
+def _attention_outputs(case_id: str) -> tuple:
+    """A course attention case's inputs and the exact outputs plain attention gives (a passing record)."""
+    case = CASES[case_id]
+    inputs = judge.make_inputs(case, 0)
+    qkv = [inputs[n] for n in ("q", "k", "v")]
+    ref = attention.run_reference(qkv, inputs["dO"], False, torch.float32, torch.device("cpu"))
+    b, nq = case.shape[:2]
+    result = {n: ref[n] for n in ("O", "dQ", "dK", "dV")} | {"L": [ref["L"]], "saved_shapes": [[b, nq]]}
+    return case, inputs, result
+
+
+def test_the_attention_judge_fails_a_nan_in_o_on_its_own_and_through_the_comparison() -> None:
+    case, inputs, result = _attention_outputs(PYTORCH_COURSE)
+    cpu = torch.device("cpu")
+
+    def judged() -> Verdict:
+        return attention.judge(case, inputs, {"result": result, "provenance": NO_PROVENANCE}, [], cpu)
+
+    assert judged().status == "passed"
+    result["O"] = result["O"].clone()
+    result["O"][0, 0, 0] = math.nan
+    verdict = judged()
+    assert verdict.status == "failed" and "O has 1 non-finite values" in verdict.message, verdict
+    ref = attention.run_reference([inputs[n] for n in "qkv"], inputs["dO"], False, torch.float64, cpu)
+    miss = attention._course_miss("O", result["O"], ref["O"], case.tolerance, "here")
+    assert miss is not None and miss.startswith("O: 1 of"), miss
+
+
+def test_the_beyond_bound_scales_with_the_reference_not_the_output() -> None:
+    """1.01% off everywhere against a floor of 1% of max|ref| fails; scaled by the output's own
+    maximum (1.0101 x max|ref|) the bound would let it through."""
+    tol = Tolerance(plain_factor=10.0, floor=1e-2)
+    ref = torch.randn(64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert attention._relative_miss("O", ref * 1.009, ref, ref, tol, "here") is None
+    miss = attention._relative_miss("O", ref * 1.0101, ref, ref, tol, "here")
+    assert miss is not None and "> bound" in miss, miss
+
+
+def test_ddp_course_checks_every_ranks_weights_after_wrapping() -> None:
+    """A wrapper that does not broadcast leaves rank 1 with its own initial weights: the course
+    compares every rank's with rank 0's, even when every step's parameters come out right."""
+    case = CASES["ddp2026-course-ws2-course-toy-all-sgd"]
+    inputs = judge.make_inputs(case, 0)
+    _, grads, params = training._reference_ddp(case, inputs, torch.device("cpu"))
+
+    def rank(started_from: int) -> dict:
+        model = make_model(case.model, case.dtype, inputs["init"][started_from])
+        after = [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
+        return {"result": {"after_wrap": after, "grads": grads, "params": params}}
+
+    cpu = torch.device("cpu")
+    assert training.judge_ddp(case, inputs, [rank(0), rank(0)], cpu).status == "passed"
+    verdict = training.judge_ddp(case, inputs, [rank(0), rank(1)], cpu)
+    assert verdict.status == "failed" and "not broadcast from rank 0" in verdict.message, verdict
+    assert "rank 1's" in verdict.message, verdict
 
 
 # -- a call that raised ----------------------------------------------------------------------------------

@@ -198,7 +198,7 @@ class ClassRun:
             )
             partial = _partial_report(job.out / "progress.jsonl")
             points = gradescope.load_points(self.options.points)
-            results.write_text(json.dumps(gradescope.results(partial, points, why), indent=2))
+            gradescope.write(results, gradescope.results(partial, points, why))
             (job.out / "failure.txt").write_text(why + "\n")
             return f"grading failed: {why}"
         failure = job.out / "failure.txt"

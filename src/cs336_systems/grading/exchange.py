@@ -10,24 +10,26 @@ what was wrong: a malformed output is never a pass.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
-MAX_BYTES = 4 << 30
+MAX_BYTES = 4 << 30  # far above any case's record: a bound on what a worker can make the judge load
 
 
 class Untrusted(Exception):
     """An output that is missing, malformed or not from this run; the message says which and how."""
 
 
-def read_payload(path: Path, token: str, name: str, rank: int) -> dict[str, Any]:
+def read_payload(path: Path, token: str, name: str, rank: int, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+    """The record ``path`` holds, when it is this run's (``token``) record of case ``name`` at ``rank``
+    and no larger than ``max_bytes`` (a worker must not make the judge load an unbounded file)."""
     if not path.is_file():
         raise Untrusted(f"no output {path.name}")
-    if path.stat().st_size > MAX_BYTES:
-        raise Untrusted(f"{path.name} is {path.stat().st_size >> 20} MiB, more than any case writes")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise Untrusted(f"{path.name} is {size} bytes, more than any case writes ({max_bytes})")
     try:
         body = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # a file that is not a weights-only torch archive
@@ -93,7 +95,3 @@ def text(value: Any, limit: int = 600) -> str:
     s = value if isinstance(value, str) else repr(value)
     s = "".join(ch if ch.isprintable() or ch == "\n" else "?" for ch in s)
     return s[:limit]
-
-
-def finite_or(x: float, default: float) -> float:
-    return x if math.isfinite(x) else default

@@ -1,26 +1,32 @@
 """A repository's grade as Gradescope's autograder ``results.json`` (``tests[]`` of ``name``, ``score``,
 ``max_score``, ``status``, ``output``, ``visibility``, ``tags``), from the grader's report.
 
-Points come from a small table (``DEFAULT_POINTS``): a hook group's points for a tier are split evenly
-over the group's cases in that tier. The defaults give the course tier the points, as the course's own
-tests do; ``beyond`` and ``leaderboard`` cases are reported at 0 points (visible, for the student). A TA
-overrides any of it with a JSON file of the same shape (``--points FILE``):
-``{"course": {"get_fsdp": 12}, "beyond": {"default": 1}}``.
+Points come from a small table (``DEFAULT_POINTS``): a hook group's points for a tier are split over
+the group's cases in that tier, in hundredths, so that the shares add up to the group's points exactly
+(10 over 3 cases: 3.34, 3.33, 3.33) and the submission's ``score`` is the sum of its tests' scores. The
+defaults give the course tier the points, as the course's own tests do; ``beyond`` and ``leaderboard``
+cases are reported at 0 points (visible, for the student). A TA overrides any of it with a JSON file of
+the same shape (``--points FILE``): ``{"course": {"get_fsdp": 12}, "beyond": {"default": 1}}``.
 
 A case skipped because this machine cannot run it (``needs-gpu``, ``refuses-cpu``) is listed at 0 of 0
-points: the environment's limit, not the student's. "Not implemented" scores 0 of its points. When the
-grading itself failed (the repository did not load, a dependency is missing, the run crashed or timed
-out), a visible "grader failed" entry says so, and ``results.json`` is written all the same.
+points with no ``status``: the environment's limit, neither the student's pass nor their failure
+(Gradescope's status is only "passed" or "failed"). "Not implemented" fails at 0 of its points. The
+student's own errors are theirs: an adapters file that does not parse fails every hook group that
+carries points (``students_error``). When the grading itself failed (a dependency is missing, the run
+crashed or timed out), a visible "grader failed" entry says so, and ``results.json`` is written all the
+same. ``write`` validates every document (``problems``) before it reaches the file.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from .verdict import ERROR, PASSED, SKIPPED
-from .worker.cases import NEEDS_GPU, REFUSES_CPU, TIERS
+from .worker.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS
 
 DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "course": {
@@ -37,6 +43,8 @@ DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "beyond": {"default": 0},
 }
 ENVIRONMENT = (NEEDS_GPU, REFUSES_CPU)
+CENTS = 100  # points are counted in hundredths: shares of a group add up to its points exactly
+MAX_OUTPUT = 8000
 
 
 def load_points(path: Path | None) -> dict[str, dict[str, float]]:
@@ -48,22 +56,71 @@ def load_points(path: Path | None) -> dict[str, dict[str, float]]:
                 raise ValueError(
                     f"{path}: points are given per tier ({', '.join(TIERS)}), each a table of hook -> points"
                 )
+            bad = {k: v for k, v in row.items() if not _number(v) or v < 0}
+            if bad:
+                raise ValueError(f"{path}: points are numbers of 0 or more, not {bad}")
             points[tier].update({k: float(v) for k, v in row.items()})
     return points
 
 
-def _case_points(cases: list[dict], points: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Each case's share of its hook group's points in its tier."""
-    counted: dict[tuple[str, str], list[dict]] = {}
+def _group_points(points: dict[str, dict[str, float]], tier: str, group: str) -> int:
+    row = points.get(tier, {})
+    return round(float(row.get(group, row.get("default", 0))) * CENTS)
+
+
+def split(total: int, n: int) -> list[int]:
+    """``total`` hundredths over ``n`` cases: equal shares, the remainder a hundredth each to the first."""
+    base, extra = divmod(total, n)
+    return [base + (i < extra) for i in range(n)]
+
+
+def _environment(case: dict) -> bool:
+    return case["status"] == SKIPPED and case["kind"] in ENVIRONMENT
+
+
+def _case_cents(cases: list[dict], points: dict[str, dict[str, float]]) -> dict[str, int]:
+    """Each case's share of its hook group's points in its tier, in hundredths."""
+    counted: dict[tuple[str, str], list[str]] = {}
     for c in cases:
-        if c["kind"] not in ENVIRONMENT:
-            counted.setdefault((c["hooks"][0], c["tier"]), []).append(c)
-    share = {}
+        if not _environment(c):
+            counted.setdefault((c["hooks"][0], c["tier"]), []).append(c["id"])
+    share: dict[str, int] = {}
     for (group, tier), members in counted.items():
-        row = points.get(tier, {})
-        total = float(row.get(group, row.get("default", 0)))
-        share |= {c["id"]: total / len(members) for c in members}
+        share |= dict(zip(members, split(_group_points(points, tier, group), len(members)), strict=True))
     return share
+
+
+def _entry(name: str, cents: int, max_cents: int, status: str | None, output: str, tags: list) -> dict:
+    test = {"name": name, "score": cents / CENTS, "max_score": max_cents / CENTS}
+    if status is not None:  # no status: neither passed nor failed (a case this machine cannot run)
+        test["status"] = status
+    return test | {"output": output[:MAX_OUTPUT], "visibility": "visible", "tags": tags}
+
+
+def _case_entry(c: dict, max_cents: int) -> tuple[dict, int]:
+    passed = c["status"] == PASSED
+    status: str | None = "passed" if passed else "failed"
+    output = c["message"] or ("passed" if passed else c["status"])
+    if _environment(c):
+        status, output = None, f"not graded on this machine ({c['kind']}), no points: {c['message']}"
+    cents = max_cents if passed else 0
+    name = f"{c['hooks'][0]}: {c['id']}"
+    return _entry(name, cents, max_cents, status, output, [c["tier"], c["hooks"][0]]), cents
+
+
+def _grader_failed(why: str) -> dict:
+    return _entry("grader failed", 0, 0, "failed", why, ["grader"])
+
+
+def _document(tests: list[dict], score_cents: int, output: str) -> dict[str, Any]:
+    """The submission's document; ``score`` is the sum of the tests' scores, counted in hundredths."""
+    return {
+        "score": score_cents / CENTS,
+        "output": output,
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": tests,
+    }
 
 
 def results(
@@ -71,74 +128,88 @@ def results(
 ) -> dict[str, Any]:
     """Gradescope's results for one repository; ``failure`` (or a report without cases) adds a visible
     "grader failed" entry."""
-    tests = []
     cases = (report or {}).get("cases", [])
-    share = _case_points(cases, points)
-    for c in cases:
-        max_score = round(share.get(c["id"], 0.0), 4)
-        passed = c["status"] == PASSED
-        output = c["message"] or ("passed" if passed else c["status"])
-        if c["status"] == SKIPPED:
-            output = f"skipped ({c['kind']}): {c['message']}"
-        tests.append(
-            {
-                "name": f"{c['hooks'][0]}: {c['id']}",
-                "score": max_score if passed else 0.0,
-                "max_score": max_score,
-                "status": "passed" if passed else "failed",
-                "output": output[:8000],
-                "visibility": "visible",
-                "tags": [c["tier"], c["hooks"][0]],
-            }
-        )
+    share = _case_cents(cases, points)
+    graded = [_case_entry(c, share.get(c["id"], 0)) for c in cases]
+    tests = [t for t, _ in graded]
     errors = [c for c in cases if c["status"] == ERROR]
     if failure or not cases or errors:
-        why = failure or (errors[0]["message"] if errors else "the grader produced no verdicts")
         tests.append(
-            {
-                "name": "grader failed",
-                "score": 0.0,
-                "max_score": 0.0,
-                "status": "failed",
-                "output": why[:8000],
-                "visibility": "visible",
-                "tags": ["grader"],
-            }
+            _grader_failed(failure or (errors[0]["message"] if errors else "the grader produced no verdicts"))
         )
-    return {
-        "score": round(sum(t["score"] for t in tests), 2),
-        "output": f"seed {(report or {}).get('seed')}; {len(cases)} cases graded",
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": tests,
-    }
+    output = f"seed {(report or {}).get('seed')}; {len(cases)} cases graded"
+    return _document(tests, sum(c for _, c in graded), output)
+
+
+def students_error(why: str, points: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The student's own code stopped the grading before any case ran (the adapters file does not
+    parse): every hook group that carries points in a tier fails at 0 of them, saying why."""
+    tests = []
+    for tier in TIERS:
+        groups = dict.fromkeys(c.hooks[0] for c in CASES.values() if c.tier == tier)
+        for group in groups:
+            if cents := _group_points(points, tier, group):
+                tests.append(_entry(f"{group}: {tier} tier", 0, cents, "failed", why, [tier, group]))
+    return _document(tests, 0, f"not graded: {why}"[:MAX_OUTPUT])
+
+
+def write(path: Path, doc: dict[str, Any]) -> list[str]:
+    """Write ``doc`` to ``path`` when it is a valid results.json; else a visible "grader failed"
+    document naming what was wrong (nothing invalid reaches Gradescope). Returns the problems found."""
+    found = problems(doc)
+    if found:
+        why = f"the grader built an invalid results.json: {'; '.join(found[:5])}"
+        print(why, file=sys.stderr)
+        doc = _document([_grader_failed(why)], 0, why[:MAX_OUTPUT])
+    path.write_text(json.dumps(doc, indent=2))
+    return found
 
 
 REQUIRED = {
     "name": str,
     "score": (int, float),
     "max_score": (int, float),
-    "status": str,
     "output": str,
     "visibility": str,
 }
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _test_problems(i: int, test: Any) -> list[str]:
+    if not isinstance(test, dict):
+        return [f"tests[{i}] is not an object"]
+    found = [
+        f"tests[{i}].{k} missing or not {t}" for k, t in REQUIRED.items() if not isinstance(test.get(k), t)
+    ]
+    if "status" in test and test["status"] not in ("passed", "failed"):
+        found.append(f"tests[{i}].status is {test.get('status')!r}")
+    if "status" not in test and test.get("max_score") != 0:
+        found.append(f"tests[{i}] has no status but carries points")
+    if test.get("visibility") not in VISIBILITIES:
+        found.append(f"tests[{i}].visibility is {test.get('visibility')!r}")
+    score, top = test.get("score"), test.get("max_score")
+    if _number(score) and _number(top) and score > top:
+        found.append(f"tests[{i}] scores {score}, above its max_score {top}")
+    if _number(score) and score < 0:
+        found.append(f"tests[{i}] scores {score}, below 0")
+    return found
 
 
 def problems(doc: dict[str, Any]) -> list[str]:
     """What keeps ``doc`` from being a valid results.json (empty when it is valid)."""
-    found = [] if isinstance(doc.get("tests"), list) else ["no tests list"]
-    for i, test in enumerate(doc.get("tests") or []):
-        for key, kind in REQUIRED.items():
-            if not isinstance(test.get(key), kind):
-                found.append(f"tests[{i}].{key} missing or not {kind}")
-        if test.get("status") not in ("passed", "failed"):
-            found.append(f"tests[{i}].status is {test.get('status')!r}")
-        if test.get("visibility") not in ("visible", "hidden", "after_due_date", "after_published"):
-            found.append(f"tests[{i}].visibility is {test.get('visibility')!r}")
-        if (
-            isinstance(test.get("score"), int | float)
-            and isinstance(test.get("max_score"), int | float)
-            and test["score"] > test["max_score"]
-        ):
-            found.append(f"tests[{i}] scores above its max_score")
+    tests = doc.get("tests")
+    if not isinstance(tests, list):
+        return ["no tests list"]
+    found = [p for i, t in enumerate(tests) for p in _test_problems(i, t)]
+    scores = [t.get("score") for t in tests if isinstance(t, dict)]
+    if not _number(doc.get("score")):
+        found.append("no score")
+    elif all(_number(s) for s in scores) and not math.isclose(doc["score"], math.fsum(scores), abs_tol=1e-9):
+        found.append(f"score {doc['score']} is not the sum of the tests' scores {math.fsum(scores)}")
+    if doc.get("visibility", "visible") not in VISIBILITIES:
+        found.append(f"visibility is {doc.get('visibility')!r}")
     return found

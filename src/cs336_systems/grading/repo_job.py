@@ -11,6 +11,7 @@ observed from outside where the machine can, and whether it may be ranked (``lea
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -99,7 +100,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     report = json.loads((out / "grade.json").read_text())
     if why := _load_failure(report):
         (out / "grade.json").unlink()
-        return _failed(out, points, f"cannot grade {roots.adapters}: {why}")
+        return _failed(out, points, f"cannot grade {roots.adapters}: {why}", _parses(adapters))
     if opts.course_tests:
         given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
         started = time.monotonic()
@@ -119,7 +120,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
     (out / "grade.json").write_text(json.dumps(report, indent=2))
-    (out / "results.json").write_text(json.dumps(gradescope.results(report, points), indent=2))
+    gradescope.write(out / "results.json", gradescope.results(report, points))
     from .summary import exit_status
 
     return exit_status(report, not roots.self_grade, code)
@@ -151,8 +152,18 @@ def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict) -
     return leaderboard.row(roots, report)
 
 
-def _failed(out: Path, points: dict, why: str) -> int:
-    (out / "results.json").write_text(json.dumps(gradescope.results(None, points, why), indent=2))
+def _parses(adapters: Path) -> bool:
+    """Whether the adapters file parses: one that does not is the student's error, not the grader's."""
+    try:
+        ast.parse(adapters.read_bytes(), str(adapters))
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:
+    doc = gradescope.results(None, points, why) if parses else gradescope.students_error(why, points)
+    gradescope.write(out / "results.json", doc)
     (out / "failure.txt").write_text(why + "\n")
     return 2
 

@@ -74,9 +74,6 @@ class Collected:
     job_problem: str | None = None
     conversation: Any = None  # what ``Job.conversation`` returned
 
-    def complete(self, name: str, world_size: int) -> bool:
-        return all((name, r) in self.records for r in range(world_size))
-
 
 def _env(rank: int, world_size: int, port: int, task: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CS336_GRADE"))}

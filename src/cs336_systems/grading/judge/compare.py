@@ -1,5 +1,9 @@
 """The elementwise comparison every judge uses: ``|got - ref| <= atol + rtol * |ref|`` (the form of
-``torch.testing.assert_close`` and ``torch.allclose``), in float64 so that the check adds no rounding."""
+``torch.testing.assert_close`` and ``torch.allclose``), in float64 so that the check adds no rounding.
+
+A NaN is never within a bound, and neither is an inf where the reference is finite: every comparison
+with a NaN is false, so the bound is tested as "within" and its negation counted, never as "outside"
+(``diff > bound`` would let a NaN through). Equal values (an inf the reference also holds) are within."""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ from ..worker.cases import Tolerance
 
 
 def outside(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> torch.Tensor:
-    """Where ``got`` is off ``ref`` by more than ``tol`` allows (a boolean tensor)."""
-    return (got.double() - ref.double()).abs() > tol.atol + tol.rtol * ref.double().abs()
+    """Where ``got`` is off ``ref`` by more than ``tol`` allows, or is NaN (a boolean tensor)."""
+    got, ref = got.double(), ref.double()
+    within = (got - ref).abs() <= tol.atol + tol.rtol * ref.abs()
+    return ~(within | (got == ref))
 
 
 def close(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> bool:

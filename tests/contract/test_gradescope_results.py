@@ -1,0 +1,163 @@
+"""``results.json``, exactly: a group's points split over its cases and adding up to the group's points,
+each tier its own points, "not implemented" worth 0 of its points, a case this machine cannot run
+neither passed nor failed, a syntax error the student's failing tests, "grader failed" visible, and every
+document checked before it is written."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from cs336_systems.grading import gradescope, repo_job
+from cs336_systems.grading.worker.cases import CASES, COURSE
+
+POINTS = gradescope.DEFAULT_POINTS
+COURSE_POINTS = {"get_fsdp": 10, "get_ddp": 5, "get_flashattention_autograd_function_pytorch": 5}
+
+
+def _case(n: int, hook: str, tier: str = "course", status: str = "passed", kind: str = "") -> dict:
+    return {
+        "id": f"{hook}-{tier}-{n}",
+        "tier": tier,
+        "hooks": [hook],
+        "status": status,
+        "kind": kind,
+        "message": "m",
+    }
+
+
+def _scores(doc: dict) -> list[tuple[float, float]]:
+    return [(t["score"], t["max_score"]) for t in doc["tests"]]
+
+
+def _exact_sum(values: list[float]) -> Decimal:
+    """The sum a reader of the JSON sees: each number as written, added in decimal."""
+    return sum((Decimal(repr(v)) for v in values), Decimal(0))
+
+
+def test_a_groups_points_are_split_over_its_cases() -> None:
+    cases = [_case(i, "get_fsdp", status="failed" if i == 3 else "passed") for i in range(4)]
+    doc = gradescope.results({"cases": cases, "seed": 1}, POINTS)
+    assert _scores(doc) == [(2.5, 2.5), (2.5, 2.5), (2.5, 2.5), (0.0, 2.5)]
+    assert doc["score"] == 7.5 and [t["status"] for t in doc["tests"]] == ["passed"] * 3 + ["failed"]
+    assert gradescope.problems(doc) == []
+
+
+def test_shares_add_up_to_the_groups_points_exactly() -> None:
+    """5 points over 3 cases are 1.67 + 1.67 + 1.66; the score is the tests' scores added, in hundredths."""
+    doc = gradescope.results({"cases": [_case(i, "get_ddp") for i in range(3)]}, POINTS)
+    assert _scores(doc) == [(1.67, 1.67), (1.67, 1.67), (1.66, 1.66)]
+    assert _exact_sum([t["max_score"] for t in doc["tests"]]) == 5
+    assert Decimal(repr(doc["score"])) == _exact_sum([t["score"] for t in doc["tests"]]) == 5
+
+
+def test_every_course_case_passing_scores_every_course_point() -> None:
+    """The whole case table, as a class run on a GPU host grades it: shares of groups of 2 to 30 cases."""
+    cases = [
+        {"id": c.id, "tier": c.tier, "hooks": list(c.hooks), "status": "passed", "kind": "", "message": ""}
+        for c in CASES.values()
+    ]
+    doc = gradescope.results({"cases": cases}, POINTS)
+    course = {c.hooks[0] for c in CASES.values() if c.tier == COURSE}
+    total = sum(POINTS["course"].get(g, 0) for g in course)
+    assert total == 45 and Decimal(repr(doc["score"])) == total
+    assert (
+        _exact_sum([t["score"] for t in doc["tests"]])
+        == total
+        == _exact_sum([t["max_score"] for t in doc["tests"]])
+    )
+
+
+def test_each_tier_has_its_own_points(tmp_path: Path) -> None:
+    cases = [_case(0, "get_ddp"), *(_case(i, "get_ddp", "beyond") for i in range(3))]
+    assert _scores(gradescope.results({"cases": cases}, POINTS)) == [(5.0, 5.0)] + [(0.0, 0.0)] * 3
+    table = tmp_path / "points.json"
+    table.write_text(json.dumps({"beyond": {"default": 1}}))
+    doc = gradescope.results({"cases": cases}, gradescope.load_points(table))
+    assert _scores(doc) == [(5.0, 5.0), (0.34, 0.34), (0.33, 0.33), (0.33, 0.33)] and doc["score"] == 6
+    table.write_text(json.dumps({"course": {"get_ddp": -1}}))
+    with pytest.raises(ValueError, match="points are numbers of 0 or more"):
+        gradescope.load_points(table)
+
+
+def test_not_implemented_scores_zero_of_its_points() -> None:
+    blank = _case(0, "get_fsdp", status="skipped", kind="not-implemented")
+    doc = gradescope.results({"cases": [blank]}, POINTS)
+    assert _scores(doc) == [(0.0, 10.0)] and doc["tests"][0]["status"] == "failed"
+    assert doc["score"] == 0
+
+
+def test_a_case_this_machine_cannot_run_is_neither_passed_nor_failed() -> None:
+    """On a CPU the GPU cases skip: 0 of 0 points and no status (Gradescope knows only passed and
+    failed); the group's points go to the cases that ran."""
+    cases = [_case(0, "get_ddp"), _case(1, "get_ddp", status="skipped", kind="needs-gpu")]
+    cases.append(_case(2, "get_ddp", status="skipped", kind="refuses-cpu"))
+    doc = gradescope.results({"cases": cases}, POINTS)
+    assert _scores(doc) == [(5.0, 5.0), (0.0, 0.0), (0.0, 0.0)] and doc["score"] == 5
+    skipped = doc["tests"][1:]
+    assert all("status" not in t and t["output"].startswith("not graded on this machine") for t in skipped)
+    assert gradescope.problems(doc) == []
+
+
+def test_grader_failed_is_visible_and_worth_nothing() -> None:
+    error = _case(0, "get_ddp", status="error", kind="missing-dependency")
+    for doc in (
+        gradescope.results(None, POINTS, "timed out after 45 s"),
+        gradescope.results({"cases": [error]}, POINTS),
+    ):
+        failed = [t for t in doc["tests"] if t["name"] == "grader failed"]
+        assert len(failed) == 1 and failed[0]["visibility"] == "visible", doc
+        assert failed[0]["status"] == "failed" and (failed[0]["score"], failed[0]["max_score"]) == (0, 0)
+        assert doc["visibility"] == "visible" and gradescope.problems(doc) == []
+
+
+def test_a_syntax_error_is_the_students_failing_tests(tmp_path: Path) -> None:
+    adapters = tmp_path / "adapters.py"
+    adapters.write_text("def get_ddp(:\n")
+    assert not repo_job._parses(adapters)
+    assert (
+        repo_job._failed(tmp_path, POINTS, "does not parse: invalid syntax", repo_job._parses(adapters)) == 2
+    )
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert "grader failed" not in [t["name"] for t in doc["tests"]]
+    assert all(
+        t["status"] == "failed" and t["output"] == "does not parse: invalid syntax" for t in doc["tests"]
+    )
+    assert doc["score"] == 0 and _exact_sum([t["max_score"] for t in doc["tests"]]) == 45
+    assert gradescope.problems(doc) == []
+    adapters.write_text("import nowhere\n")
+    assert repo_job._parses(adapters)
+
+
+def test_an_invalid_document_is_never_written(tmp_path: Path) -> None:
+    good = gradescope.results({"cases": [_case(0, "get_ddp")]}, POINTS)
+    assert gradescope.write(tmp_path / "good.json", good) == []
+    assert json.loads((tmp_path / "good.json").read_text()) == good
+    bad = {**good, "tests": [{**good["tests"][0], "status": "skipped"}]}
+    found = gradescope.write(tmp_path / "bad.json", bad)
+    assert found == ["tests[0].status is 'skipped'"]
+    written = json.loads((tmp_path / "bad.json").read_text())
+    assert gradescope.problems(written) == [] and [t["name"] for t in written["tests"]] == ["grader failed"]
+    assert "tests[0].status is 'skipped'" in written["tests"][0]["output"]
+
+
+def test_problems_are_named() -> None:
+    test = {
+        "name": "x",
+        "score": 2,
+        "max_score": 1,
+        "status": "skipped",
+        "output": "",
+        "visibility": "visible",
+    }
+    found = gradescope.problems({"score": 4, "tests": [test, {**test, "status": None} | {"score": 1}]})
+    assert "tests[0].status is 'skipped'" in found, found
+    assert "tests[0] scores 2, above its max_score 1" in found, found
+    assert any("not the sum of the tests' scores" in p for p in found), found
+    unscored = {k: v for k, v in test.items() if k != "status"} | {"score": 0}
+    assert gradescope.problems({"score": 0, "tests": [unscored]}) == [
+        "tests[0] has no status but carries points"
+    ]
