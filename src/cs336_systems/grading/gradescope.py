@@ -112,15 +112,29 @@ def _grader_failed(why: str) -> dict:
     return _entry("grader failed", 0, 0, "failed", why, ["grader"])
 
 
-def _document(tests: list[dict], score_cents: int, output: str) -> dict[str, Any]:
-    """The submission's document; ``score`` is the sum of the tests' scores, counted in hundredths."""
-    return {
+def _document(
+    tests: list[dict], score_cents: int, output: str, report: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The submission's document; ``score`` is the sum of the tests' scores, counted in hundredths. A
+    ranked leaderboard row becomes Gradescope's ``leaderboard`` entry (an unranked one has none)."""
+    report = report or {}
+    seconds = [s for s in (report.get("seconds") or {}).values() if _number(s)]
+    doc: dict[str, Any] = {
         "score": score_cents / CENTS,
+        "execution_time": round(math.fsum(seconds)),
         "output": output,
         "visibility": "visible",
         "stdout_visibility": "hidden",
+        "extra_data": {"seed": report.get("seed")},
         "tests": tests,
     }
+    lb = report.get("leaderboard") or {}
+    if isinstance(lb, dict) and lb.get("ranked") and _number(lb.get("mean_ms")) and lb["mean_ms"] > 0:
+        doc["leaderboard"] = [{"name": LEADERBOARD_NAME, "value": round(lb["mean_ms"], 3), "order": "asc"}]
+    return doc
+
+
+LEADERBOARD_NAME = "2025 leaderboard case, ms (the grader's clock)"
 
 
 def results(
@@ -138,7 +152,7 @@ def results(
             _grader_failed(failure or (errors[0]["message"] if errors else "the grader produced no verdicts"))
         )
     output = f"seed {(report or {}).get('seed')}; {len(cases)} cases graded"
-    return _document(tests, sum(c for _, c in graded), output)
+    return _document(tests, sum(c for _, c in graded), output, report)
 
 
 def students_error(why: str, points: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -212,4 +226,8 @@ def problems(doc: dict[str, Any]) -> list[str]:
         found.append(f"score {doc['score']} is not the sum of the tests' scores {math.fsum(scores)}")
     if doc.get("visibility", "visible") not in VISIBILITIES:
         found.append(f"visibility is {doc.get('visibility')!r}")
+    for i, entry in enumerate(doc.get("leaderboard", [])):
+        ok = isinstance(entry, dict) and isinstance(entry.get("name"), str) and _number(entry.get("value"))
+        if not ok or entry.get("order", "desc") not in ("asc", "desc"):
+            found.append(f"leaderboard[{i}] is not a name, a finite value and an order")
     return found
