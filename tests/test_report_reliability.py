@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from cs336_systems import report
 from cs336_systems.report.compare import compare_runs
 from cs336_systems.report.load import unreliable
@@ -116,3 +118,42 @@ def test_compare_names_interpreted_rows_and_hides_unreliable_figures(tmp_path: P
     assert "900 (interpreted)" in shown
     a, b = _compare_runs(tmp_path, TIGHT_LOADED)  # rounds that agree are a result at any load
     assert "| 10.50 | 31.50 | 3× |" in compare_runs(a, b)
+
+
+# ---- D25: C and W of one machine ----------------------------------------------------------------------
+
+
+def _matmul(device: str, tflops: float) -> report.Record:
+    values = {"mean_ms": 3.0, "matmul_tflops": tflops, **QUIET}
+    return report.Record("model group", "model", "m", "s", device, "m", {"dtype": "bf16"}, values)
+
+
+def _gloo(device: str, busbw: float, facts: dict) -> report.Record:
+    desc = {"backend": "gloo", "world_size": 2}
+    values = {"mean_ms": 5.0, "busbw_gbps": busbw, "bytes": 2.0**20, **facts}
+    return report.Record("allreduce group", "allreduce", "g", "s", device, "m", desc, values)
+
+
+def test_d25_never_mixes_machines_for_c_and_w() -> None:
+    from cs336_systems.report import parallelism as R
+
+    # the issue's run: an H200's matmul rate beside a CPU's gloo busbw whose rounds agree at load 11.8
+    gloo = _gloo(CPU, 0.291, {**TIGHT_LOADED, "load_avg_1m": 11.8})
+    assert unreliable(gloo) is None  # a result: the verdict lets it stand, the pairing must not
+    mixed = [_matmul(GPU, 787.5), gloo]
+    hw = R.hardware(mixed)
+    assert (hw.c, hw.w) == (R.DEFAULT_C, R.DEFAULT_W)
+    assert f"C was measured on {GPU} and W on {CPU}" in hw.c_source
+    assert "SPEC.md" in hw.w_source and "docs/perf-notes.md" in hw.c_source  # the stated constants' sources
+    text = R.parallelism_answer(mixed)
+    assert "largest N_DP | `1 + ⌊B·W/C⌋` | 1 |" not in text and "0.291" not in text
+    with pytest.raises(ValueError, match="figures of different machines"):
+        R.measured_pair(R.measured_c(mixed)[GPU], R.measured_w(mixed)[CPU])
+    # one machine that measured both: its own figures, the GPU's before the CPU's
+    nvlink = _gloo(GPU, 300.0, QUIET)
+    hw = R.hardware([*mixed, nvlink, _matmul(CPU, 0.5)])
+    assert (hw.c, hw.w) == (787.5e12, 300.0e9) and GPU in hw.c_source and GPU in hw.w_source
+    hw = R.hardware([_matmul(CPU, 0.5), gloo])
+    assert (hw.c, hw.w) == (0.5e12, 0.291e9)  # a CPU's answer from a CPU's figures
+    hw = R.hardware([_matmul(GPU, 787.5)])
+    assert (hw.c, hw.w) == (R.DEFAULT_C, R.DEFAULT_W) and "no W: no D13 rows" in hw.c_source
