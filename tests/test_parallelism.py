@@ -245,7 +245,7 @@ def test_section_renders_with_measured_hardware_and_writes_plot(tmp_path: Path) 
     assert R.hardware(records) == R.Hardware(
         hw.c, hw.w, hw.c_source.replace("NVIDIA H200", "H200"), hw.w_source.replace("NVIDIA H200", "H200")
     )
-    assert "default: the bf16 dense matmul rate measured on an H200" in R.parallelism_answer([])
+    assert "stated constant: the bf16 dense matmul rate measured on an H200" in R.parallelism_answer([])
 
 
 def test_plotted_limits_compose() -> None:

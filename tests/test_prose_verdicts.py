@@ -78,6 +78,8 @@ def test_d25_judges_raw_pytest_benchmark_rows_the_same_way() -> None:
     """``python -m cs336_systems.report.parallelism results.json`` reads raw rows, not Records."""
     extra = {"group_key": "allreduce", "device_name": CPU, "busbw_gbps": 1.7, "mean_ms": 5.0}
     raw = {"group": "D13 all-reduce", "name": "gloo", "params": {"backend": "gloo"}, "extra_info": extra}
-    assert hardware([raw]).w == 1.7e9
+    rate = {"group_key": "model", "device_name": CPU, "matmul_tflops": 0.79, "mean_ms": 3.0}
+    matmul = {"group": "D2 model", "name": "m", "params": {"dtype": "bf16"}, "extra_info": rate}
+    assert hardware([raw, matmul]).w == 1.7e9  # C and W of one machine
     loaded = {**raw, "extra_info": {**extra, **LOADED}}
-    assert hardware([loaded]).w == DEFAULT_W
+    assert hardware([loaded, matmul]).w == DEFAULT_W

@@ -143,7 +143,7 @@ def test_plot_of_one_x_value_is_left_out_and_points_sit_on_plain_ticks() -> None
     # the unreliable point is marked, once in the legend
     crosses = [line for line in ax.lines if line.get_marker() == "x"]
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [256.0]
-    assert "unreliable timing (see the table)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "unreliable timing (see the table)" in [t.get_text() for t in fig.legends[0].get_texts()]
     fig.canvas.draw()
     labels = [t.get_text() for t in (*ax.get_yticklabels(), *ax.get_yticklabels(minor=True))]
     shown = [label for label in labels if label]

@@ -5,15 +5,21 @@ A name alone does not identify a row: D2's warm-up study and its model table bot
 
 pytest-benchmark's own ``pytest-benchmark compare A B`` lists rows per group without pairing them;
 ``--group-by=name`` (or ``fullname``) pairs them there. This mode pairs rows of any two results files
-the report reads and prints one Markdown table: name, time in A, time in B, B / A.
+the report reads and prints one Markdown table: name, time in A, time in B, B / A. A row's verdict
+holds here as in the tables: an unreliable or interpreted time shows as its mark (its figure only with
+``show_unreliable``, marked), and no ratio is derived from it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cs336_systems.report.load import STATS_MEAN, Record, load, unreliable
-from cs336_systems.report.tables import format_number
+from cs336_systems.report.tables import _not_run, format_number
+from cs336_systems.rows.contention import INTERPRETER_NOTE, verdict_label
+
+NAMES_SHOWN = 10  # rows named in the "not run in either" line; the rest are counted
 
 
 def _time_ms(r: Record) -> float | None:
@@ -30,38 +36,83 @@ def pair_key(r: Record) -> tuple[str, str, str]:
     return (r.group_key or "", r.group, r.name)
 
 
+def _ran(r: Record) -> bool:
+    return r.oom or (_not_run(r) is None and _time_ms(r) is not None)
+
+
+def _cell(r: Record, show: bool) -> str:
+    """A side's time: OOM, why it did not run, its verdict's mark, or its figure (marked with ``show``)."""
+    if r.oom:
+        return "OOM"
+    not_run, t = _not_run(r), _time_ms(r)
+    if not_run is not None or t is None:
+        return not_run[0] if not_run else "—"
+    why = unreliable(r)
+    if why and not show:
+        return verdict_label(why)
+    return format_number("mean_ms", t) + (f" ({verdict_label(why)})" if why else "")
+
+
+@dataclass
+class _Counts:
+    contended: int = 0
+    interpreted: int = 0
+    not_run: list[str] = field(default_factory=list)
+
+
+def _ratio(ra: Record, rb: Record, show: bool, counts: _Counts) -> str:
+    """B / A, or why there is none: a side that is no result gives its mark (the figure with ``show``)."""
+    ta, tb = _time_ms(ra), _time_ms(rb)
+    ok = all(_ran(r) and not r.oom for r in (ra, rb)) and ta and tb
+    ratio = f"{tb / ta:.3g}×" if ok else "—"
+    verdicts = [(side, w) for side, r in (("A", ra), ("B", rb)) if (w := unreliable(r))]
+    if not verdicts or not ok:
+        return ratio
+    shown = f"{ratio} " if show else ""
+    if any(w == INTERPRETER_NOTE for _, w in verdicts):  # the note is long: once under the table
+        counts.interpreted += 1
+        return f"{shown}interpreted"
+    counts.contended += 1  # a ratio of load, not of the case: say so instead of printing it
+    return f"{shown}unreliable ({'; '.join(f'{side}: {w}' for side, w in verdicts)})"
+
+
+def _head(a: str | Path, b: str | Path, paired: int, counts: _Counts) -> str:
+    head = f"A = {a}, B = {b}: {paired} paired rows"
+    if counts.contended:
+        head += f", {counts.contended} of them timed under contention (no ratio: rerun on a quiet machine)"
+    if counts.interpreted:
+        head += f", {counts.interpreted} of them interpreted (no ratio: a Triton kernel timed on a CPU)"
+    return head
+
+
 def compare_runs(a: str | Path, b: str | Path, show_unreliable: bool = False) -> str:
-    """Markdown table of the rows present in both runs (by group and name), then the unpaired ones."""
+    """Markdown table of the rows present in both runs (by group and name) that ran in at least one,
+    then the rows that ran in neither (named once) and the unpaired ones (counted)."""
     _, rows_a = load([a])
     _, rows_b = load([b])
     by_key_b = {pair_key(r): r for r in rows_b}
     lines = ["| group | name | A (ms) | B (ms) | B / A |", "| --- | --- | --- | --- | --- |"]
-    paired = set()
-    unreliable_rows = 0
+    paired, counts = set(), _Counts()
     for ra in rows_a:
-        key = pair_key(ra)
-        rb = by_key_b.get(key)
+        rb = by_key_b.get(pair_key(ra))
         if rb is None:
             continue
-        paired.add(key)
-        ta, tb = _time_ms(ra), _time_ms(rb)
-        cells = [
-            "OOM" if r.oom else format_number("mean_ms", t) if t is not None else "—"
-            for r, t in ((ra, ta), (rb, tb))
-        ]
-        ratio = f"{tb / ta:.3g}×" if ta and tb and not (ra.oom or rb.oom) else "—"
-        why = [f"{side}: {w}" for side, r in (("A", ra), ("B", rb)) if (w := unreliable(r))]
-        if why and ratio != "—":  # a ratio of load, not of the case: say so instead of printing it
-            shown = f"{ratio} " if show_unreliable else ""
-            ratio = f"{shown}unreliable ({'; '.join(why)})"
-            unreliable_rows += 1
+        paired.add(pair_key(ra))
+        if not (_ran(ra) or _ran(rb)):
+            counts.not_run.append(ra.name)
+            continue
+        cells = [_cell(r, show_unreliable) for r in (ra, rb)]
+        ratio = _ratio(ra, rb, show_unreliable, counts)
         lines.append(f"| {ra.group} | {ra.name} | {cells[0]} | {cells[1]} | {ratio} |")
+    out = [_head(a, b, len(paired), counts), "", *lines]
+    if counts.interpreted:
+        out += ["", f"interpreted: {INTERPRETER_NOTE}."]
+    if counts.not_run:
+        names = counts.not_run[:NAMES_SHOWN]
+        more = f", and {len(counts.not_run) - len(names)} more" if len(counts.not_run) > len(names) else ""
+        out += ["", f"not run in either: {len(counts.not_run)} rows ({', '.join(names)}{more})"]
     only_a = [r.name for r in rows_a if pair_key(r) not in paired]
     only_b = [r.name for r in rows_b if pair_key(r) not in paired]
-    head = f"A = {a}, B = {b}: {len(paired)} paired rows"
-    if unreliable_rows:
-        head += f", {unreliable_rows} of them timed under contention (no ratio: rerun on a quiet machine)"
-    out = [head, "", *lines]
     if only_a or only_b:
         out += ["", f"only in A: {len(only_a)} rows; only in B: {len(only_b)} rows"]
     return "\n".join(out)

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.rows.contention import INTERPRETER_NOTE, contention_reasons, interpreted, verdict_label
+from cs336_systems.rows.contention import (
+    INTERPRETER_NOTE,
+    contention_reasons,
+    host_timed,
+    interpreted,
+    verdict_label,
+)
 from cs336_systems.rows.schema import GROUPS
 
 
@@ -107,6 +113,7 @@ class Record:
     oom: bool = False
     skipped: str | None = None
     ratio_caveat: str | None = None  # a ratio on this row compares it with a row that is no result
+    device_named: bool = True  # the row wrote its own device_name (``device`` may be filled in later)
 
 
 @dataclass
@@ -191,6 +198,7 @@ def _record(bench: dict[str, Any], source: str, machine: str) -> Record:
         flags=flags,
         oom=oom,
         skipped=str(skipped) if skipped else None,
+        device_named=bool(extra.get("device_name")),
     )
 
 
@@ -427,7 +435,7 @@ def unreliable(record: Record) -> str | None:
     tables, ``--compare``, the plots and the prose, and no ratio is derived from it."""
     if is_interpreted(record):
         return INTERPRETER_NOTE
-    reasons = contention_reasons(record.values, _on_cpu(record))
+    reasons = contention_reasons(record.values, host_timed(record.device if record.device_named else ""))
     return "; ".join(reasons) or None
 
 

@@ -27,9 +27,16 @@ SECTION_KEY = "D25"
 TITLE = "2026: parallelism accounting (alternate_ring_all_reduce, data_parallel_calcs, fsdp_calcs, tp_calcs, fsdp_tp_calcs; D25)"
 PLOT_NAME = "d25_max_devices.png"
 
-# Fallbacks (SPEC): H200 bf16 dense matmul rate as measured, and the NCCL busbw of 2 H200s over NVLink.
+# The stated constants, both of one machine (an H200), used together when no machine measured both.
 DEFAULT_C = 790e12
 DEFAULT_W = 330e9
+DEFAULT_C_SOURCE = (
+    "stated constant: the bf16 dense matmul rate measured on an H200 (docs/perf-notes.md, D26: "
+    "775–790 TFLOP/s on each GPU)"
+)
+DEFAULT_W_SOURCE = (
+    "stated constant: the NCCL all-reduce busbw of 2 × H200 over NVLink at 1 GiB (SPEC.md, reference figures)"
+)
 # The FFN of the D26 8B configuration (SPEC): d_model 4096, d_ff 11,008.
 D_MODEL, D_FF = 4096, 11008
 EXAMPLE_B = 2**20  # global batch, tokens
@@ -44,6 +51,15 @@ STRATEGIES = ("DP", "FSDP", "TP", "2D overlapped", "2D shared")
 
 
 @dataclass(frozen=True)
+class Measured:
+    """One hardware figure measured by a row whose timing is a result, and the device that measured it."""
+
+    value: float
+    source: str
+    device: str
+
+
+@dataclass(frozen=True)
 class Hardware:
     c: float  # FLOP/s
     w: float  # bytes/s egress per device
@@ -53,6 +69,17 @@ class Hardware:
     @property
     def alpha(self) -> float:
         return P.alpha(self.c, self.w)
+
+
+def measured_pair(c: Measured, w: Measured) -> Hardware:
+    """C and W of one machine; figures of two machines never meet in one answer (an H200's C beside a
+    loaded CPU's gloo W made "largest N_DP = 1"): a ValueError names both."""
+    if c.device != w.device:
+        raise ValueError(
+            f"C measured on {c.device or 'an unnamed device'} and W on {w.device or 'an unnamed device'}: "
+            "figures of different machines do not make one answer"
+        )
+    return Hardware(c.value, w.value, c.source, w.source)
 
 
 def _fields(record: Any) -> tuple[str, str | None, str, dict[str, Any]]:
@@ -110,61 +137,76 @@ def _is_allreduce_row(record: Any) -> bool:
     return _number(f.get("busbw_gbps")) is not None and (key == "allreduce" or group.startswith("D13"))
 
 
-def measured_c(records: Iterable[Any]) -> tuple[float, str] | None:
-    """Largest measured bf16/fp16 matmul rate (extra_info ``matmul_tflops`` of the model benches) among
-    the rows whose timing is a result."""
-    best: tuple[float, str] | None = None
+def measured_c(records: Iterable[Any]) -> dict[str, Measured]:
+    """Per device, the largest measured bf16/fp16 matmul rate (extra_info ``matmul_tflops`` of the model
+    benches) among the rows whose timing is a result."""
+    best: dict[str, Measured] = {}
     for record in _results(records, _is_matmul_row)[0]:
         group, _key, device, f = _fields(record)
-        rate = _number(f.get("matmul_tflops"))
-        if best is None or rate * 1e12 > best[0]:
+        rate = _number(f.get("matmul_tflops")) * 1e12
+        if device not in best or rate > best[device].value:
             where = f" on {device}" if device else ""
-            best = (
-                rate * 1e12,
-                f"measured {f.get('dtype', '')} matmul rate (`matmul_tflops` of {group}){where}",
-            )
+            source = f"measured {f.get('dtype', '')} matmul rate (`matmul_tflops` of {group}){where}"
+            best[device] = Measured(rate, source, device)
     return best
 
 
-def measured_w(records: Iterable[Any]) -> tuple[float, str] | None:
-    """busbw of the D13 all-reduce at its largest size, preferring NCCL at 2 ranks, among the rows
-    whose timing is a result."""
-    rows = []
+def measured_w(records: Iterable[Any]) -> dict[str, Measured]:
+    """Per device, the busbw of the D13 all-reduce at its largest size, preferring NCCL at 2 ranks,
+    among the rows whose timing is a result."""
+    ranked: dict[str, tuple[tuple, Measured]] = {}
     for record in _results(records, _is_allreduce_row)[0]:
         _group, _key, device, f = _fields(record)
-        busbw = _number(f.get("busbw_gbps"))
-        rank = (f.get("backend") == "nccl", str(f.get("world_size")) == "2", _number(f.get("bytes")) or 0.0)
-        rows.append((rank, busbw, f, device))
-    if not rows:
-        return None
-    _rank, busbw, f, device = max(rows, key=lambda row: row[0])
-    size = f"{_number(f.get('bytes')) / 2**20:,.0f} MiB" if _number(f.get("bytes")) else "largest size"
-    where = f" on {device}" if device else ""
-    return busbw * 1e9, (
-        f"busbw of the D13 all-reduce ({f.get('backend', '?')}, {f.get('world_size', '?')} ranks, {size}){where}"
-    )
+        size_bytes = _number(f.get("bytes"))
+        rank = (f.get("backend") == "nccl", str(f.get("world_size")) == "2", size_bytes or 0.0)
+        size = f"{size_bytes / 2**20:,.0f} MiB" if size_bytes else "largest size"
+        where = f" on {device}" if device else ""
+        source = (
+            f"busbw of the D13 all-reduce ({f.get('backend', '?')}, {f.get('world_size', '?')} ranks, {size})"
+            f"{where}"
+        )
+        if device not in ranked or rank > ranked[device][0]:
+            ranked[device] = (rank, Measured(_number(f.get("busbw_gbps")) * 1e9, source, device))
+    return {device: m for device, (_rank, m) in ranked.items()}
 
 
-def _why_default(records: list[Any], figure: Callable[[Any], bool], rows: str) -> str:
-    """Why a default stands: no rows measured the figure, or those that did are not results."""
-    left_out = _results(records, figure)[1]
-    if not left_out:
-        return f"no {rows}"
-    return f"the {left_out} {rows} measuring it are not results: their table marks them, and so the prose does not use them"
+def _why_default(records: list[Any], c: dict[str, Measured], w: dict[str, Measured]) -> str:
+    """Why the stated constants stand: which figure no reliable row measured, or that C and W were
+    measured on different machines."""
+    if c and w:
+        return (
+            f"C was measured on {', '.join(sorted(c))} and W on {', '.join(sorted(w))}: figures of "
+            "different machines do not make one answer"
+        )
+    missing = [
+        (name, figure, rows) for name, found, figure, rows in (
+            ("C", c, _is_matmul_row, "model rows"),
+            ("W", w, _is_allreduce_row, "D13 rows"),
+        ) if not found
+    ]  # fmt: skip
+    reasons = []
+    for name, figure, rows in missing:
+        left_out = _results(records, figure)[1]
+        said = f"the {left_out} {rows} measuring it are not results (their table marks them)"
+        reasons.append(f"no {name}: " + (said if left_out else f"no {rows}"))
+    return "; ".join(reasons)
+
+
+def _preference(device: str, c: Measured) -> tuple[bool, float]:
+    return (not device.lower().startswith("cpu"), c.value)  # a GPU's figures answer a GPU question
 
 
 def hardware(records: Iterable[Any]) -> Hardware:
+    """C and W from one machine's rows whose timing is a result (a GPU's before a CPU's), else the
+    stated constants for both, saying why."""
     records = list(records)
     c, w = measured_c(records), measured_w(records)
-    c_value, c_source = c or (
-        DEFAULT_C,
-        f"default: the bf16 dense matmul rate measured on an H200 ({_why_default(records, _is_matmul_row, 'model rows')})",
-    )
-    w_value, w_source = w or (
-        DEFAULT_W,
-        f"default: the NCCL busbw measured on 2 × H200 over NVLink ({_why_default(records, _is_allreduce_row, 'D13 rows')})",
-    )
-    return Hardware(c_value, w_value, c_source, w_source)
+    both = [device for device in c if device in w]
+    if both:
+        device = max(both, key=lambda d: _preference(d, c[d]))
+        return measured_pair(c[device], w[device])
+    why = _why_default(records, c, w)
+    return Hardware(DEFAULT_C, DEFAULT_W, f"{DEFAULT_C_SOURCE}; {why}", DEFAULT_W_SOURCE)
 
 
 # -------------------------------------------------------------------------------------------- format

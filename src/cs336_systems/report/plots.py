@@ -3,20 +3,88 @@
 The tables' verdict holds here too (issue 51): a point whose timing is unreliable is drawn as a red
 cross and named in the legend; a Triton kernel timed under the interpreter is no point at all. A panel
 "vs sequence length" with one sequence length says nothing about the trend and is left out; the x ticks
-are the measured values, so every point sits on a labelled tick."""
+are the measured values, so every point sits on a labelled tick, written as a reader writes them (1 MB,
+16k). Each implementation keeps one colour in every panel and figure (``IMPL_COLOURS``); the other
+parameters of a line (head dim, world size) pick its marker. One legend per figure, beside the panels."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from cs336_systems.report.load import VALUE_LABELS, Record, is_interpreted, numeric, rows_of, unreliable
 from cs336_systems.report.tables import _header, format_param
-from cs336_systems.units import parse_size
+from cs336_systems.units import GIB, MIB, parse_size
 
 Point = tuple[float, float, bool]  # x, y, and whether the row's timing is not a result
 Panels = dict[str, dict[str, list[Point]]]
+TickFormat = Callable[[float], str]
+UNRELIABLE_LABEL = "unreliable timing (see the table)"
+
+# One colour per implementation, fixed (harness.attention.IMPLS, the adapters rows and the all-reduce
+# backends; a test holds them together): matplotlib's cycle gave sdpa_efficient brown in one panel
+# and red in the next, where fewer implementations ran.
+IMPL_COLOURS = {
+    "pytorch": "tab:blue",
+    "pytorch_compiled": "tab:orange",
+    "flash_triton": "tab:green",
+    "sdpa_flash": "tab:red",
+    "sdpa_cudnn": "tab:purple",
+    "sdpa_efficient": "tab:brown",
+    "adapters": "tab:gray",
+    "nccl": "tab:cyan",
+    "gloo": "tab:olive",
+}
+SPARE_COLOURS = ("tab:pink", "#393b79", "#8c6d31", "#843c39", "#7b4173", "#637939")  # other names
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+
+
+def colour_of(implementation: str) -> str:
+    """The implementation's colour in every plot; a name outside the table gets a spare colour chosen
+    by the name itself (stable across runs and panels)."""
+    if implementation in IMPL_COLOURS:
+        return IMPL_COLOURS[implementation]
+    return SPARE_COLOURS[zlib.crc32(implementation.encode()) % len(SPARE_COLOURS)]
+
+
+def _split_label(label: str) -> tuple[str, str]:
+    """A series label "impl=x, d=64" -> (implementation "x", the rest "d=64")."""
+    first, _, rest = label.partition(", ")
+    return first.partition("=")[2] or first, rest
+
+
+def series_styles(labels: Iterable[str]) -> dict[str, dict[str, str]]:
+    """Colour by the label's first parameter (the implementation or backend), marker by the rest, the
+    same for a label wherever it appears in one figure (markers in order of first appearance)."""
+    labels = list(dict.fromkeys(labels))
+    rests = list(dict.fromkeys(_split_label(label)[1] for label in labels))
+    return {
+        label: {
+            "color": colour_of(_split_label(label)[0]),
+            "marker": MARKERS[rests.index(_split_label(label)[1]) % len(MARKERS)],
+        }
+        for label in labels
+    }
+
+
+def size_tick(nbytes: float) -> str:
+    """Bytes as the benches name the sizes: MB meaning MiB (units.py): 1 MB, 10 MB, 1 GB."""
+    for unit, base in (("GB", GIB), ("MB", MIB), ("KB", 1024)):
+        if nbytes >= base:
+            return f"{nbytes / base:.3g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def seq_tick(seq: float) -> str:
+    """A sequence length, short enough for ten ticks in one panel: 512, 1k, 16k (k = 1024)."""
+    return f"{seq / 1024:g}k" if seq >= 1024 and seq % 1024 == 0 else f"{seq:g}"
+
+
+def plain_tick(value: float) -> str:
+    return f"{value:g}"
 
 
 def _point(r: Record, x: float | None, key: str) -> Point | None:
@@ -26,22 +94,14 @@ def _point(r: Record, x: float | None, key: str) -> Point | None:
     return (x, r.values[key], unreliable(r) is not None)
 
 
-def _line_plot(
-    path: Path,
-    panels: Panels,
-    xlabel: str,
-    ylabel: str,
-    title: str,
-    x_base: int = 2,
-) -> Path | None:
-    """``line_figure`` saved to ``path`` (None, and no file, when there is nothing to draw)."""
-    fig = line_figure(panels, xlabel, ylabel, title, x_base)
+def _save(fig: Any, path: Path) -> Path | None:
+    """``fig`` saved to ``path``, the legend beside the panels included (None, and no file, without one)."""
     if fig is None:
         return None
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -51,9 +111,31 @@ def _drawable(panels: Panels) -> Panels:
     return {k: v for k, v in panels.items() if len({p[0] for pts in v.values() for p in pts}) > 1}
 
 
-def line_figure(panels: Panels, xlabel: str, ylabel: str, title: str, x_base: int = 2):
+def _draw_series(ax: Any, label: str, points: list[Point], style: dict[str, str], handles: dict) -> None:
+    """One series on ``ax``: a line (a marker alone for one point), unreliable points as red crosses."""
+    points = sorted(points)
+    if not points:
+        return
+    lone = {"linestyle": "none", "markersize": 8} if len(points) == 1 else {}
+    (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style, **lone)
+    handles.setdefault(label, line)
+    bad = [p for p in points if p[2]]
+    if bad:
+        xs, ys = [p[0] for p in bad], [p[1] for p in bad]
+        (cross,) = ax.plot(xs, ys, "x", color="red", markersize=9, label=UNRELIABLE_LABEL)
+        handles.setdefault(UNRELIABLE_LABEL, cross)
+
+
+def line_figure(
+    panels: Panels,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    x_base: int = 2,
+    x_format: TickFormat = plain_tick,
+):
     """One subplot per panel, one line per series, log-log axes; a series of one point is a marker;
-    unreliable points are red crosses over their series."""
+    unreliable points are red crosses over their series; one legend for the figure, right of it."""
     panels = _drawable(panels)
     if not panels:
         return None
@@ -66,51 +148,43 @@ def line_figure(panels: Panels, xlabel: str, ylabel: str, title: str, x_base: in
     cols = min(n, 3)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    styles = series_styles(label for series in panels.values() for label in series)
+    handles: dict[str, Any] = {}
     for ax, (panel, series) in zip(axes.flat, panels.items(), strict=False):
-        flagged = False
         for label, points in series.items():
-            points = sorted(points)
-            # One x value: points, not a "line" of one point.
-            style = (
-                {"marker": "o"} if len(points) > 1 else {"marker": "o", "linestyle": "none", "markersize": 8}
-            )
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
-            bad = [p for p in points if p[2]]
-            if bad:
-                unlabelled = "_" if flagged else ""
-                ax.plot([p[0] for p in bad], [p[1] for p in bad], "x", color="red", markersize=9,
-                        label=f"{unlabelled}unreliable timing (see the table)")  # fmt: skip
-                flagged = True
+            _draw_series(ax, label, points, styles[label], handles)
         ax.set_xscale("log", base=x_base)
         ax.set_yscale("log")
         ax.margins(0.08)  # no point on the frame
-        _plain_ticks(ax, sorted({p[0] for pts in series.values() for p in pts}))
+        _plain_ticks(ax, sorted({p[0] for pts in series.values() for p in pts}), x_format)
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.suptitle(title)
     fig.tight_layout()
+    # outside every panel: a legend inside one covered the lines it names
+    fig.legend(
+        list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
+    )
     return fig
 
 
-def _plain_ticks(ax, xs: Sequence[float] = ()) -> None:
+def _plain_ticks(ax, xs: Sequence[float] = (), x_format: TickFormat = plain_tick) -> None:
     """Tick labels as plain numbers ("1.5", "20"), never "1.525×10⁰"; within one decade the minor
     ticks carry the labels (a log axis has no major tick there). Up to 12 measured x values are the x
-    ticks themselves."""
+    ticks themselves, written by ``x_format``."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}")  # not "1e+03"
     ax.yaxis.set_major_formatter(plain)
     low, high = ax.get_ylim()
     ax.yaxis.set_minor_formatter(plain if high / max(low, 1e-300) < 10 else NullFormatter())
     if 1 < len(xs) <= 12:
         ax.xaxis.set_major_locator(FixedLocator(list(xs)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: x_format(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
@@ -126,7 +200,7 @@ def _message_bytes(r: Record) -> float | None:
     return r.values.get("bytes") or parse_size(r.descriptors.get("nbytes"))
 
 
-def plot_allreduce(records: list[Record], out: Path) -> Path | None:
+def allreduce_figure(records: list[Record]):
     """D13: latency vs size, one line per backend and world size (max over ranks where recorded)."""
     rows = [r for r in rows_of(records, "allreduce") if not r.oom and not r.skipped]
     multi = len({r.device for r in rows}) > 1
@@ -136,10 +210,11 @@ def plot_allreduce(records: list[Record], out: Path) -> Path | None:
         if (point := _point(r, _message_bytes(r), key)) is not None:
             series.setdefault(_label(r, ("backend", "world_size"), multi), []).append(point)
     ylabel = "max over ranks (ms)" if key == "max_ms" else "mean (ms)"
-    return _line_plot(out, {"all-reduce": series}, "bytes per rank", ylabel, "D13 all-reduce latency", 10)
+    xlabel = "bytes per rank (MB = 2²⁰ bytes)"
+    return line_figure({"all-reduce": series}, xlabel, ylabel, "D13 all-reduce latency", 10, size_tick)
 
 
-def plot_attention(records: list[Record], out: Path) -> Path | None:
+def attention_figure(records: list[Record]):
     """D6/D7a: forward and backward time vs seq, one line per implementation and head dim."""
     rows = [r for r in rows_of(records, "attention") if not r.oom and not r.skipped]
     multi = len({r.device for r in rows}) > 1
@@ -148,10 +223,12 @@ def plot_attention(records: list[Record], out: Path) -> Path | None:
         for r in rows:
             if (point := _point(r, numeric(r.descriptors.get("seq")), key)) is not None:
                 panels.setdefault(title, {}).setdefault(_label(r, ("impl", "d"), multi), []).append(point)
-    return _line_plot(out, panels, "seq", "ms", "D6/D7a attention time vs sequence length")
+    return line_figure(
+        panels, "seq (k = 1024)", "ms", "D6/D7a attention time vs sequence length", 2, seq_tick
+    )
 
 
-def plot_flash(records: list[Record], out: Path) -> Path | None:
+def flash_figure(records: list[Record]):
     """D11: do_bench time vs seq, one panel per dtype and head dim, one line per implementation; the
     fwd_bwd pass when the sweep has passes."""
     rows = [r for r in rows_of(records, "flash_sweep") if not r.oom and not r.skipped]
@@ -168,7 +245,20 @@ def plot_flash(records: list[Record], out: Path) -> Path | None:
             panel = _label(r, ("dtype", "d"), False) or "all"
             panels.setdefault(panel, {}).setdefault(_label(r, ("impl",), multi), []).append(point)
     title = "D11 FlashAttention sweep" + (" (fwd+bwd)" if pass_key else "")
-    return _line_plot(out, panels, "seq", VALUE_LABELS[key].replace(" ± std", ""), title)
+    ylabel = VALUE_LABELS[key].replace(" ± std", "")
+    return line_figure(panels, "seq (k = 1024)", ylabel, title, 2, seq_tick)
+
+
+def plot_allreduce(records: list[Record], out: Path) -> Path | None:
+    return _save(allreduce_figure(records), out)
+
+
+def plot_attention(records: list[Record], out: Path) -> Path | None:
+    return _save(attention_figure(records), out)
+
+
+def plot_flash(records: list[Record], out: Path) -> Path | None:
+    return _save(flash_figure(records), out)
 
 
 PLOTS: tuple[tuple[str, str, Callable[[list[Record], Path], Path | None]], ...] = (

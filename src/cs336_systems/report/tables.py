@@ -184,11 +184,17 @@ def _is_ratio(key: str) -> bool:
     return "ratio" in key or "_vs_" in key or key.startswith("vs_") or "speedup" in key
 
 
+def _timed_share(key: str) -> bool:
+    """A share of a step's time (``comm_share`` = comm_ms / step, ``overlap_share``, the profiler's
+    ``matmul_share_forward``): a ratio of times. Shares of memory (``optim_state_share``) are not."""
+    return "share" in key and not any(part in key for part in ("state", "mib", "param", "grad"))
+
+
 def _timed(key: str) -> bool:
     """A value that comes from the row's timing (and is as unreliable as it), ratios of times included."""
     # rates measured by timing too: TFLOP/s (the matmul rate behind MFU included) and every MFU
     timing = key.endswith(("_ms", "_s", "_gbps", "tflops")) or key.startswith("mfu") or key == "tokens_per_s"
-    return _is_ratio(key) or (timing and "mib" not in key)
+    return _is_ratio(key) or _timed_share(key) or (timing and "mib" not in key)
 
 
 RATIO_NOTE = "ratio not derived: "
@@ -277,7 +283,7 @@ def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str
         return mark
     text = format_number(key, record.values[key])
     std = _std_key(key, record.values)
-    if std:
+    if std and record.values.get("rounds_n") != 1:  # one round has no spread: "± 0" would claim one
         text += f" ± {format_number(key, record.values[std])}"
     return f"{text} ({mark})" if mark else text
 

@@ -66,8 +66,9 @@ def rounds_agree(values: Mapping[str, float]) -> bool:
 
 def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
     """Why a row's timing is not a result, from its recorded values; [] when nothing says so. The
-    load average counts only for CPU rows (a GPU's time does not share the host's cores the same
-    way), and only when the rounds do not agree on their own (module docstring)."""
+    load average counts only for rows timed on the host (``on_cpu``: see ``host_timed``; a GPU's time
+    does not share the host's cores the same way), and only when the rounds do not agree on their own
+    (module docstring): one round never does, it has no spread."""
     reasons = []
     load, cores = values.get("load_avg_1m"), values.get("cpu_cores")
     loaded = on_cpu and load is not None and cores and load / cores > LOAD_PER_CORE
@@ -144,13 +145,21 @@ def verdict_label(why: str) -> str:
     return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 
+def host_timed(device_name: str) -> bool:
+    """Whether the host's load bears on a row's time: a CPU row, or a row that names no device. The
+    grader's own rows (bench_grading) time whole processes by the host's wall clock and name no device:
+    read as GPU rows, one round at a load of 6.33 on 2 cores printed as a result."""
+    name = device_name.strip().lower()
+    return not name or name.startswith("cpu")
+
+
 def row_verdict(extra_info: Mapping[str, object], params: Mapping[str, object] | None = None) -> str | None:
     """The verdict on one pytest-benchmark row from its JSON fields (the bench terminal table's mark;
     the report judges its parsed rows with the same two functions): None for a result."""
-    on_cpu = str(extra_info.get("device_name", "")).lower().startswith("cpu")
-    if interpreted({**extra_info, **(params or {})}, on_cpu):
+    device = str(extra_info.get("device_name") or "")
+    if interpreted({**extra_info, **(params or {})}, device.lower().startswith("cpu")):
         return INTERPRETER_NOTE
     numbers = {
         k: float(v) for k, v in extra_info.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    return "; ".join(contention_reasons(numbers, on_cpu)) or None
+    return "; ".join(contention_reasons(numbers, host_timed(device))) or None

@@ -1,0 +1,159 @@
+"""The reliability rule (README: one verdict per row) held by every figure the report derives: a row of
+one round on a loaded host, shares of a step's time, ``--compare``'s cells and counts, and D25's
+hardware figures. Synthetic rows only: no bench runs here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cs336_systems import report
+from cs336_systems.report.compare import compare_runs
+from cs336_systems.report.load import unreliable
+from cs336_systems.rows import contention
+
+CPU = "cpu (x86_64, 2 cores)"
+GPU = "NVIDIA H200"
+LOADED = {"load_avg_1m": 6.33, "cpu_cores": 2.0}
+QUIET = {"load_avg_1m": 0.2, "cpu_cores": 2.0, "rounds_spread": 0.01, "rounds_n": 10.0}
+TIGHT_LOADED = {**LOADED, "rounds_spread": 0.01, "rounds_n": 10.0}  # rounds agree: a result
+
+
+def _bench(name: str, key: str, params: dict, extra: dict, device: str | None = CPU) -> dict:
+    extra = {"group_key": key, **({"device_name": device} if device else {}), **extra}
+    return {"group": f"{key} group", "name": name, "params": params, "extra_info": extra, "stats": {}}
+
+
+def _write(path: Path, benchmarks: list[dict]) -> Path:
+    path.write_text(json.dumps({"benchmarks": benchmarks, "datetime": "now", "version": "5"}))
+    return path
+
+
+def _cells(table: report.GroupTable) -> str:
+    return " ".join(table.long.astype(str).to_numpy().ravel())
+
+
+# ---- a row of one round on a loaded host ------------------------------------------------------------
+
+
+def _grading_row(load: float) -> dict:
+    """bench_grading's row: one round, host wall-clock, no device_name (record_times' facts)."""
+    facts = {"load_avg_1m": load, "cpu_cores": 2.0, "rounds_n": 1.0, "mean_ms": 20087.0, "std_ms": 0.0}
+    return _bench("test_grade_one_repository[course]", "grading", {"case": "course"}, facts, device=None)
+
+
+def test_one_round_on_a_loaded_host_is_no_result_even_without_a_device(tmp_path: Path) -> None:
+    busy, calm = _grading_row(6.33), _grading_row(0.5)
+    assert not contention.rounds_agree(busy["extra_info"])  # one round has no spread to agree
+    _, records = report.load([_write(tmp_path / "r.json", [busy])])
+    assert unreliable(records[0]) == "load average 6.33 on 2 cores"
+    assert contention.row_verdict(busy["extra_info"]) == "load average 6.33 on 2 cores"  # the terminal's
+    (table,) = report.build_tables(records)
+    assert "20,087" not in _cells(table) and "unreliable [1]" in _cells(table)
+    _, records = report.load([_write(tmp_path / "q.json", [calm])])
+    (table,) = report.build_tables(records)
+    assert "20,087" in _cells(table) and "± 0" not in _cells(table)  # one round: no spread to print
+    # a GPU row still ignores the host's load
+    gpu = _bench("t", "grading", {"case": "x"}, {**LOADED, "rounds_n": 1.0, "mean_ms": 1.0}, GPU)
+    assert contention.row_verdict(gpu["extra_info"]) is None
+
+
+def test_shares_of_an_unreliable_step_are_not_printed(tmp_path: Path) -> None:
+    loose = {**LOADED, "rounds_spread": 0.18, "rounds_n": 10.0}
+    step = {"mean_ms": 80.0, "comm_ms": 20.0, "comm_share": 0.25, "overlap_share": 0.5}
+    rows = [
+        _bench("test_ddp[flat]", "ddp", {"variant": "flat"}, {**step, **loose}),
+        _bench("test_ddp[bucketed]", "ddp", {"variant": "bucketed"}, {**step, **loose}),
+        _bench(
+            "test_sharding[ours]", "sharding", {"impl": "ours"}, {**step, **loose, "optim_state_share": 0.5}
+        ),
+    ]
+    _, records = report.load([_write(tmp_path / "r.json", rows)])
+    for table in report.build_tables(records):
+        cells = _cells(table)
+        assert "25.0%" not in cells and "unreliable [1]" in cells, cells
+        assert "comm share" in table.long.columns
+    (sharding,) = [t for t in report.build_tables(records) if t.group_key == "sharding"]
+    assert sharding.long["optim_state_share"].item() == "50.0%"  # memory, not time: it stands
+    shown = report.build_tables(records, show_unreliable=True)
+    assert "25.0% (unreliable [1])" in _cells(shown[0])
+    _, quiet = report.load([_write(tmp_path / "q.json", [_bench("t", "ddp", {}, {**step, **QUIET})])])
+    assert "25.0%" in _cells(report.build_tables(quiet)[0])
+
+
+# ---- --compare ---------------------------------------------------------------------------------------
+
+
+def _compare_runs(tmp_path: Path, b_extra: dict) -> tuple[Path, Path]:
+    a = [
+        _bench("test_flash[triton]", "flash_sweep", {"impl": "flash_triton"}, {"mean_ms": 900.0, **QUIET}),
+        _bench("test_model[tiny]", "model", {"size": "tiny"}, {"mean_ms": 10.5, **QUIET}),
+        _bench("test_fused[cuda]", "fused_loss", {"impl": "x"}, {"status": "skipped", "skipped": "no GPU"}),
+    ]
+    b = [
+        a[0],
+        _bench("test_model[tiny]", "model", {"size": "tiny"}, {"mean_ms": 31.5, **b_extra}),
+        a[2],
+    ]
+    return _write(tmp_path / "a.json", a), _write(tmp_path / "b.json", b)
+
+
+def test_compare_names_interpreted_rows_and_hides_unreliable_figures(tmp_path: Path) -> None:
+    a, b = _compare_runs(tmp_path, {**LOADED, "rounds_spread": 0.18, "rounds_n": 10.0})
+    text = compare_runs(a, b)
+    rows = {
+        line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ") and " | " in line
+    }
+    assert rows["test_flash[triton]"].endswith("| interpreted | interpreted | interpreted |"), rows
+    assert "900" not in text and "31.50" not in text and "3×" not in text
+    assert rows["test_model[tiny]"].endswith(
+        "| 10.50 | unreliable | unreliable (B: load average 6.33 on 2 cores) |"
+    )
+    assert "1 of them timed under contention" in text and "1 of them interpreted" in text
+    assert "not run in either: 1 rows (test_fused[cuda])" in text and "test_fused[cuda] |" not in text
+    shown = compare_runs(a, b, show_unreliable=True)
+    assert "| 10.50 | 31.50 (unreliable) | 3× unreliable (B: load average 6.33 on 2 cores) |" in shown
+    assert "900 (interpreted)" in shown
+    a, b = _compare_runs(tmp_path, TIGHT_LOADED)  # rounds that agree are a result at any load
+    assert "| 10.50 | 31.50 | 3× |" in compare_runs(a, b)
+
+
+# ---- D25: C and W of one machine ----------------------------------------------------------------------
+
+
+def _matmul(device: str, tflops: float) -> report.Record:
+    values = {"mean_ms": 3.0, "matmul_tflops": tflops, **QUIET}
+    return report.Record("model group", "model", "m", "s", device, "m", {"dtype": "bf16"}, values)
+
+
+def _gloo(device: str, busbw: float, facts: dict) -> report.Record:
+    desc = {"backend": "gloo", "world_size": 2}
+    values = {"mean_ms": 5.0, "busbw_gbps": busbw, "bytes": 2.0**20, **facts}
+    return report.Record("allreduce group", "allreduce", "g", "s", device, "m", desc, values)
+
+
+def test_d25_never_mixes_machines_for_c_and_w() -> None:
+    from cs336_systems.report import parallelism as R
+
+    # the issue's run: an H200's matmul rate beside a CPU's gloo busbw whose rounds agree at load 11.8
+    gloo = _gloo(CPU, 0.291, {**TIGHT_LOADED, "load_avg_1m": 11.8})
+    assert unreliable(gloo) is None  # a result: the verdict lets it stand, the pairing must not
+    mixed = [_matmul(GPU, 787.5), gloo]
+    hw = R.hardware(mixed)
+    assert (hw.c, hw.w) == (R.DEFAULT_C, R.DEFAULT_W)
+    assert f"C was measured on {GPU} and W on {CPU}" in hw.c_source
+    assert "SPEC.md" in hw.w_source and "docs/perf-notes.md" in hw.c_source  # the stated constants' sources
+    text = R.parallelism_answer(mixed)
+    assert "largest N_DP | `1 + ⌊B·W/C⌋` | 1 |" not in text and "0.291" not in text
+    with pytest.raises(ValueError, match="figures of different machines"):
+        R.measured_pair(R.measured_c(mixed)[GPU], R.measured_w(mixed)[CPU])
+    # one machine that measured both: its own figures, the GPU's before the CPU's
+    nvlink = _gloo(GPU, 300.0, QUIET)
+    hw = R.hardware([*mixed, nvlink, _matmul(CPU, 0.5)])
+    assert (hw.c, hw.w) == (787.5e12, 300.0e9) and GPU in hw.c_source and GPU in hw.w_source
+    hw = R.hardware([_matmul(CPU, 0.5), gloo])
+    assert (hw.c, hw.w) == (0.5e12, 0.291e9)  # a CPU's answer from a CPU's figures
+    hw = R.hardware([_matmul(GPU, 787.5)])
+    assert (hw.c, hw.w) == (R.DEFAULT_C, R.DEFAULT_W) and "no W: no D13 rows" in hw.c_source
