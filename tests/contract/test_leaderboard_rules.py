@@ -246,3 +246,38 @@ def test_the_class_leaderboard_ranks_only_what_the_rules_allow(tmp_path: Path) -
     assert class_report.chart(board, tmp_path / "lb.png") is not None
     class_report.write(tmp_path, list(rows))
     assert "the Triton hook fails the course tier" in (tmp_path / "class.md").read_text()
+
+
+# -- the Triton hook's course tier on a GPU: the forward is the repository's own -------------------------
+
+
+def _record(forward: dict[str, float], backward: dict[str, float] | None = None) -> dict:
+    return {
+        "launched": [["lb_fwd_kernel", str(FIXTURE / "cs336_systems" / "flash.py")]],
+        "repository_kernels": {},
+        "operators": [],
+        "kernels": sorted({*forward, *(backward or {})}),
+        "gpu_ms": {"forward": forward, "backward": backward or {}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("forward", "backward", "fails"),
+    [
+        ({"lb_fwd_kernel": 0.020, "void at::vectorized_elementwise_kernel<4>": 0.003}, None, False),
+        ({"lb_fwd_kernel": 0.020}, {"sm90_xmma_gemm_f32f32_tf32": 0.5}, False),  # a PyTorch backward
+        (
+            {"token_lse_kernel": 0.002, "sm90_xmma_gemm_f32f32_tf32": 0.05, "softmax_warp_forward": 0.01},
+            None,
+            True,
+        ),
+    ],
+)
+def test_a_token_kernel_beside_borrowed_matmuls_fails_the_course_tier(forward, backward, fails) -> None:
+    from cs336_systems.grading.judge import provenance
+
+    names = {"lb_fwd_kernel", "token_lse_kernel"}
+    misses = provenance.attention_misses("triton", _record(forward, backward), [FIXTURE], True, names)
+    assert bool(misses) == fails, misses
+    if fails:
+        assert "of the forward's GPU time is in this repository's own Triton kernels" in misses[0]

@@ -8,6 +8,7 @@ FlashAttention's own tests bound theirs. Every case also reads what the call ran
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -175,13 +176,21 @@ def judge_raised(case: Case, payload: dict, roots: list[Path], on_gpu: bool) -> 
     return Verdict.failed(f"raised {message}{under}" + (f" (at {frame})" if frame else ""))
 
 
+@functools.lru_cache(maxsize=64)
+def source_kernels(roots: tuple[Path, ...]) -> frozenset[str]:
+    from ..kernel_names import repository_kernels
+
+    return frozenset(repository_kernels(list(roots)))
+
+
 def judge(case: Case, inputs: dict, payload: dict, roots: list[Path], device: torch.device) -> Verdict:
     """A call that returned (``judge_raised`` takes those that raised): its outputs and provenance."""
     result = payload.get("result")
     if case.knob("check") not in ("match", "compile"):
         return Verdict.from_misses(judge_bad_input(case, result))
     on_gpu = device.type == "cuda"
-    misses = provenance.attention_misses(case.knob("kind"), payload.get("provenance"), roots, on_gpu)
+    names = source_kernels(tuple(roots)) if on_gpu else None
+    misses = provenance.attention_misses(case.knob("kind"), payload.get("provenance"), roots, on_gpu, names)
     try:
         misses += judge_match(case, inputs, result, device)
     except Untrusted as exc:

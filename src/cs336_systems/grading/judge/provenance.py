@@ -69,8 +69,11 @@ def is_torch_attention(name: str, repo_kernels: set[str]) -> bool:
     return name not in repo_kernels and any(k in low for k in TORCH_ATTENTION)
 
 
-def attention_misses(kind: str, record: Any, roots: list[Path], on_gpu: bool) -> list[str]:
-    """Why the call's provenance fails (empty when it passes)."""
+def attention_misses(
+    kind: str, record: Any, roots: list[Path], on_gpu: bool, source_kernels: set[str] | None = None
+) -> list[str]:
+    """Why the call's provenance fails (empty when it passes). ``source_kernels``: the Triton kernels
+    the repository's source defines (``kernel_names``), by which a GPU call's forward is attributed."""
     facts = read(record, roots)
     kernels, repo = facts["kernels"], facts["repo_kernels"]
     foreign = sorted({n for n in facts["operators"] + kernels if is_torch_attention(n, repo)})
@@ -84,7 +87,32 @@ def attention_misses(kind: str, record: Any, roots: list[Path], on_gpu: bool) ->
             others = facts["launched_other"] or kernels[:6]
             what = ", ".join(text(n, 80) for n in others) or "no Triton kernel at all, only torch operators"
             misses.append(f"no Triton kernel of this repository ran: the call ran {what}")
+        elif on_gpu and source_kernels is not None:
+            misses += _forward_share(record, source_kernels)
     return misses
+
+
+# The forward must be the student's Triton (the handout's flash_forward); a backward in PyTorch is the
+# course's own option, so only the forward's GPU time is held to this. A token Triton kernel beside
+# borrowed matmuls or SDPA leaves it near 0; honest forwards launch little besides their kernel.
+FORWARD_SHARE = 0.5
+
+
+def _forward_share(record: Any, source_kernels: set[str]) -> list[str]:
+    times = record.get("gpu_ms", {}).get("forward") if isinstance(record, dict) else None
+    if not isinstance(times, dict) or not times:
+        return []
+    ms = {str(n): float(t) for n, t in times.items() if isinstance(t, int | float) and t >= 0}
+    total = sum(ms.values())
+    mine = sum(t for n, t in ms.items() if n in source_kernels)
+    if total <= 0 or mine / total >= FORWARD_SHARE:
+        return []
+    others = sorted(((t, n) for n, t in ms.items() if n not in source_kernels), reverse=True)[:3]
+    shown = ", ".join(f"{text(n, 60)} ({t / total:.0%})" for t, n in others)
+    return [
+        f"{mine / total:.0%} of the forward's GPU time is in this repository's own Triton kernels (the "
+        f"forward must be; the rest: {shown})"
+    ]
 
 
 def summary(record: Any, roots: list[Path]) -> dict[str, Any]:

@@ -27,9 +27,10 @@ def run_match(fn: type, case: Case, inputs: dict, device: torch.device, recorder
     b, nq = case.shape[0], case.shape[1]
     dtype = DTYPES[case.dtype]
     q, k, v = (inputs[n].to(device=device, dtype=dtype).requires_grad_() for n in ("q", "k", "v"))
-    with recorder.active():
+    with recorder.active("forward"):
         out = fn.apply(q, k, v, case.knob("causal"))
-        saved = list(getattr(out.grad_fn, "saved_tensors", None) or ())
+    saved = list(getattr(out.grad_fn, "saved_tensors", None) or ())
+    with recorder.active("backward"):
         out.backward(inputs["dO"].to(device=device, dtype=dtype))
     return {
         "O": out,
