@@ -1,0 +1,61 @@
+"""The leaderboard's adversaries on a GPU (``tests/data/students/leaderboard``, written for the suite):
+each row is timed on the parent's clock and observed by Nsight Compute, as a class run times it; the
+honest kernel keeps its rank, every way around a rule gets "no rank" naming what happened. The CPU half
+of these rules: ``test_leaderboard_rules.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cs336_systems.grading import leaderboard
+from cs336_systems.grading.observer import ncu_path
+from cs336_systems.grading.roots import discover
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "students" / "leaderboard" / "tests"
+PASSED = {"cases": [{"id": "c", "tier": "course", "hooks": [leaderboard.TRITON_HOOK], "status": "passed"}]}
+FAILED = {
+    "cases": [
+        {
+            "id": "course-triton-match",
+            "tier": "course",
+            "hooks": [leaderboard.TRITON_HOOK],
+            "status": "failed",
+        }
+    ]
+}
+EXPECTED = {  # adapters file -> (the course verdict it earned, what its "no rank" names)
+    "adapters_wrong.py": (FAILED, "fails the course tier"),
+    "adapters_skip.py": (PASSED, "timed iterations do not match the reference"),
+    "adapters_precompute.py": (PASSED, "timed iterations do not match the reference"),
+    "adapters_cache.py": (PASSED, "own do_bench reported"),
+    "adapters_timer.py": (PASSED, "own do_bench reported"),
+    "adapters_record.py": (PASSED, "of the observed GPU time is in this repository's own Triton kernels"),
+    "adapters_token_sdpa.py": (PASSED, "of the observed GPU time is in this repository's own Triton kernels"),
+    "adapters_token_matmul.py": (
+        PASSED,
+        "of the observed GPU time is in this repository's own Triton kernels",
+    ),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def observer() -> None:
+    if ncu_path() is None:
+        pytest.skip("needs Nsight Compute (ncu) to observe the kernels from outside the graded process")
+
+
+def test_the_honest_kernel_is_ranked_on_the_parents_clock() -> None:
+    row = leaderboard.row(discover(FIXTURE / "adapters.py"), PASSED)
+    assert row["ranked"], row["unranked_because"]
+    assert row["attribution"] == "observed (ncu)" and row["repository_share"] >= 0.9
+    assert row["agreement"].startswith("agree"), row["agreement"]
+
+
+@pytest.mark.parametrize("adapters", EXPECTED)
+def test_each_way_around_a_rule_gets_no_rank(adapters: str) -> None:
+    report, reason = EXPECTED[adapters]
+    row = leaderboard.row(discover(FIXTURE / adapters), report)
+    assert not row["ranked"] and reason in row["unranked_because"], row
