@@ -10,6 +10,7 @@ process; it is read as data and every file path in it is checked against the rep
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,34 @@ def is_torch_attention(name: str, repo_kernels: set[str]) -> bool:
     return name not in repo_kernels and any(k in low for k in TORCH_ATTENTION)
 
 
+# The forward must be the student's Triton (the handout's flash_forward); a backward in PyTorch is the
+# course's own option, so only the forward is held to this: no borrowed compute (matmuls, softmax, torch's
+# or inductor's attention) may take more of its GPU time than the repository's own kernels. Shares of all
+# GPU time would not do at the course's shapes: there a 5 us kernel sits beside copies and casts that take
+# longer (two real repositories' forwards spend 55% and 86% in such elementwise kernels, and pass).
+BORROWED = re.compile(
+    r"gemm|matmul|softmax|attention|attn|sdpa|flash|fmha|cudnn|cutlass|xmma|^triton_tem_", re.I
+)
+
+
+def _forward_share(record: Any, source_kernels: set[str]) -> list[str]:
+    times = record.get("gpu_ms", {}).get("forward") if isinstance(record, dict) else None
+    if not isinstance(times, dict) or not times:
+        return []
+    ms = {str(n): float(t) for n, t in times.items() if isinstance(t, int | float) and t >= 0}
+    mine = sum(t for n, t in ms.items() if n in source_kernels)
+    borrowed = {n: t for n, t in ms.items() if n not in source_kernels and BORROWED.search(n)}
+    if sum(borrowed.values()) <= mine:
+        return []
+    shown = ", ".join(
+        f"{text(n, 60)} ({t * 1e3:.0f} us)" for n, t in sorted(borrowed.items(), key=lambda kv: -kv[1])[:3]
+    )
+    return [
+        f"the forward spends {sum(borrowed.values()) * 1e3:.0f} us in borrowed compute ({shown}) against "
+        f"{mine * 1e3:.0f} us in this repository's own Triton kernels: the forward must be the student's"
+    ]
+
+
 def attention_misses(
     kind: str, record: Any, roots: list[Path], on_gpu: bool, source_kernels: set[str] | None = None
 ) -> list[str]:
@@ -90,29 +119,6 @@ def attention_misses(
         elif on_gpu and source_kernels is not None:
             misses += _forward_share(record, source_kernels)
     return misses
-
-
-# The forward must be the student's Triton (the handout's flash_forward); a backward in PyTorch is the
-# course's own option, so only the forward's GPU time is held to this. A token Triton kernel beside
-# borrowed matmuls or SDPA leaves it near 0; honest forwards launch little besides their kernel.
-FORWARD_SHARE = 0.5
-
-
-def _forward_share(record: Any, source_kernels: set[str]) -> list[str]:
-    times = record.get("gpu_ms", {}).get("forward") if isinstance(record, dict) else None
-    if not isinstance(times, dict) or not times:
-        return []
-    ms = {str(n): float(t) for n, t in times.items() if isinstance(t, int | float) and t >= 0}
-    total = sum(ms.values())
-    mine = sum(t for n, t in ms.items() if n in source_kernels)
-    if total <= 0 or mine / total >= FORWARD_SHARE:
-        return []
-    others = sorted(((t, n) for n, t in ms.items() if n not in source_kernels), reverse=True)[:3]
-    shown = ", ".join(f"{text(n, 60)} ({t / total:.0%})" for t, n in others)
-    return [
-        f"{mine / total:.0%} of the forward's GPU time is in this repository's own Triton kernels (the "
-        f"forward must be; the rest: {shown})"
-    ]
 
 
 def summary(record: Any, roots: list[Path]) -> dict[str, Any]:
