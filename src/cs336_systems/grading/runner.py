@@ -12,6 +12,7 @@ size in one job (ranks cost seconds to start) and reruns alone each case a crash
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -30,7 +31,8 @@ import torch
 from cs336_systems.distributed.launch import find_free_port
 
 from .exchange import Untrusted, read_payload, text
-from .roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
+from .roots import SUITE_PACKAGE, SUITE_ROOT, StudentRoots, grader_pythonpath, suite_paths
+from .sandbox import Sandbox, jobs_parent, returncode
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
 EXIT_MEANING = {
@@ -50,6 +52,7 @@ class Job:
     world_size: int = 1
     timeout: float = 300.0
     backend: str = "gloo"
+    sandbox: Sandbox = field(default_factory=Sandbox.from_env)
 
     def names(self) -> list[str]:
         return {"cases": self.cases, "load": ["load"]}.get(self.task, ["timing"])
@@ -120,7 +123,7 @@ def _watch(procs: list[subprocess.Popen], timeout: float) -> bool:
 
 
 def run(job: Job) -> Collected:
-    folder = Path(tempfile.mkdtemp(prefix="cs336-grade-"))
+    folder = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_parent()))
     try:
         return _run_in(job, folder)
     finally:
@@ -149,13 +152,18 @@ def _run_in(job: Job, folder: Path) -> Collected:
         "out": str(folder / "out"),
     }
     (folder / "job.json").write_text(json.dumps(spec))
+    job.sandbox.prepare(folder)
+    plain = [sys.executable, str(WORKER), str(folder / "job.json")]
+    # The suite's tree is never the worker's to write, whoever started the grading.
+    sandbox = dataclasses.replace(job.sandbox, protect=(*job.sandbox.protect, SUITE_ROOT))
+    cmd = sandbox.wrap(plain, writable=[folder / "out"])
     port = find_free_port()
     procs = []
     for rank in range(job.world_size):
         log = (folder / f"rank{rank}.log").open("w")
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), str(folder / "job.json")],
+                cmd,
                 cwd=job.roots.repo_root,
                 env=_env(rank, job.world_size, port, job.task),
                 stdout=log,
@@ -163,7 +171,8 @@ def _run_in(job: Job, folder: Path) -> Collected:
             )
         )
     timed_out = _watch(procs, job.timeout)
-    return _collect(job, folder, token, [p.returncode for p in procs], timed_out)
+    codes = [returncode(p.returncode, sandbox.uses_namespaces()) for p in procs]
+    return _collect(job, folder, token, codes, timed_out)
 
 
 def _collect(job: Job, folder: Path, token: str, codes: list[int | None], timed_out: bool) -> Collected:
