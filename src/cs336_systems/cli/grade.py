@@ -112,6 +112,11 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="one repository: the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)",
     )
+    p.add_argument(
+        "--worker-user",
+        metavar="NAME",
+        help="run the graded code as this unprivileged user (when grading as root, e.g. on Gradescope)",
+    )
     p.epilog = "Arguments after -- go to pytest, e.g. -- -k ddp"
     return p
 
@@ -139,6 +144,7 @@ def _options(args: argparse.Namespace):
         workers=workers,
         roots=(args.repo_root, args.package_root, args.basics_root),
         pytest_args=tuple(args.pytest_args),
+        worker_user=args.worker_user,
     )
 
 

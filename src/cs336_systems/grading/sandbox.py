@@ -15,6 +15,7 @@ loopback TCP. Elsewhere the subreapers alone hold (``isolation()`` says which).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import os
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .settings import protected_from_env, worker_user_from_env
+from .settings import namespaces_wanted, protected_from_env, worker_user_from_env
 
 PR_SET_CHILD_SUBREAPER = 36
 NAMESPACES, SUBREAPER = "namespaces", "subreaper"
@@ -83,10 +84,8 @@ def kill_descendants(
     while True:
         left = descendants(root, keep)
         for pid in left:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         _reap(keep)
         if not left or time.monotonic() > deadline:
             return left
@@ -99,10 +98,8 @@ def _reap(keep: frozenset[int]) -> None:
     me = os.getpid()
     for pid, (ppid, state) in _parents().items():
         if ppid == me and state == "Z" and pid not in keep:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,8 @@ class Sandbox:
     @staticmethod
     def from_env() -> Sandbox:
         """The grading run's sandbox, as its parent (``repo_job``, a class run) passed it on."""
-        return Sandbox(tuple(Path(p) for p in protected_from_env()), worker_user_from_env())
+        protect = tuple(Path(p) for p in protected_from_env())
+        return Sandbox(protect, worker_user_from_env(), namespaces_wanted())
 
     def isolation(self) -> dict[str, object]:
         """What this sandbox gives on this machine, for ``grade.json``."""

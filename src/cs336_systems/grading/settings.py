@@ -7,6 +7,8 @@
 - ``CS336_GRADE_PROTECT``, ``CS336_GRADE_WORKER_USER``: set by ``repo_job`` (and a class run) for its judge:
   the folders no worker may write (``os.pathsep``-separated: the output folders), and the user the workers
   run as when the grader is root (``sandbox``).
+- ``CS336_GRADE_ISOLATION``: ``subreaper`` starts the workers without namespaces even where they work
+  (a machine where they get in the way of the GPU's drivers); passed on to the judge like the others.
 - ``CS336_COURSE_TESTS_PORT``: set for a run of the course's tests (``course_tests``): the port its process
   groups use instead of the course's fixed 12390, so that runs side by side do not collide.
 """
@@ -21,6 +23,7 @@ SEED_ENV = "CS336_GRADE_SEED"
 COURSE_PORT_ENV = "CS336_COURSE_TESTS_PORT"
 PROTECT_ENV = "CS336_GRADE_PROTECT"
 WORKER_USER_ENV = "CS336_GRADE_WORKER_USER"
+ISOLATION_ENV = "CS336_GRADE_ISOLATION"
 
 
 def adapters_from_env() -> str | None:
@@ -50,3 +53,7 @@ def protected_from_env() -> list[str]:
 
 def worker_user_from_env() -> str | None:
     return os.environ.get(WORKER_USER_ENV) or None
+
+
+def namespaces_wanted() -> bool:
+    return os.environ.get(ISOLATION_ENV, "") != "subreaper"

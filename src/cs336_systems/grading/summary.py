@@ -126,8 +126,11 @@ class GradeSummary:
         adapters: str | None,
         show: bool,
         progress: Path | None = None,
+        isolation: dict | None = None,
     ):
         self.external, self.grade_json, self.show, self.progress = external, grade_json, show, progress
+        # Set when this run is a subreaper: what the graded code left is killed before grade.json.
+        self.isolation = isolation
         self.seed, self.adapters = seed, adapters
         self.cases: dict[str, dict] = {}
         self.started = time.monotonic()
@@ -165,8 +168,13 @@ class GradeSummary:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # Written here, not in the terminal summary: pytest before 8.4 skips that hook under --no-summary.
+        if self.isolation is not None:
+            from .sandbox import kill_descendants
+
+            kill_descendants()
         if self.cases and self.grade_json:
             self.grade_json.parent.mkdir(parents=True, exist_ok=True)
-            self.grade_json.write_text(json.dumps(self.report(), indent=2))
+            report = self.report() | ({"isolation": self.isolation} if self.isolation else {})
+            self.grade_json.write_text(json.dumps(report, indent=2))
         if self.cases and self.external and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             session.exitstatus = exit_status(self.report(), True, exitstatus)
