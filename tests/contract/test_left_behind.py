@@ -81,7 +81,9 @@ def test_repository_job_with_subreapers_alone(tmp_path: Path) -> None:
     assert not alive(marker), "a process the graded code left is still running"
 
 
-@pytest.mark.skipif(not namespaces_work(), reason="needs root or unprivileged user namespaces, and util-linux")
+@pytest.mark.skipif(
+    not namespaces_work(), reason="needs root or unprivileged user namespaces, and util-linux"
+)
 def test_class_run_in_namespaces(tmp_path: Path) -> None:
     """The class command (``cli.grade FILE --out DIR``) on a machine with namespaces."""
     marker = f"left-behind-{uuid.uuid4().hex}"

@@ -1,7 +1,8 @@
 """The sandbox's parts, each alone and fast: a subreaper finds and kills a detached grandchild; a worker in
 namespaces cannot write a protected folder (only its ``out/``), sees none of the grader's processes, and
 leaves nothing behind; a class run's time limit stops what left the job's process group; a regrade
-whose job dies before writing never keeps the previous ``results.json``."""
+whose job dies before writing never keeps the previous ``results.json``; a worker time limit reached on
+an overloaded machine (a stand-in load reading) is "could not grade here", one on an idle one a failure."""
 
 from __future__ import annotations
 
@@ -17,8 +18,14 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.grading.classroom import ClassRun, stop
+from cs336_systems.grading.probe import probe
 from cs336_systems.grading.repo_job import RepoOptions
+from cs336_systems.grading.roots import discover
+from cs336_systems.grading.runner import Machine
 from cs336_systems.grading.sandbox import Sandbox, namespaces_work
+from cs336_systems.grading.session import Grader
+from cs336_systems.grading.verdict import FAILED, SKIPPED, Verdict
+from cs336_systems.grading.worker.cases import CASES, UNFINISHED_HERE
 
 from .grading_run import ROOT, STUDENTS, clean_env
 from .test_left_behind import alive
@@ -56,7 +63,9 @@ def test_a_subreaper_kills_a_detached_grandchild() -> None:
     assert not alive(marker)
 
 
-@pytest.mark.skipif(not namespaces_work(), reason="needs root or unprivileged user namespaces, and util-linux")
+@pytest.mark.skipif(
+    not namespaces_work(), reason="needs root or unprivileged user namespaces, and util-linux"
+)
 def test_a_worker_in_namespaces_writes_only_its_out(tmp_path: Path) -> None:
     marker = f"inside-{uuid.uuid4().hex}"
     (tmp_path / "out").mkdir()
@@ -116,3 +125,35 @@ def test_a_regrade_whose_job_dies_keeps_no_stale_results(tmp_path: Path) -> None
     results = json.loads((out / "repo" / "results.json").read_text())
     assert outcome.startswith("grading failed") and "died" in outcome, outcome
     assert results != stale and results["score"] == 0.0, results
+
+
+HANG = next(c for c in CASES if c.startswith("course-pytorch"))
+
+
+def _hang_verdict(loads: list[float]) -> tuple[Verdict, list[float]]:
+    """The verdict of an attention that never returns, under a 3 s worker time limit, on a machine whose
+    load readings are ``loads`` in turn (the last one repeated); the readings taken."""
+    seen: list[float] = []
+
+    def load() -> float:
+        seen.append(loads[min(len(seen), len(loads) - 1)])
+        return seen[-1]
+
+    roots = discover(STUDENTS / "hangs" / "tests" / "adapters.py")
+    grader = Grader(roots, probe(roots.adapters), 1, timeout=3.0, machine=Machine(load, cores=2))
+    return grader.verdict(CASES[HANG]), seen
+
+
+def test_a_time_limit_on_a_busy_machine_is_not_the_codes() -> None:
+    """Retried once; busy again, left out of the score with the load seen."""
+    verdict, seen = _hang_verdict([9.0])
+    assert verdict.status == SKIPPED and verdict.kind == UNFINISHED_HERE, verdict
+    assert "could not grade here" in verdict.message and "load 9.0 on 2 cores" in verdict.message, verdict
+    assert len(seen) == 2, "one retry"
+
+
+def test_a_hang_on_an_idle_machine_stays_the_codes() -> None:
+    verdict, _ = _hang_verdict([0.5])
+    assert verdict.status == FAILED and "timed out after 3 s" in verdict.message, verdict
+    verdict, seen = _hang_verdict([9.0, 0.5])  # busy, then idle on the retry: the retry's verdict
+    assert verdict.status == FAILED and len(seen) == 2, (verdict, seen)

@@ -7,7 +7,8 @@ tests do; ``beyond`` and ``leaderboard`` cases are reported at 0 points (visible
 overrides any of it with a JSON file of the same shape (``--points FILE``):
 ``{"course": {"get_fsdp": 12}, "beyond": {"default": 1}}``.
 
-A case skipped because this machine cannot run it (``needs-gpu``, ``refuses-cpu``) is listed at 0 of 0
+A case skipped because this machine cannot run it (``needs-gpu``, ``refuses-cpu``) or could not finish
+it (``could-not-grade-here``: overloaded, a lost connection) is listed at 0 of 0
 points: the environment's limit, not the student's. "Not implemented" scores 0 of its points. When the
 grading itself failed (the repository did not load, a dependency is missing, the run crashed or timed
 out), a visible "grader failed" entry says so, and ``results.json`` is written all the same.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .verdict import ERROR, PASSED, SKIPPED
-from .worker.cases import NEEDS_GPU, REFUSES_CPU, TIERS
+from .worker.cases import NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "course": {
@@ -36,7 +37,7 @@ DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "leaderboard": {"default": 0},
     "beyond": {"default": 0},
 }
-ENVIRONMENT = (NEEDS_GPU, REFUSES_CPU)
+ENVIRONMENT = (NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)
 
 
 def load_points(path: Path | None) -> dict[str, dict[str, float]]:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,25 @@ class Job:
         return {"cases": self.cases, "load": ["load"]}.get(self.task, ["timing"])
 
 
+@dataclass(frozen=True)
+class Machine:
+    """How busy this machine is: a worker time limit reached while the load average is far above the
+    cores (``overload`` times) says the machine could not finish the case, not that the code hangs.
+    ``load`` is injectable (a test's stand-in)."""
+
+    load: Callable[[], float] = field(default=lambda: os.getloadavg()[0])
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    overload: float = 2.0
+
+    def busy(self) -> str | None:
+        """The load it saw, when it is far above the cores."""
+        load = self.load()
+        return f"load {load:.1f} on {self.cores} cores" if load > self.overload * self.cores else None
+
+
+LOST_CONNECTION = ("Connection reset by peer", "Connection closed by peer")
+
+
 @dataclass
 class Collected:
     """What a job left: each (name, rank)'s validated record, or why there is none (its exit code and
@@ -66,6 +86,12 @@ class Collected:
     records: dict[tuple[str, int], dict] = field(default_factory=dict)
     problems: dict[tuple[str, int], str] = field(default_factory=dict)
     job_problem: str | None = None
+    timed_out: bool = False
+
+    def lost_connection(self) -> bool:
+        """A rank lost to a connection reset (a peer's socket gone under it, not a wrong answer)."""
+        said = [str(r.get("message", "")) for r in self.records.values()] + list(self.problems.values())
+        return any(lost in line for line in said for lost in LOST_CONNECTION)
 
     def complete(self, name: str, world_size: int) -> bool:
         return all((name, r) in self.records for r in range(world_size))
@@ -176,7 +202,7 @@ def _run_in(job: Job, folder: Path) -> Collected:
 
 
 def _collect(job: Job, folder: Path, token: str, codes: list[int | None], timed_out: bool) -> Collected:
-    got = Collected()
+    got = Collected(timed_out=timed_out)
     optional = ["refused", "load"]  # written instead of the asked-for records when the job cannot start
     expected = {f"{n}.rank{r}.pt" for n in [*job.names(), *optional] for r in range(job.world_size)}
     extra = sorted(p.name for p in (folder / "out").iterdir() if p.name not in expected)
@@ -223,6 +249,7 @@ class Outcome:
     records: list[dict] | None = None
     problem: str | None = None
     error: str | None = None
+    unfinished: str | None = None  # why this machine could not finish it (left out of the score)
 
     def seconds(self) -> float | None:
         """How long the slowest rank said the case took (diagnostic: the graded process says it)."""
@@ -246,6 +273,7 @@ class CaseRuns:
     roots: StudentRoots
     timeout: float
     done: dict[str, Outcome] = field(default_factory=dict)
+    machine: Machine = field(default_factory=Machine)
 
     def outcome(self, case_id: str, batch: list[str], world_size: int, make_inputs: Any) -> Outcome:
         if case_id not in self.done:
@@ -263,6 +291,12 @@ class CaseRuns:
             timeout=self.timeout,
         )
         got = run(job)
+        if self._unfinished(got):
+            got = run(job)  # once more: the machine may have been busy for a while only
+            if why := self._unfinished(got):
+                for case_id in batch:
+                    self.done[case_id] = Outcome(unfinished=f"could not grade here: {why}")
+                return
         whole = _job_wide(got)
         for case_id in batch:
             present = [got.records[(case_id, r)] for r in range(world_size) if (case_id, r) in got.records]
@@ -278,6 +312,16 @@ class CaseRuns:
                 self.done[case_id] = Outcome(problem=problems[0] if problems else "no output")
         for case_id in [c for c in batch if c not in self.done]:
             self._run([case_id], world_size, make_inputs, retry_alone=False)
+
+    def _unfinished(self, got: Collected) -> str | None:
+        """Why this machine, not the code, failed the job: its time limit reached under a load far above
+        the cores, or a rank's connection reset. A time limit on an idle machine is the code's."""
+        if got.timed_out and (busy := self.machine.busy()):
+            return f"{got.job_problem} at {busy}"
+        if got.lost_connection():
+            busy = self.machine.busy() or f"load {self.machine.load():.1f} on {self.machine.cores} cores"
+            return f"a rank lost its connection to its peers ({busy})"
+        return None
 
 
 def _job_wide(got: Collected) -> Outcome | None:

@@ -18,7 +18,7 @@ import pytest
 
 from .probe import ALL_HOOKS
 from .verdict import ERROR, FAILED, PASSED, SKIPPED
-from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS
+from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 CASE_PROPERTY = "grade_case"
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR)
@@ -26,6 +26,7 @@ SKIP_WORDS = {
     NOT_IMPLEMENTED: "not implemented",
     NEEDS_GPU: "needs a GPU: skipped here",
     REFUSES_CPU: "refuses CPU tensors: skipped here",
+    UNFINISHED_HERE: "could not grade here (machine overloaded or a connection lost): not scored",
 }
 
 
