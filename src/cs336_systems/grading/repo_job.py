@@ -133,6 +133,8 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     try:
         adapters = adapters_of(target.expanduser().resolve())
         roots = discover(adapters, *opts.roots)
+        if opts.worker_user:
+            user_exists(opts.worker_user)
     except GradingSetupError as exc:
         return _failed(out, points, f"cannot grade: {exc}")
     started = time.monotonic()
@@ -189,6 +191,15 @@ def sandbox_env(out: Path, opts: RepoOptions) -> dict[str, str]:
     protect = [*protected_from_env(), str(out.resolve())]
     env = {PROTECT_ENV: os.pathsep.join(protect)}
     return env | ({WORKER_USER_ENV: opts.worker_user} if opts.worker_user else {})
+
+
+def user_exists(name: str) -> None:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise GradingSetupError(f"--worker-user {name}: no such user on this machine") from None
 
 
 def reap() -> None:

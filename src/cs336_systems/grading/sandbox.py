@@ -189,6 +189,12 @@ def _unshare() -> list[str]:
     return ["unshare", *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--mount"]
 
 
+def describe(isolation: dict) -> str:
+    """One line for the CLI: which isolation the graded code had."""
+    user = f", as user {isolation['worker_user']}" if isolation.get("worker_user") else ""
+    return f"isolation: {isolation['isolation']}{user} ({isolation['covers']})"
+
+
 @functools.cache
 def namespaces_work() -> bool:
     """Whether a process started here can have PID and mount namespaces, mount a folder read-only
