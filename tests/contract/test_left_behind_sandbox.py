@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shlex
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 
 from cs336_systems.grading.classroom import ClassRun, stop
 from cs336_systems.grading.probe import probe
-from cs336_systems.grading.repo_job import RepoOptions
+from cs336_systems.grading.repo_job import RepoOptions, grade_repo
 from cs336_systems.grading.roots import discover
 from cs336_systems.grading.runner import Machine
 from cs336_systems.grading.sandbox import Sandbox, namespaces_work
@@ -162,3 +163,23 @@ def test_a_hang_on_an_idle_machine_stays_the_codes() -> None:
     assert verdict.status == FAILED and "timed out after 4 s" in verdict.message and jobs == 1, verdict
     verdict, jobs = _hang_verdict([9.0, 0.5])  # busy, then idle on the retry: the retry's verdict
     assert verdict.status == FAILED and jobs == 2, (verdict, jobs)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a worker user applies when the grader is root")
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "subreaper"])
+def test_workers_run_as_the_worker_user_without_capabilities(namespaces: bool) -> None:
+    if namespaces and not namespaces_work():
+        pytest.skip("no namespaces on this machine")
+    cmd = Sandbox(worker_user="nobody", namespaces=namespaces).wrap(
+        ["sh", "-c", "id -u; grep CapEff /proc/self/status"], writable=[]
+    )
+    said = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.split()
+    assert said == [str(pwd.getpwnam("nobody").pw_uid), "CapEff:", "0000000000000000"], said
+
+
+def test_an_unknown_worker_user_is_one_line(tmp_path: Path) -> None:
+    code = grade_repo(STUDENTS / "src_layout", tmp_path, RepoOptions(worker_user="no-such-user-here"))
+    assert code == 2
+    assert (tmp_path / "failure.txt").read_text().strip() == (
+        "cannot grade: --worker-user no-such-user-here: no such user on this machine"
+    )

@@ -125,9 +125,6 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     """Grade ``target`` into ``out``; the exit status of a one-repository run (0 course ok, 1 a course
     failure or a case that cannot be graded, 2 the repository cannot be graded at all)."""
     out.mkdir(parents=True, exist_ok=True)
-    # Whatever the graded code leaves behind is re-parented here, and killed before any result file
-    # of this repository is read or written (``reap``).
-    become_subreaper()
     (out / "grade.json").unlink(missing_ok=True)  # only this run's judge may leave one
     points = gradescope.load_points(opts.points)
     try:
@@ -137,6 +134,9 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
             user_exists(opts.worker_user)
     except GradingSetupError as exc:
         return _failed(out, points, f"cannot grade: {exc}")
+    # Whatever the graded code leaves behind is re-parented here, and killed before any result file
+    # of this repository is read or written (``reap``).
+    become_subreaper()
     started = time.monotonic()
     # No load check of its own before the cases: every job loads the file, and one that cannot makes
     # every case an error of kind "load" (read back below), without a process start on the way.
