@@ -26,7 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .settings import namespaces_wanted, protected_from_env, worker_user_from_env
@@ -222,19 +222,3 @@ def jobs_parent() -> Path:
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     folder.chmod(0o711)  # a worker user finds its own job by name, and lists nothing
     return folder
-
-
-@dataclass
-class Reaper:
-    """A grading process as a subreaper for the span of a ``with``: everything left at its end is
-    killed (and what was left is named)."""
-
-    timeout: float = 10.0
-    left: list[int] = field(default_factory=list)
-
-    def __enter__(self) -> Reaper:
-        become_subreaper()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.left = kill_descendants(self.timeout)
