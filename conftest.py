@@ -36,6 +36,7 @@ if not torch.cuda.is_available():
 
 from cs336_systems.distributed.launch import find_free_port, spawn
 from cs336_systems.grading.pytest_plugin import requested_adapters, unimplemented
+from cs336_systems.grading.sandbox import become_subreaper, descendants, kill_descendants
 from cs336_systems.harness import adapters as adapters_hooks
 from cs336_systems.model import PRESETS, ModelConfig
 
@@ -148,7 +149,19 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def run_distributed():
+def reaped():
+    """Every process the test starts, and every process those leave behind (a rank whose launcher was
+    killed at a time limit), is killed at the test's end, also when it fails. This process becomes a
+    subreaper, so that orphans are re-parented here rather than to PID 1; processes that were running
+    before the test (a session fixture's) are left alone."""
+    become_subreaper()
+    before = frozenset(descendants())
+    yield
+    kill_descendants(keep=before)
+
+
+@pytest.fixture
+def run_distributed(reaped):
     """``run_distributed(fn, world_size, *args, backend=None, timeout=120)`` runs ``fn(*args)`` on
     ``world_size`` spawned ranks inside an initialized process group (gloo on CPU, nccl when every
     rank has a GPU) and returns the list of per-rank return values. Each call takes its own free

@@ -236,7 +236,7 @@ def test_lm_and_bench_driver_on_gloo(run_distributed) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
-def test_torchrun_entry_points_start_their_own_ranks() -> None:
+def test_torchrun_entry_points_start_their_own_ranks(reaped) -> None:
     """``cli.ddp_train`` and ``cli.allreduce`` (torchrun's entry points) start gloo ranks themselves
     without torchrun: the DDP step prints its JSON, the all-reduce its table row."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}

@@ -22,6 +22,7 @@ graded (whatever the students' results), 1 when grading failed for one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -112,6 +113,11 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="one repository: the folder holding its cs336_basics (default: [tool.uv.sources] cs336-basics)",
     )
+    p.add_argument(
+        "--worker-user",
+        metavar="NAME",
+        help="run the graded code as this unprivileged user (when grading as root, e.g. on Gradescope)",
+    )
     p.epilog = "Arguments after -- go to pytest, e.g. -- -k ddp"
     return p
 
@@ -139,6 +145,7 @@ def _options(args: argparse.Namespace):
         workers=workers,
         roots=(args.repo_root, args.package_root, args.basics_root),
         pytest_args=tuple(args.pytest_args),
+        worker_user=args.worker_user,
     )
 
 
@@ -166,6 +173,10 @@ def grade_one(args: argparse.Namespace) -> int:
         args.grade_json.parent.mkdir(parents=True, exist_ok=True)
         args.grade_json.write_text(json.dumps(report, indent=2))
     print(log.rstrip())
+    if report.get("isolation"):
+        from cs336_systems.grading.sandbox import describe
+
+        print(describe(report["isolation"]))
     _print_report(report, summary)
     return code
 
@@ -211,6 +222,9 @@ def grade_class(args: argparse.Namespace) -> int:
         gpus=gpus,
         gpu_models=[torch.cuda.get_device_name(i) for i in range(gpus)],
     )
+    from cs336_systems.grading.sandbox import Sandbox, describe
+
+    print(describe(dataclasses.replace(Sandbox.from_env(), worker_user=args.worker_user).isolation()))
     outcomes = run.run()
     written, table = class_report.write(out, list(repos))
     print(f"\nclass report: {written['md']}, {written['csv']}, {written['html']}")

@@ -13,6 +13,7 @@ and 1.5% (cuDNN) on two H200s of one host.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,6 +27,8 @@ from pathlib import Path
 from . import gradescope
 from .exchange import text
 from .repo_job import RepoOptions
+from .sandbox import become_subreaper, kill_descendants
+from .settings import PROTECT_ENV, protected_from_env
 
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
 
@@ -106,6 +109,7 @@ class ClassRun:
         raw["points"] = str(raw["points"]) if raw["points"] else None
         options.write_text(json.dumps(raw))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env[PROTECT_ENV] = os.pathsep.join([*protected_from_env(), str(self.out.resolve())])
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         cmd = [
@@ -150,6 +154,7 @@ class ClassRun:
         for stale in (self.out / "anchors").glob("gpu*") if anchors else ():
             stale.unlink()  # an earlier run's, perhaps of other GPUs: the report reads every one
         running: list[Running] = []
+        become_subreaper()  # what a job that died left behind comes here, and is killed below
         started = time.monotonic()
         while todo or running or anchors:
             # Students first; the first GPU of each model with no student left times the anchors.
@@ -163,10 +168,12 @@ class ClassRun:
                     anchors.remove(models[slot])
                     running.append(self._anchor(slot))
             time.sleep(0.5)
-            for job in list(running):
-                if self._finished(job, outcomes):
-                    running.remove(job)
-                    free.append(job.gpu)
+            done = [job for job in running if self._finished(job, outcomes)]
+            for job in done:
+                running.remove(job)
+                free.append(job.gpu)
+            if done:  # orphans re-parented here; the running jobs' trees are theirs
+                kill_descendants(keep=frozenset(j.proc.pid for j in running))
         self._say(f"{len(self.repos)} repositories in {time.monotonic() - started:.0f} s")
         return outcomes
 
@@ -174,8 +181,7 @@ class ClassRun:
         elapsed = time.monotonic() - job.started
         code = job.proc.poll()
         if code is None and elapsed > self.timeout:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-            job.proc.wait()
+            stop(job.proc)
             code = "timeout"
         if code is None:
             if time.monotonic() - job.progress_at > 15:
@@ -208,6 +214,15 @@ class ClassRun:
 
     def _say(self, line: str) -> None:
         print(line, file=self.log, flush=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a job with everything it started: its process group, and every descendant (a process that
+    left the group with ``setsid`` included: the job is a subreaper, so they are all below it)."""
+    kill_descendants(root=proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()  # what it left since is re-parented to this process: the run's loop kills it
 
 
 def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out: Path) -> Running:

@@ -8,7 +8,8 @@ defaults give the course tier the points, as the course's own tests do; ``beyond
 cases are reported at 0 points (visible, for the student). A TA overrides any of it with a JSON file of
 the same shape (``--points FILE``): ``{"course": {"get_fsdp": 12}, "beyond": {"default": 1}}``.
 
-A case skipped because this machine cannot run it (``needs-gpu``, ``refuses-cpu``) is listed at 0 of 0
+A case skipped because this machine cannot run it (``needs-gpu``, ``refuses-cpu``) or could not
+finish it (``could-not-grade-here``: overloaded, a lost connection) is listed at 0 of 0
 points with no ``status``: the environment's limit, neither the student's pass nor their failure
 (Gradescope's status is only "passed" or "failed"). "Not implemented" fails at 0 of its points. The
 student's own errors are theirs: an adapters file that does not parse fails every hook group that
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .verdict import ERROR, PASSED, SKIPPED
-from .worker.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS
+from .worker.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "course": {
@@ -42,7 +43,7 @@ DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "leaderboard": {"default": 0},
     "beyond": {"default": 0},
 }
-ENVIRONMENT = (NEEDS_GPU, REFUSES_CPU)
+ENVIRONMENT = (NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)
 CENTS = 100  # points are counted in hundredths: shares of a group add up to its points exactly
 MAX_OUTPUT = 8000
 

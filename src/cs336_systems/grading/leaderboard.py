@@ -18,6 +18,7 @@ from .exchange import text
 from .judge import clock, standing
 from .observer import Observed, command, ncu_path, parse
 from .roots import SUITE_ROOT, StudentRoots, discover
+from .sandbox import jobs_parent
 from .worker.cases import LEADERBOARD_CASE, TRITON_HOOK
 
 PROTOCOL = "torch.compile(apply) (eager where compiling fails); parent's clock over verified iterations"
@@ -150,7 +151,9 @@ def _observed(
     from .runner import Job, run
 
     plan = clock.ClockPlan(rounds=1)
-    folder = Path(tempfile.mkdtemp(prefix="cs336-observed-"))
+    # the observer's report lives beside the job folders, which the grader's sandbox keeps read-only to
+    # the graded code
+    folder = Path(tempfile.mkdtemp(prefix="observed-", dir=jobs_parent()))
     log = folder / "ncu.csv"
     try:
         job = Job(

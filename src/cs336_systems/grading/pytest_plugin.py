@@ -142,9 +142,22 @@ def pytest_configure(config: pytest.Config) -> None:
         adapters=str(roots.adapters),
         show=config.getoption("--grade-summary") == "table",
         progress=Path(progress) if (progress := config.getoption("--grade-progress")) else None,
+        isolation=_isolation(config, grade_json),
     )
     if not hasattr(config, "workerinput"):  # the xdist controller (or a plain run) reports; workers compute
         config.pluginmanager.register(summary, "cs336-grade-summary")
+
+
+def _isolation(config: pytest.Config, grade_json: str | None) -> dict | None:
+    """A run writing a report of another implementation in one process (no pytest-xdist workers, whose
+    own processes are this one's children) is a subreaper: whatever the graded code leaves behind is
+    re-parented here and killed before ``grade.json`` is written. What isolation the workers had."""
+    if not grade_json or config.getoption("numprocesses", None) not in (None, 0):
+        return None
+    from .sandbox import Sandbox, become_subreaper
+
+    become_subreaper()
+    return Sandbox.from_env().isolation()
 
 
 def unimplemented(config: pytest.Config, hooks: tuple[str, ...]) -> str | None:

@@ -24,7 +24,8 @@ from typing import Any
 from . import course_tests, gradescope
 from .exchange import text
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
-from .settings import LOADED_ENV
+from .sandbox import become_subreaper, kill_descendants
+from .settings import LOADED_ENV, PROTECT_ENV, WORKER_USER_ENV, protected_from_env
 from .worker.cases import TRITON_HOOK
 
 
@@ -38,6 +39,7 @@ class RepoOptions:
     workers: int = 1
     roots: tuple[Path | None, Path | None, Path | None] = (None, None, None)  # repo, package, basics
     pytest_args: tuple[str, ...] = ()
+    worker_user: str | None = None  # run the graded code as this user when grading as root
 
 
 def adapters_of(target: Path) -> Path:
@@ -74,16 +76,22 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     """Grade ``target`` into ``out``; the exit status of a one-repository run (0 course ok, 1 a course
     failure or a case that cannot be graded, 2 the repository cannot be graded at all)."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / "grade.json").unlink(missing_ok=True)  # only this run's judge may leave one
     points = gradescope.load_points(opts.points)
     try:
         adapters = adapters_of(target.expanduser().resolve())
         roots = discover(adapters, *opts.roots)
+        if opts.worker_user:
+            user_exists(opts.worker_user)
     except GradingSetupError as exc:
         return _failed(out, points, f"cannot grade: {exc}")
+    # Whatever the graded code leaves behind is re-parented here, and killed before any result file
+    # of this repository is read or written (``reap``).
+    become_subreaper()
     started = time.monotonic()
     # No load check of its own before the cases: every job loads the file, and one that cannot makes
     # every case an error of kind "load" (read back below), without a process start on the way.
-    env = {**os.environ, LOADED_ENV: str(roots.adapters)}
+    env = {**os.environ, LOADED_ENV: str(roots.adapters), **sandbox_env(out, opts)}
     with (out / "contract.log").open("w") as log:
         code = subprocess.call(
             contract_command(adapters, opts, out),
@@ -93,6 +101,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
             stderr=subprocess.STDOUT,
         )
     seconds = {"contract": round(time.monotonic() - started, 1)}
+    reap()
     if not (out / "grade.json").is_file():
         return _failed(
             out, points, _last_line(out / "contract.log") or f"the contract run exited with {code}"
@@ -119,11 +128,36 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
+    reap()  # the course tests and the bench ran the graded code too
     (out / "grade.json").write_text(json.dumps(report, indent=2))
     gradescope.write(out / "results.json", gradescope.results(report, points))
     from .summary import exit_status
 
     return exit_status(report, not roots.self_grade, code)
+
+
+def sandbox_env(out: Path, opts: RepoOptions) -> dict[str, str]:
+    """What the judge passes on to its workers' sandbox: this output folder (and the class folder a
+    class run gave) read-only to them, and the user they run as."""
+    protect = [*protected_from_env(), str(out.resolve())]
+    env = {PROTECT_ENV: os.pathsep.join(protect)}
+    return env | ({WORKER_USER_ENV: opts.worker_user} if opts.worker_user else {})
+
+
+def user_exists(name: str) -> None:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise GradingSetupError(f"--worker-user {name}: no such user on this machine") from None
+
+
+def reap() -> None:
+    """Kill every process the graded code left (this process is their subreaper); say so if any
+    survives, since the results written next could be rewritten by it."""
+    if left := kill_descendants():
+        print(f"warning: processes {left} of the graded code survived SIGKILL", file=sys.stderr)
 
 
 def _load_failure(report: dict) -> str | None:

@@ -12,6 +12,7 @@ size in one job (ranks cost seconds to start) and reruns alone each case a crash
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -32,7 +33,8 @@ import torch
 from cs336_systems.distributed.launch import find_free_port
 
 from .exchange import Untrusted, read_payload, text
-from .roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
+from .roots import SUITE_PACKAGE, SUITE_ROOT, StudentRoots, grader_pythonpath, suite_paths
+from .sandbox import Sandbox, jobs_parent, returncode
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
 EXIT_MEANING = {
@@ -58,10 +60,30 @@ class Job:
     records: tuple[str, ...] = ()  # more records the workers write (``clock.<round>``)
     files: tuple[str, ...] = ()  # plain files the workers may leave in ``out/`` (``ready.<round>``)
     prefix: tuple[str, ...] = ()  # a command the worker runs under (an observer outside the process)
+    sandbox: Sandbox = field(default_factory=Sandbox.from_env)
 
     def names(self) -> list[str]:
         base = {"cases": self.cases, "load": ["load"]}.get(self.task, ["timing"])
         return [*base, *self.records]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """How busy this machine is: a worker time limit reached while the load average is far above the
+    cores (``overload`` times) says the machine could not finish the case, not that the code hangs.
+    ``load`` is injectable (a test's stand-in)."""
+
+    load: Callable[[], float] = field(default=lambda: os.getloadavg()[0])
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    overload: float = 2.0
+
+    def busy(self) -> str | None:
+        """The load it saw, when it is far above the cores."""
+        load = self.load()
+        return f"load {load:.1f} on {self.cores} cores" if load > self.overload * self.cores else None
+
+
+LOST_CONNECTION = ("Connection reset by peer", "Connection closed by peer")
 
 
 @dataclass
@@ -73,6 +95,12 @@ class Collected:
     problems: dict[tuple[str, int], str] = field(default_factory=dict)
     job_problem: str | None = None
     conversation: Any = None  # what ``Job.conversation`` returned
+    timed_out: bool = False
+
+    def lost_connection(self) -> bool:
+        """A rank lost to a connection reset (a peer's socket gone under it, not a wrong answer)."""
+        said = [str(r.get("message", "")) for r in self.records.values()] + list(self.problems.values())
+        return any(lost in line for line in said for lost in LOST_CONNECTION)
 
 
 def _env(rank: int, world_size: int, port: int, task: str) -> dict:
@@ -127,7 +155,7 @@ def _watch(procs: list[subprocess.Popen], timeout: float) -> bool:
 
 
 def run(job: Job) -> Collected:
-    folder = Path(tempfile.mkdtemp(prefix="cs336-grade-"))
+    folder = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_parent()))
     try:
         return _run_in(job, folder)
     finally:
@@ -156,13 +184,18 @@ def _run_in(job: Job, folder: Path) -> Collected:
         "out": str(folder / "out"),
     }
     (folder / "job.json").write_text(json.dumps(spec))
+    job.sandbox.prepare(folder)
+    plain = [sys.executable, str(WORKER), str(folder / "job.json")]
+    # The suite's tree is never the worker's to write, whoever started the grading.
+    sandbox = dataclasses.replace(job.sandbox, protect=(*job.sandbox.protect, SUITE_ROOT))
+    cmd = sandbox.wrap(plain, writable=[folder / "out"])
     port = find_free_port()
     procs = []
     for rank in range(job.world_size):
         log = (folder / f"rank{rank}.log").open("w")
         procs.append(
             subprocess.Popen(
-                [*job.prefix, sys.executable, str(WORKER), str(folder / "job.json")],
+                [*job.prefix, *cmd],
                 cwd=job.roots.repo_root,
                 env=_env(rank, job.world_size, port, job.task),
                 stdout=log,
@@ -171,7 +204,8 @@ def _run_in(job: Job, folder: Path) -> Collected:
         )
     talk = _Conversation(job, folder, procs) if job.conversation else None
     timed_out = _watch(procs, job.timeout)
-    got = _collect(job, folder, token, [p.returncode for p in procs], timed_out)
+    codes = [returncode(p.returncode, sandbox.uses_namespaces()) for p in procs]
+    got = _collect(job, folder, token, codes, timed_out)
     got.conversation = talk.result() if talk else None
     return got
 
@@ -197,7 +231,7 @@ class _Conversation(threading.Thread):
 
 
 def _collect(job: Job, folder: Path, token: str, codes: list[int | None], timed_out: bool) -> Collected:
-    got = Collected()
+    got = Collected(timed_out=timed_out)
     optional = ["refused", "load"]  # written instead of the asked-for records when the job cannot start
     expected = {f"{n}.rank{r}.pt" for n in [*job.names(), *optional] for r in range(job.world_size)}
     expected |= set(job.files)
@@ -245,6 +279,7 @@ class Outcome:
     records: list[dict] | None = None
     problem: str | None = None
     error: str | None = None
+    unfinished: str | None = None  # why this machine could not finish it (left out of the score)
 
     def seconds(self) -> float | None:
         """How long the slowest rank said the case took (diagnostic: the graded process says it)."""
@@ -268,6 +303,7 @@ class CaseRuns:
     roots: StudentRoots
     timeout: float
     done: dict[str, Outcome] = field(default_factory=dict)
+    machine: Machine = field(default_factory=Machine)
 
     def outcome(self, case_id: str, batch: list[str], world_size: int, make_inputs: Any) -> Outcome:
         if case_id not in self.done:
@@ -285,6 +321,12 @@ class CaseRuns:
             timeout=self.timeout,
         )
         got = run(job)
+        if self._unfinished(got):
+            got = run(job)  # once more: the machine may have been busy for a while only
+            if why := self._unfinished(got):
+                for case_id in batch:
+                    self.done[case_id] = Outcome(unfinished=f"could not grade here: {why}")
+                return
         whole = _job_wide(got)
         for case_id in batch:
             present = [got.records[(case_id, r)] for r in range(world_size) if (case_id, r) in got.records]
@@ -300,6 +342,16 @@ class CaseRuns:
                 self.done[case_id] = Outcome(problem=problems[0] if problems else "no output")
         for case_id in [c for c in batch if c not in self.done]:
             self._run([case_id], world_size, make_inputs, retry_alone=False)
+
+    def _unfinished(self, got: Collected) -> str | None:
+        """Why this machine, not the code, failed the job: its time limit reached under a load far above
+        the cores, or a rank's connection reset. A time limit on an idle machine is the code's."""
+        if got.timed_out and (busy := self.machine.busy()):
+            return f"{got.job_problem} at {busy}"
+        if got.lost_connection():
+            busy = self.machine.busy() or f"load {self.machine.load():.1f} on {self.machine.cores} cores"
+            return f"a rank lost its connection to its peers ({busy})"
+        return None
 
 
 def _job_wide(got: Collected) -> Outcome | None:

@@ -25,9 +25,9 @@ from . import judge
 from .exchange import text
 from .probe import Probe
 from .roots import StudentRoots
-from .runner import CaseRuns, Outcome
+from .runner import CaseRuns, Machine, Outcome
 from .verdict import Verdict
-from .worker.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, Case
+from .worker.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
 
 
 def fresh_seed() -> int:
@@ -46,9 +46,10 @@ class Grader:
     timeout: float
     on_gpu: bool = field(default_factory=torch.cuda.is_available)
     jobs: int = 1
+    machine: Machine = field(default_factory=Machine)
 
     def __post_init__(self) -> None:
-        self.runs = CaseRuns(self.roots, self.timeout)
+        self.runs = CaseRuns(self.roots, self.timeout, machine=self.machine)
         self._inputs: dict[str, dict] = {}
         self._drawing = threading.Lock()  # inputs are drawn one at a time: some makers seed torch's RNG
         self._batches: dict[tuple, list[str]] = {}
@@ -117,6 +118,8 @@ class Grader:
 
 
 def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_gpu: bool) -> Verdict:
+    if outcome.unfinished:
+        return Verdict.skipped(UNFINISHED_HERE, outcome.unfinished)
     if outcome.error:
         return Verdict.error(outcome.error, outcome.problem or outcome.error)
     if outcome.records is None:

@@ -4,6 +4,11 @@
 - ``CS336_GRADE_LOADED``, ``CS336_GRADE_SEED``: set by the run itself, so that its pytest-xdist workers
   neither load the adapters file again nor draw another seed (and by a class run's ``repo_job``, whose
   jobs each load the file anyway). Workers of the graded code never see them.
+- ``CS336_GRADE_PROTECT``, ``CS336_GRADE_WORKER_USER``: set by ``repo_job`` (and a class run) for its judge:
+  the folders no worker may write (``os.pathsep``-separated: the output folders), and the user the workers
+  run as when the grader is root (``sandbox``).
+- ``CS336_GRADE_ISOLATION``: ``subreaper`` starts the workers without namespaces even where they work
+  (a machine where they get in the way of the GPU's drivers); passed on to the judge like the others.
 - ``CS336_COURSE_TESTS_PORT``: set for a run of the course's tests (``course_tests``): the port its process
   groups use instead of the course's fixed 12390, so that runs side by side do not collide.
 """
@@ -16,6 +21,9 @@ ADAPTERS_ENV = "CS336_ADAPTERS"
 LOADED_ENV = "CS336_GRADE_LOADED"
 SEED_ENV = "CS336_GRADE_SEED"
 COURSE_PORT_ENV = "CS336_COURSE_TESTS_PORT"
+PROTECT_ENV = "CS336_GRADE_PROTECT"
+WORKER_USER_ENV = "CS336_GRADE_WORKER_USER"
+ISOLATION_ENV = "CS336_GRADE_ISOLATION"
 
 
 def adapters_from_env() -> str | None:
@@ -37,3 +45,15 @@ def shared_seed() -> int | None:
 
 def share_seed(seed: int) -> None:
     os.environ[SEED_ENV] = str(seed)
+
+
+def protected_from_env() -> list[str]:
+    return [p for p in os.environ.get(PROTECT_ENV, "").split(os.pathsep) if p]
+
+
+def worker_user_from_env() -> str | None:
+    return os.environ.get(WORKER_USER_ENV) or None
+
+
+def namespaces_wanted() -> bool:
+    return os.environ.get(ISOLATION_ENV, "") != "subreaper"

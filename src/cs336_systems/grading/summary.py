@@ -18,7 +18,7 @@ import pytest
 
 from .probe import ALL_HOOKS
 from .verdict import ERROR, FAILED, PASSED, SKIPPED
-from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS
+from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 CASE_PROPERTY = "grade_case"
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR)
@@ -26,6 +26,7 @@ SKIP_WORDS = {
     NOT_IMPLEMENTED: "not implemented",
     NEEDS_GPU: "needs a GPU: skipped here",
     REFUSES_CPU: "refuses CPU tensors: skipped here",
+    UNFINISHED_HERE: "could not grade here (machine overloaded or a connection lost): not scored",
 }
 
 
@@ -126,8 +127,11 @@ class GradeSummary:
         adapters: str | None,
         show: bool,
         progress: Path | None = None,
+        isolation: dict | None = None,
     ):
         self.external, self.grade_json, self.show, self.progress = external, grade_json, show, progress
+        # Set when this run is a subreaper: what the graded code left is killed before grade.json.
+        self.isolation = isolation
         self.seed, self.adapters = seed, adapters
         self.cases: dict[str, dict] = {}
         self.started = time.monotonic()
@@ -165,8 +169,13 @@ class GradeSummary:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # Written here, not in the terminal summary: pytest before 8.4 skips that hook under --no-summary.
+        if self.isolation is not None:
+            from .sandbox import kill_descendants
+
+            kill_descendants()
         if self.cases and self.grade_json:
             self.grade_json.parent.mkdir(parents=True, exist_ok=True)
-            self.grade_json.write_text(json.dumps(self.report(), indent=2))
+            report = self.report() | ({"isolation": self.isolation} if self.isolation else {})
+            self.grade_json.write_text(json.dumps(report, indent=2))
         if self.cases and self.external and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             session.exitstatus = exit_status(self.report(), True, exitstatus)

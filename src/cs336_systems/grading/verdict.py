@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU
+from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, UNFINISHED_HERE
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
-SKIP_KINDS = (NOT_IMPLEMENTED, NEEDS_GPU, REFUSES_CPU)
+SKIP_KINDS = (NOT_IMPLEMENTED, NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)
 MAX_MISSES = 12
 
 

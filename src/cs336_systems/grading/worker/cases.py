@@ -27,6 +27,7 @@ TIERS = (COURSE, LEADERBOARD, BEYOND)
 
 # Structured skip kinds (never searched for in message text).
 NOT_IMPLEMENTED, NEEDS_GPU, REFUSES_CPU = "not-implemented", "needs-gpu", "refuses-cpu"
+UNFINISHED_HERE = "could-not-grade-here"  # the machine could not finish it (overloaded, a lost connection)
 
 ATTENTION_HOOKS = {
     "pytorch": "get_flashattention_autograd_function_pytorch",
