@@ -22,6 +22,7 @@ from typing import Any
 
 from . import course_tests, gradescope
 from .exchange import text
+from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .settings import LOADED_ENV
 
@@ -129,6 +130,8 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         roots = discover(adapters, *opts.roots)
     except GradingSetupError as exc:
         return _failed(out, points, f"cannot grade: {exc}")
+    if why := syntax_problem(roots.adapters):  # no worker started for a file that cannot load
+        return _failed(out, points, f"cannot grade: {why}")
     started = time.monotonic()
     # No load check of its own before the cases: every job loads the file, and one that cannot makes
     # every case an error of kind "load" (read back below), without a process start on the way.
