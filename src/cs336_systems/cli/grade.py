@@ -6,7 +6,12 @@ references and verdicts are made outside it), side by side with the others: one 
 last, else ``--jobs`` at a time. Per repository, ``DIR/<name>/`` gets ``grade.json`` (every case's
 verdict and message), ``results.json`` (Gradescope's format) and the logs; the run writes the class
 report (``class.md``, ``class.csv``, ``class.html``). A rerun skips repositories whose results are newer
-than their code (``--force`` regrades). The table is the last thing printed.
+than their code (``--force`` regrades). One repository runs as the same job as a class's (its time limit,
+progress lines and process cleanup), and its hook x tier table is the last thing printed.
+
+Bad input stops the run with one line before anything starts: an unknown tier, an output path that
+cannot be written, a target that does not exist, a folder with no repository in it, or (one repository)
+an adapters file that does not parse, named by file and line.
 
 ``--course-tests [TESTS]`` also runs the course's tests (a release's ``tests/`` folder; without it,
 each repository's own) on each adapters file and says, per hook, whether they agree with the grader's
