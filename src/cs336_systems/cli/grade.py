@@ -212,18 +212,20 @@ def main(argv: list[str] | None = None) -> int:
     return grade_one(args, repos)
 
 
-def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path):
+def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alone: bool = False):
+    """The job machinery of a class; ``alone``: one repository with the whole machine (every core and
+    every GPU visible to it, as the graded code's multi-rank cases may use them; no anchors)."""
     import torch
 
     from cs336_systems.grading.classroom import ClassRun
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and not alone else 0
     return ClassRun(
         repos,
         out,
         _options(args),
         timeout=args.timeout,
-        jobs=args.jobs,
+        jobs=1 if alone else args.jobs,
         force=args.force,
         gpus=gpus,
         gpu_models=[torch.cuda.get_device_name(i) for i in range(gpus)],
@@ -237,7 +239,7 @@ def grade_one(args: argparse.Namespace, repos: dict[str, Path]) -> int:
 
     (name,) = repos
     with tempfile.TemporaryDirectory(prefix="cs336-grade-") as tmp:
-        run = _class_run(args, repos, Path(tmp))
+        run = _class_run(args, repos, Path(tmp), alone=True)
         run.run()
         out = Path(tmp) / name
         report = json.loads((out / "grade.json").read_text()) if (out / "grade.json").is_file() else None
