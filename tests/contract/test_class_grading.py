@@ -5,6 +5,7 @@ changed."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -74,6 +75,9 @@ def test_each_failure_is_one_row_and_the_others_are_graded(class_run) -> None:
         if line.startswith("| ") and "---" not in line
     }
     assert "does not parse" in rows["broken"], rows
+    broken = (out / "broken" / "failure.txt").read_text()
+    assert "adapters.py:1: does not parse" in broken, "file:line, found by parsing the file"
+    assert not (out / "broken" / "contract.log").exists(), "no worker started for a file that cannot load"
     assert "cannot grade" in rows["unloadable"] and "cs336_not_installed_anywhere" in rows["unloadable"], rows
     for name in ("broken", "unloadable", "hangs"):  # not graded: no score, rather than a score of 0
         assert rows[name].split("|")[2].strip() == "-", rows[name]
@@ -133,3 +137,47 @@ def test_results_json_problems_are_named() -> None:
     }
     found = gradescope.problems(bad)
     assert any("status" in p for p in found) and any("above its max_score" in p for p in found), found
+
+
+def _fake_repo(out: Path, name: str, score: float | None, groups: dict | None, failure: str = "") -> None:
+    folder = out / name
+    folder.mkdir(parents=True)
+    if groups is not None:
+        (folder / "grade.json").write_text(json.dumps({"groups": groups, "cases": []}))
+    tests = [{"name": "a", "max_score": 10.0}, {"name": "b", "max_score": 20.0}] if score is not None else []
+    (folder / "results.json").write_text(json.dumps({"score": score, "tests": tests}))
+    if failure:
+        (folder / "failure.txt").write_text(failure + "\n")
+
+
+def test_the_class_report_rows_match_their_header(tmp_path: Path) -> None:
+    from cs336_systems.grading import class_report
+
+    long_reason = "cannot grade: " + " ".join(f"word{i}" for i in range(80))
+    _fake_repo(tmp_path, "graded", 27.5, {"get_ddp": {"verdict": "ok"}})
+    _fake_repo(tmp_path, "other_edition", 5, {"get_ddp_bucketed": {"verdict": "FAIL"}})
+    _fake_repo(tmp_path, "failed", None, None, long_reason)
+    _, table = class_report.write(tmp_path, ["graded", "other_edition", "failed"])
+    md = (tmp_path / "class.md").read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert len({ln.count(" | ") for ln in rows}) == 1, rows  # every row as wide as the header
+    assert "| graded | 27.5 / 30 | — | ok |" in md, md
+    failed = next(ln for ln in rows if ln.startswith("| failed"))
+    cell = failed.split(" | ")[2]
+    assert cell.endswith("...") and long_reason.startswith(cell[:-3].rstrip()), "cut at a word"
+    assert "`—`" in md and "`-`" in md and "failure.txt" in md, "the marks are explained under the table"
+    assert "`—`" in table, "and in what the CLI prints"
+    sheet = list(csv.reader((tmp_path / "class.csv").read_text().splitlines()))
+    assert sheet[0][:3] == ["repository", "score", "max_score"], sheet[0]
+    assert {len(r) for r in sheet} == {len(sheet[0])}, sheet
+    assert sheet[1][:3] == ["graded", "27.5", "30"] and long_reason in sheet[3], sheet
+    assert "27.5 / 30" in (tmp_path / "class.html").read_text()
+
+
+def test_a_class_of_failures_alone_still_has_a_column_for_why(tmp_path: Path) -> None:
+    from cs336_systems.grading import class_report
+
+    _fake_repo(tmp_path, "empty", None, None, "cannot grade: no tests/adapters.py")
+    class_report.write(tmp_path, ["empty"])
+    sheet = list(csv.reader((tmp_path / "class.csv").read_text().splitlines()))
+    assert {len(r) for r in sheet} == {len(sheet[0])} and "no tests/adapters.py" in sheet[1][-1], sheet

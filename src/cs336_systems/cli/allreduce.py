@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 
 from cs336_systems.cli.common import Parser
-from cs336_systems.distributed.allreduce import SIZES, allreduce_sweep
-from cs336_systems.distributed.launch import spawn
-from cs336_systems.distributed.process_group import init_distributed, shutdown
+
+SIZE_NAMES = "1MB,10MB,100MB,1GB"  # distributed.allreduce.SIZES's names: that module imports torch
 
 
 def main() -> None:
@@ -19,9 +18,15 @@ def main() -> None:
     p.add_argument(
         "--backend", choices=("gloo", "nccl"), default=None, help="default: nccl if GPUs suffice, else gloo"
     )
-    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma list of {', '.join(SIZES)}")
+    p.add_argument("--sizes", default=SIZE_NAMES, help=f"comma list of {SIZE_NAMES.replace(',', ', ')}")
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under torchrun")
     args = p.parse_args()
+    from cs336_systems.distributed.allreduce import SIZES, allreduce_sweep
+    from cs336_systems.distributed.launch import spawn
+    from cs336_systems.distributed.process_group import init_distributed, shutdown
+
+    if unknown := [s for s in args.sizes.split(",") if s not in SIZES]:
+        p.error(f"--sizes: unknown size {', '.join(unknown)} (the sizes: {', '.join(SIZES)})")
     sizes = [SIZES[s] for s in args.sizes.split(",")]
     if "RANK" in os.environ:
         info = init_distributed(args.backend)

@@ -308,7 +308,7 @@ def _cells(r: dict[str, Any], show_unreliable: bool = False) -> list[str]:
 
 
 def mfu_legend(gpu: str, rates: dict[str, float]) -> str:
-    """What the two MFU columns divide by, and the FLOP count they divide (issue 51: name the convention)."""
+    """What the two MFU columns divide by, and the FLOP count they divide (named: conventions differ)."""
     rate_note = ", ".join(f"{k} {v:.3g}" for k, v in rates.items()) or "not measured (--no-mfu)"
     peaks = ", ".join(f"{k} {v:g}" for k, v in DENSE_BF16_PEAK_TFLOPS.items())
     return (

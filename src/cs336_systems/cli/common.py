@@ -1,4 +1,4 @@
-"""What every command-line entry point shares (issue 57): a parser whose usage names the command as it is
+"""What every command-line entry point shares: a parser whose usage names the command as it is
 run (``python -m cs336_systems.cli.NAME``, not ``NAME.py``), whose help gives each option's default and
 whose errors are two lines (what is wrong, where the options are) instead of the usage block; and the
 check of an output path before a run, so that a path that cannot be written costs one error line,

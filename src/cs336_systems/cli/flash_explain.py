@@ -13,16 +13,18 @@ arrives expanded and the plan copies it) or, eager, in O's layout (the model's).
 from __future__ import annotations
 
 import re
-
-import torch
+from typing import TYPE_CHECKING
 
 from cs336_systems.cli.common import Parser
-from cs336_systems.kernels import flash
-from cs336_systems.kernels.flash.configs import gpu_candidate_configs, key_str, tune_key
-from cs336_systems.kernels.flash.select import Case, Layouts, layouts_of, route_for
-from cs336_systems.kernels.flash.tune_table import read_table, table_path
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+if TYPE_CHECKING:
+    import torch
+
+    from cs336_systems.kernels import flash
+    from cs336_systems.kernels.flash.select import Case, Layouts
+
+# torch and the kernels are imported where they run: ``--help`` needs neither.
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # name -> torch's attribute
 HOPPER = re.compile(r"\b(H100|H200|H800|H20|GH200)\b")  # sm_90 parts
 ROUTES = {
     "plan": "the call signature's plan, launched from Python",
@@ -32,6 +34,8 @@ ROUTES = {
 
 def _device(device: str) -> tuple[str, bool, bool]:
     """(name, is a GPU, is Hopper) of ``device``: "cuda", "cpu" or a GPU model's name."""
+    import torch
+
     if device == "cuda":
         name = torch.cuda.get_device_name()
         return name, True, torch.cuda.get_device_capability() == (9, 0)
@@ -41,6 +45,11 @@ def _device(device: str) -> tuple[str, bool, bool]:
 
 
 def _layouts(b: int, h: int, n: int, d: int, dtype: torch.dtype, hopper: bool, compile: bool) -> Layouts:
+    import torch
+
+    from cs336_systems.kernels import flash
+    from cs336_systems.kernels.flash.select import layouts_of
+
     t = lambda: torch.empty(b, h, n, d, dtype=dtype, device="meta")
     o = flash.new_output(t())
     do = t() if compile else flash.new_output(t())
@@ -51,6 +60,10 @@ def _layouts(b: int, h: int, n: int, d: int, dtype: torch.dtype, hopper: bool, c
 def _config(kernel: str, case: Case, name: str, gpu: bool, local: bool) -> tuple[str, flash.TileConfig, str]:
     """The tuning key, the config the table or tuner supplies, and where it comes from (``local``: this
     machine's GPU, through the tuner)."""
+    from cs336_systems.kernels import flash
+    from cs336_systems.kernels.flash.configs import gpu_candidate_configs, key_str, tune_key
+    from cs336_systems.kernels.flash.tune_table import read_table, table_path
+
     key = tune_key(kernel, *case)
     candidates = gpu_candidate_configs(kernel, case.d, case.dtype)
     live = f"live tuning at the first call ({len(candidates)} candidates by sustained time; shown: the first)"
@@ -75,6 +88,9 @@ def explain(
     causal: bool = True,
 ) -> str:
     """The report :func:`main` prints (a pure function of its arguments and the shipped tables)."""
+    from cs336_systems.kernels import flash
+    from cs336_systems.kernels.flash.select import Case, route_for
+
     b, h, n, d = shape
     name, gpu, hopper = _device(device)
     case = Case(b * h, n, n, d, causal, dtype)
@@ -118,7 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--full", action="store_true", help="non-causal")
     a = p.parse_args(argv)
     b, h, n, d = (int(x) for x in a.shape.split(","))
-    print(explain((b, h, n, d), DTYPES[a.dtype], a.device, a.compile, a.deterministic, not a.full))
+    import torch
+
+    dtype = getattr(torch, DTYPES[a.dtype])
+    print(explain((b, h, n, d), dtype, a.device, a.compile, a.deterministic, not a.full))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,12 @@ references and verdicts are made outside it), side by side with the others: one 
 last, else ``--jobs`` at a time. Per repository, ``DIR/<name>/`` gets ``grade.json`` (every case's
 verdict and message), ``results.json`` (Gradescope's format) and the logs; the run writes the class
 report (``class.md``, ``class.csv``, ``class.html``). A rerun skips repositories whose results are newer
-than their code (``--force`` regrades). The table is the last thing printed.
+than their code (``--force`` regrades). One repository runs as the same job as a class's (its time limit,
+progress lines and process cleanup), and its hook x tier table is the last thing printed.
+
+Bad input stops the run with one line before anything starts: an unknown tier, an output path that
+cannot be written, a target that does not exist, a folder with no repository in it, or (one repository)
+an adapters file that does not parse, named by file and line.
 
 ``--course-tests [TESTS]`` also runs the course's tests (a release's ``tests/`` folder; without it,
 each repository's own) on each adapters file and says, per hook, whether they agree with the grader's
@@ -149,26 +154,114 @@ def _options(args: argparse.Namespace):
     )
 
 
+class BadInput(Exception):
+    """What is wrong with the command line, found before anything is imported or started."""
+
+
+def _check_tiers(tiers: str | None) -> None:
+    from cs336_systems.grading.worker.cases import TIERS  # the case table's tiers (standard library only)
+
+    unknown = [t for t in (tiers or "").split(",") if t not in TIERS] if tiers is not None else []
+    if unknown:
+        raise BadInput(
+            f"--tiers: unknown tier {', '.join(map(repr, unknown))} (the tiers: {', '.join(TIERS)})"
+        )
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    from cs336_systems.cli.common import unwritable
+
+    for target in args.targets:
+        if not target.expanduser().exists():
+            raise BadInput(f"{target}: no such file or folder")
+    if args.out is not None and (why := unwritable(args.out, directory=True)):
+        raise BadInput(f"--out {args.out}: {why}")
+    if args.grade_json is not None and (why := unwritable(args.grade_json)):
+        raise BadInput(f"--grade-json {args.grade_json}: {why}")
+    if args.points is not None:
+        from cs336_systems.grading.gradescope import load_points
+
+        try:
+            load_points(args.points)
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"--points {args.points}: {exc}") from None
+
+
+def _repositories(args: argparse.Namespace) -> dict[str, Path]:
+    """The repositories to grade, after every check that needs no import of torch or of graded code."""
+    from cs336_systems.grading.classroom import repositories
+    from cs336_systems.grading.probe import syntax_problem
+    from cs336_systems.grading.roots import GradingSetupError
+
+    _check_tiers(args.tiers)
+    _check_paths(args)
+    try:
+        repos = repositories(args.targets)
+    except GradingSetupError as exc:
+        raise BadInput(str(exc)) from None
+    if len(repos) == 1:  # one repository: a file that cannot load stops the run here
+        (path,) = repos.values()
+        adapters = path / "tests" / "adapters.py" if path.is_dir() else path
+        if why := syntax_problem(adapters):
+            raise BadInput(f"cannot grade: {why}")
+    return repos
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if len(args.targets) > 1 or args.out is not None or args.jobs is not None:
-        return grade_class(args)
-    return grade_one(args)
+    try:
+        repos = _repositories(args)
+    except BadInput as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    if len(repos) > 1 or args.out is not None or args.jobs is not None:
+        return grade_class(args, repos)
+    return grade_one(args, repos)
 
 
-def grade_one(args: argparse.Namespace) -> int:
+def _say_isolation(args: argparse.Namespace) -> None:
+    from cs336_systems.grading.sandbox import Sandbox, describe
+
+    print(describe(dataclasses.replace(Sandbox.from_env(), worker_user=args.worker_user).isolation()))
+
+
+def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alone: bool = False):
+    """The job machinery of a class; ``alone``: one repository with the whole machine (every core and
+    every GPU visible to it, as the graded code's multi-rank cases may use them; no anchors)."""
+    import torch
+
+    from cs336_systems.grading.classroom import ClassRun
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and not alone else 0
+    return ClassRun(
+        repos,
+        out,
+        _options(args),
+        timeout=args.timeout,
+        jobs=1 if alone else args.jobs,
+        force=args.force,
+        gpus=gpus,
+        gpu_models=[torch.cuda.get_device_name(i) for i in range(gpus)],
+    )
+
+
+def grade_one(args: argparse.Namespace, repos: dict[str, Path]) -> int:
+    """One repository, through the same job as a class (its time limit, progress lines and process
+    cleanup), printing the one repository's log and table."""
     from cs336_systems.grading import summary
-    from cs336_systems.grading.repo_job import grade_repo
 
+    (name,) = repos
     with tempfile.TemporaryDirectory(prefix="cs336-grade-") as tmp:
-        out = Path(tmp)
-        code = grade_repo(args.targets[0], out, _options(args))
+        run = _class_run(args, repos, Path(tmp), alone=True)
+        run.run()
+        out = Path(tmp) / name
         report = json.loads((out / "grade.json").read_text()) if (out / "grade.json").is_file() else None
         failure = (out / "failure.txt").read_text().strip() if (out / "failure.txt").is_file() else None
         log = (out / "contract.log").read_text() if (out / "contract.log").is_file() else ""
-    if report is None:
+    code = run.codes.get(name)
+    if report is None or failure:
         print(f"{PROG}: {failure or 'grading failed'}", file=sys.stderr)
-        return code or 2
+        return 2
     if args.grade_json:
         args.grade_json.parent.mkdir(parents=True, exist_ok=True)
         args.grade_json.write_text(json.dumps(report, indent=2))
@@ -178,7 +271,7 @@ def grade_one(args: argparse.Namespace) -> int:
 
         print(describe(report["isolation"]))
     _print_report(report, summary)
-    return code
+    return code if isinstance(code, int) else 2
 
 
 def _print_report(report: dict, summary) -> None:
@@ -203,29 +296,12 @@ def _print_report(report: dict, summary) -> None:
         print(line)
 
 
-def grade_class(args: argparse.Namespace) -> int:
-    import torch
-
+def grade_class(args: argparse.Namespace, repos: dict[str, Path]) -> int:
     from cs336_systems.grading import class_report
-    from cs336_systems.grading.classroom import ClassRun, repositories
 
-    repos = repositories(args.targets)
     out = (args.out or SUITE_ROOT / "runs" / "grades").resolve()
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    run = ClassRun(
-        repos,
-        out,
-        _options(args),
-        timeout=args.timeout,
-        jobs=args.jobs,
-        force=args.force,
-        gpus=gpus,
-        gpu_models=[torch.cuda.get_device_name(i) for i in range(gpus)],
-    )
-    from cs336_systems.grading.sandbox import Sandbox, describe
-
-    print(describe(dataclasses.replace(Sandbox.from_env(), worker_user=args.worker_user).isolation()))
-    outcomes = run.run()
+    _say_isolation(args)
+    outcomes = _class_run(args, repos, out).run()
     written, table = class_report.write(out, list(repos))
     print(f"\nclass report: {written['md']}, {written['csv']}, {written['html']}")
     print(table)

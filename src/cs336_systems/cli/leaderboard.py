@@ -16,20 +16,26 @@ import contextlib
 import json
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-import triton.testing as tt
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.kernels import flash
 
-CASE = (16, 16384, 16384, 64, True, torch.bfloat16)
+if TYPE_CHECKING:
+    import torch
+
+# torch, Triton and the kernels are imported where they run: ``--help`` and a bad ``--json`` need none.
+
+
+def _case() -> tuple:
+    import torch
+
+    return (16, 16384, 16384, 64, True, torch.bfloat16)
 
 
 def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=is_causal)[0]
 
@@ -37,11 +43,21 @@ def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -
 def _forced(dkdv: str | None) -> contextlib.AbstractContextManager:
     if dkdv is None:
         return contextlib.nullcontext()
+    import torch
+
+    from cs336_systems.kernels import flash
+
     (config,) = [c for c in flash.gpu_candidates("dkdv", 64, torch.bfloat16) if str(c) == dkdv]
     return flash.forced("dkdv", config)
 
 
 def time_case(impl: str, rep: int, warmup: int) -> dict[str, object]:
+    import torch
+    import triton.testing as tt
+
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+    from cs336_systems.kernels import flash
+
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 16, 16384, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     fn = torch.compile(FlashAttentionTriton.apply) if impl == "ours" else _cudnn
@@ -50,8 +66,9 @@ def time_case(impl: str, rep: int, warmup: int) -> dict[str, object]:
     ms = tt.do_bench(step, rep=rep, warmup=warmup, return_mode="mean")
     row: dict[str, object] = {"impl": impl, "mean_ms": ms}
     if impl == "ours":
-        row.update(flash.launched_info(CASE), configs=flash.chosen_configs(CASE))
-        row["sources"] = flash.config_sources(CASE)
+        case = _case()
+        row.update(flash.launched_info(case), configs=flash.chosen_configs(case))
+        row["sources"] = flash.config_sources(case)
     return row
 
 
@@ -64,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, help="write the rows here")
     a = p.parse_args(argv)
     check_outputs(p, {"--json": (a.json, False)})
+    import torch
+
+    from cs336_systems.kernels import flash
+
     rows = []
     with _forced(a.dkdv):
         for impl in a.impls.split(","):

@@ -249,7 +249,7 @@ def _torchrun_rank(options: StepOptions) -> dict[str, Any] | None:
 
 
 def judged(result: dict[str, Any], device_name: str) -> list[str]:
-    """The lines a step's figures need besides the summary (issue 51): the same reliability verdict as
+    """The lines a step's figures need besides the summary: the same reliability verdict as
     every bench row (recorded in ``result['contention']`` too) and MFU both ways with its FLOP count."""
     if not result.get("times_ms"):
         return []

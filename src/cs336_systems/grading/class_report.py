@@ -15,6 +15,7 @@ import csv
 import html
 import io
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +36,24 @@ def collect(out: Path, names: list[str]) -> dict[str, dict]:
     for name in names:
         folder = out / name
         failure = folder / "failure.txt"
+        results = _load(folder / "results.json") or {}
         found[name] = {
             "report": _load(folder / "grade.json"),
             "failure": failure.read_text().strip() if failure.is_file() else None,
             "leaderboard": _load(folder / "leaderboard.json"),
-            "score": (_load(folder / "results.json") or {}).get("score"),
+            "score": results.get("score"),
+            "max_score": _max_score(results),
         }
     return found
+
+
+def _max_score(results: dict) -> float | None:
+    """The points a repository's results.json offers: the sum of its tests' max_score (per repository:
+    the editions have different hooks)."""
+    tests = results.get("tests") if isinstance(results, dict) else None
+    tops = [t.get("max_score") for t in tests or [] if isinstance(t, dict)]
+    numbers = [x for x in tops if isinstance(x, int | float) and not isinstance(x, bool)]
+    return round(sum(numbers), 4) if numbers else None
 
 
 def anchors(out: Path) -> list[dict]:
@@ -55,27 +67,58 @@ def anchors(out: Path) -> list[dict]:
     return rows
 
 
-def hook_table(repos: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
-    groups = [
+NOT_GRADED_WIDTH = 160  # a failure's message in a table cell, cut at a word; failure.txt keeps it whole
+LEGEND = (
+    "`-`: no score: the repository could not be graded (its row says why; the whole message is in "
+    "`<repository>/failure.txt`). `—`: no case of that hook group was graded for the repository (its "
+    "edition of the hooks has none, or the run's selection left them out). Score: the points earned / "
+    "the points its results.json offers (the editions have different hooks)."
+)
+
+
+def _score(r: dict) -> str:
+    if not isinstance(r["score"], int | float):
+        return "-"
+    return (
+        f"{r['score']:g} / {r['max_score']:g}"
+        if isinstance(r.get("max_score"), int | float)
+        else f"{r['score']:g}"
+    )
+
+
+def _groups(repos: dict[str, dict]) -> list[str]:
+    return [
         g for g in ALL_HOOKS if any(g in ((r["report"] or {}).get("groups") or {}) for r in repos.values())
     ]
-    header = ["repository", "score", *groups]
+
+
+def hook_table(repos: dict[str, dict], whole: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Repositories x hook groups, every row as wide as the header; a repository that could not be
+    graded says why in its first group's cell (cut at a word unless ``whole``)."""
+    groups = _groups(repos)
+    columns = groups or ["grading"]  # no repository graded: one column for the reasons
+    header = ["repository", "score", *columns]
     rows = []
     for name, r in repos.items():
         if r["report"] is None:
-            rows.append(
-                [name, "-", (r["failure"] or "cannot grade: no report")[:160], *["" for _ in groups[1:]]]
-            )
+            why = r["failure"] or "cannot grade: no report"
+            shown = why if whole else textwrap.shorten(why, NOT_GRADED_WIDTH, placeholder=" ...")
+            rows.append([name, "-", shown, *["" for _ in columns[1:]]])
             continue
         got = r["report"]["groups"]
-        rows.append(
-            [
-                name,
-                f"{r['score']:g}" if isinstance(r["score"], int | float) else "-",
-                *[got[g]["verdict"] if g in got else "—" for g in groups],
-            ]
-        )
+        rows.append([name, _score(r), *[got[g]["verdict"] if g in got else "—" for g in groups]])
     return header, rows
+
+
+def csv_rows(repos: dict[str, dict]) -> list[list[str]]:
+    """The hook table for a spreadsheet: score and maximum in columns of their own, messages whole."""
+    header, rows = hook_table(repos, whole=True)
+    out = [[header[0], "score", "max_score", *header[2:]]]
+    for (name, *cells), r in zip(rows, repos.values(), strict=True):
+        score = f"{r['score']:g}" if isinstance(r["score"], int | float) and r["report"] else ""
+        top = f"{r['max_score']:g}" if isinstance(r.get("max_score"), int | float) and r["report"] else ""
+        out.append([name, score, top, *cells[1:]])
+    return out
 
 
 def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
@@ -217,6 +260,8 @@ def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
         "Cells: the hook group's verdict (course tier, then the tiers that fail).",
         "",
         markdown_table(header, rows),
+        "",
+        LEGEND,
     ]
     if board:
         md += [
@@ -229,11 +274,11 @@ def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
         ]
     (out / "class.md").write_text("\n".join(md) + "\n")
     with (out / "class.csv").open("w", newline="") as f:
-        csv.writer(f).writerows([header, *rows])
+        csv.writer(f).writerows(csv_rows(repos))
     png = chart(board, out / "leaderboard.png")
     (out / "class.html").write_text(_html(header, rows, board, png))
     paths = {"md": out / "class.md", "csv": out / "class.csv", "html": out / "class.html"}
-    return paths, markdown_table(header, rows)
+    return paths, markdown_table(header, rows) + "\n\n" + LEGEND
 
 
 def _html(header: list[str], rows: list[list[str]], board: list[dict], png: bytes | None) -> str:
@@ -253,7 +298,7 @@ def _html(header: list[str], rows: list[list[str]], board: list[dict], png: byte
         if board
         else ""
     )
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}{board_html}</body></html>"
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}<p>{html.escape(LEGEND.replace('`', ''))}</p>{board_html}</body></html>"
 
 
 def _css(cell: str) -> str:

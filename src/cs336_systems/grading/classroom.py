@@ -23,27 +23,40 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import gradescope
-from .exchange import text
-from .repo_job import RepoOptions
+from .roots import GradingSetupError
 from .sandbox import become_subreaper, kill_descendants
 from .settings import PROTECT_ENV, protected_from_env
+
+if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch is imported
+    from .repo_job import RepoOptions
+
 
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
 
 
 def repositories(targets: list[Path]) -> dict[str, Path]:
     """Name -> path: each target that is a repository (holds tests/adapters.py) or an adapters file;
-    a folder that is neither stands for the repositories directly inside it."""
+    a folder that is neither stands for the repositories directly inside it, and holding none is an
+    error (``GradingSetupError``), as is a target that does not exist."""
     found: list[Path] = []
     for target in targets:
         target = target.expanduser().resolve()
-        if target.is_file() or (target / "tests" / "adapters.py").is_file() or not target.is_dir():
+        if not target.exists():
+            raise GradingSetupError(f"{target}: no such file or folder")
+        if target.is_file() or (target / "tests" / "adapters.py").is_file():
             found.append(target)
-        else:
-            inside = sorted(p for p in target.iterdir() if (p / "tests" / "adapters.py").is_file())
-            found += inside or [target]  # none inside: graded as it is, to say what is missing
+            continue
+        inside = sorted(p for p in target.iterdir() if (p / "tests" / "adapters.py").is_file())
+        if not inside:
+            raise GradingSetupError(
+                f"{target} has no tests/adapters.py, nor does any folder directly inside it: the grader "
+                "calls the course's hooks there (point it at a repository, an adapters file, or a folder "
+                "of repositories)"
+            )
+        found += inside
     names: dict[str, Path] = {}
     for path in found:
         base = path.parent.parent.name if path.is_file() else path.name
@@ -92,6 +105,7 @@ class ClassRun:
     gpus: int = 0
     log: object = field(default=sys.stdout)
     gpu_models: list[str] = field(default_factory=list)  # each GPU's name, by index (default: all alike)
+    codes: dict[str, int | str] = field(default_factory=dict)  # each job's exit status, or "timeout"
 
     def slots(self) -> list[int | None]:
         if self.gpus:
@@ -174,7 +188,8 @@ class ClassRun:
                 free.append(job.gpu)
             if done:  # orphans re-parented here; the running jobs' trees are theirs
                 kill_descendants(keep=frozenset(j.proc.pid for j in running))
-        self._say(f"{len(self.repos)} repositories in {time.monotonic() - started:.0f} s")
+        many = "repository" if len(self.repos) == 1 else "repositories"
+        self._say(f"{len(self.repos)} {many} in {time.monotonic() - started:.0f} s")
         return outcomes
 
     def _finished(self, job: Running, outcomes: dict[str, str]) -> bool:
@@ -190,6 +205,7 @@ class ClassRun:
             return False
         if job.name.startswith("anchors"):
             return True
+        self.codes[job.name] = code
         outcomes[job.name] = self._outcome(job, code, elapsed)
         self._say(f"[{job.name}] {outcomes[job.name]}")
         return True
@@ -261,5 +277,7 @@ def _partial_report(progress: Path) -> dict | None:
 
 
 def _tail(log: Path) -> str:
+    from .exchange import text
+
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
     return text(lines[-1], 300) if lines else "(no output)"

@@ -95,6 +95,17 @@ def _raises_only(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return isinstance(target, ast.Name) and target.id == "NotImplementedError"
 
 
+def syntax_problem(adapters: Path) -> str | None:
+    """Why an adapters file does not parse, as file:line (parsed, never imported), or None."""
+    try:
+        ast.parse(adapters.read_bytes(), filename=str(adapters))
+    except SyntaxError as exc:
+        return f"{adapters}:{exc.lineno}: does not parse ({exc.msg})"
+    except ValueError as exc:  # null bytes
+        return f"{adapters}: does not parse ({exc})"
+    return None
+
+
 def probe(adapters: Path) -> Probe:
     """The file's blank and defined hooks; a file that does not parse has none blank (loading it then
     fails with one line)."""

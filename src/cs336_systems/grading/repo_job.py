@@ -23,6 +23,7 @@ from typing import Any
 
 from . import course_tests, gradescope
 from .exchange import text
+from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import become_subreaper, kill_descendants
 from .settings import LOADED_ENV, PROTECT_ENV, WORKER_USER_ENV, protected_from_env
@@ -88,6 +89,8 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     # Whatever the graded code leaves behind is re-parented here, and killed before any result file
     # of this repository is read or written (``reap``).
     become_subreaper()
+    if why := syntax_problem(roots.adapters):  # no worker started for a file that cannot load
+        return _failed(out, points, f"cannot grade: {why}")
     started = time.monotonic()
     # No load check of its own before the cases: every job loads the file, and one that cannot makes
     # every case an error of kind "load" (read back below), without a process start on the way.
