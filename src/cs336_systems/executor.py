@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,7 @@ def run_jobs(
             on_submit(key, jobs[key].job_id)
             running.append(key)
         counts = {"pending": len(waiting), "running": 0, "done": 0, "failed": 0}
+        _refresh_states(jobs.values())
         for key, job in jobs.items():
             if key not in outcomes and job.done():
                 outcomes[key] = _outcome(job)
@@ -195,6 +196,14 @@ def run_jobs(
         if len(outcomes) < len(keys):
             time.sleep(config.poll_s)
     return outcomes
+
+
+def _refresh_states(jobs: Iterable[submitit.Job]) -> None:
+    """One state query (``sacct``) for every job, each poll: submitit's own cadence for Slurm waits up to
+    minutes between queries, and a job killed before writing its result is known only from its state."""
+    job = next(iter(jobs), None)
+    if isinstance(job, submitit.SlurmJob):
+        job.watcher.update()
 
 
 def describe(config: ExecutorConfig, keys: Sequence[str]) -> str:
