@@ -22,6 +22,9 @@ SELECTION = ["bench/bench_model.py", "-k", "test_warmup and tiny"]
 # What differs between two runs of one case: its timings and the machine's load at the time.
 VARYING = {"mean_ms", "std_ms", "median_ms", "load_avg_1m", "rounds_spread", "first_ms", "max_ms"}
 VARYING |= {"tokens_per_s", "tflops", "mfu", "matmul_tflops", "job"}
+# Five pytest runs in all (the plain one, four jobs), each importing torch: about 1.5 min on two quiet
+# cores, over 5 on two cores at a load of 8; the module fixture counts against the first test's limit.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _env() -> dict[str, str]:

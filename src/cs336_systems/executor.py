@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ def run_jobs(
         for key, job in jobs.items():
             on_submit(key, job.job_id)
     outcomes: dict[str, Outcome] = {}
+    vanished = _Vanished(grace_s=max(30.0, 5 * config.poll_s))
     last = ""
     while len(outcomes) < len(keys):
         running = [k for k in jobs if k not in outcomes]
@@ -188,6 +190,9 @@ def run_jobs(
         for key, job in jobs.items():
             if key not in outcomes and job.done():
                 outcomes[key] = _outcome(job)
+            elif key not in outcomes and vanished.gone(job):
+                error = "left the queue with no result and no accounting record (cancelled while pending?)"
+                outcomes[key] = Outcome(job.job_id, "failed", error=f"UNKNOWN: {error}")
             counts[outcomes[key].state if key in outcomes else job_phase(job)] += 1
         line = " ".join(f"{n} {name}" for name, n in counts.items())
         if line != last:
@@ -204,6 +209,28 @@ def _refresh_states(jobs: Iterable[submitit.Job]) -> None:
     job = next(iter(jobs), None)
     if isinstance(job, submitit.SlurmJob):
         job.watcher.update()
+
+
+class _Vanished:
+    """Slurm jobs that are neither queued nor accounted for. ``sacct`` has no line for an array task
+    cancelled while pending (seen with slurmdbd 22.05), so submitit calls it UNKNOWN forever; such a job
+    is failed once ``squeue`` has not known it for ``grace_s`` (accounting can lag a finished job)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.since: dict[str, float] = {}
+
+    def gone(self, job: submitit.Job) -> bool:
+        if not isinstance(job, submitit.SlurmJob) or job.state.upper() != "UNKNOWN":
+            return False
+        queued = subprocess.run(
+            ["squeue", "-h", "-j", job.job_id], capture_output=True, text=True, timeout=60
+        )
+        if queued.returncode == 0 and queued.stdout.strip():
+            self.since.pop(job.job_id, None)
+            return False
+        first = self.since.setdefault(job.job_id, time.monotonic())
+        return time.monotonic() - first > self.grace_s
 
 
 def describe(config: ExecutorConfig, keys: Sequence[str]) -> str:
