@@ -23,6 +23,13 @@ from cs336_systems.cli.common import Parser, check_outputs
 
 SUITE = Path(__file__).resolve().parents[3]
 GRADER_USER = "cs336-student"
+# The help names no file of the zip by its name: they are written, not files of the repository.
+DESCRIPTION = """Build Gradescope's autograder zip: its setup script (run once, when Gradescope builds the image)
+installs the suite with its pinned torch and Triton and adds the unprivileged user the graded code runs as;
+run_autograder grades /autograder/submission (course tier) and always writes results/results.json there.
+
+run_autograder reads AUTOGRADER_ROOT (/autograder), CS336_PYTHON (the grading interpreter), CS336_GRADE_ARGS
+(more cli.grade arguments, e.g. "-- -k ddp") and CS336_GRADE_TIMEOUT (seconds, 3000)."""
 
 SETUP_SH = f"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image.
@@ -124,7 +131,7 @@ def build(out: Path, root: Path = SUITE) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser("autograder", description=__doc__)
+    p = Parser("autograder", description=DESCRIPTION)
     p.add_argument("--out", type=Path, default=Path("autograder.zip"), help="the zip to write")
     args = p.parse_args(argv)
     check_outputs(p, {"--out": (args.out, False)})
