@@ -20,7 +20,13 @@ import sys
 from pathlib import Path
 
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.executor import ExecutorError, add_executor_options, config_from_args, describe, run_jobs
+from cs336_systems.harness.executor import (
+    ExecutorError,
+    add_executor_options,
+    config_from_args,
+    describe,
+    run_jobs,
+)
 from cs336_systems.harness.sweep import (
     BenchCase,
     SweepError,
