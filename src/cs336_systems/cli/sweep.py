@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cs336_systems.cli.common import Parser, check_outputs
 from cs336_systems.harness.executor import (
+    ExecutorConfig,
     ExecutorError,
     add_executor_options,
     config_from_args,
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _run(config, todo: list[str], out: Path, python: str, cwd: Path, extra: list[str]) -> None:
+def _run(
+    config: ExecutorConfig, todo: list[str], out: Path, python: str, cwd: Path, extra: list[str]
+) -> None:
     # A job's pytest gets its time limit less a margin, so it reports its own timeout before Slurm kills it.
     timeout_s = max(30.0, config.time_min * 60 - 30)
     calls = {n: BenchCase(n, case_files(out, n).bench, python, cwd, extra, timeout_s) for n in todo}

@@ -53,9 +53,11 @@ class ExecutorConfig:
             raise ExecutorError(f"--executor {self.kind!r}: expected one of {', '.join(KINDS)}")
         for name in ("time_min", "parallelism"):
             if getattr(self, name) < 1:
-                raise ExecutorError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise ExecutorError(
+                    f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}"
+                )
         if self.gpus_per_job < 0:
-            raise ExecutorError(f"gpus per job must be 0 or more, got {self.gpus_per_job}")
+            raise ExecutorError(f"--gpus-per-job must be 0 or more, got {self.gpus_per_job}")
 
     def resolved_kind(self) -> str:
         """``local`` or ``slurm``: ``auto`` is Slurm where ``sbatch`` is on the PATH."""
