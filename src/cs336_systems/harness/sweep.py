@@ -1,0 +1,181 @@
+"""A bench sweep as jobs: one pytest run per bench case, each writing its own pytest-benchmark JSON,
+merged into one JSON that the report reads like a single run's.
+
+One job per case, not per group: a case's warm-up is its own (``run_benchmark`` warms every case up
+before timing it), so no two cases share one, and a job per case is what lets a rerun submit only the
+cases that are missing or failed.
+
+The sweep's folder holds ``cases/<slug>/`` per case (``bench.json``: the case's pytest-benchmark JSON;
+``status.json``: ``done``, ``skipped`` or ``failed`` with its error, and the job's id), ``jobs/`` (submitit's
+folder: scripts, pickles, logs) and ``sweep.json`` (the merge). Each merged row keeps the machine it ran on
+in ``extra_info["job"]`` (host, CPU, job id); its GPU model and load are the ``device_name`` and
+``load_avg_1m`` it recorded itself. A failed or timed-out job is a row too, ``skipped`` with its error.
+
+No torch here: the sweep's own process only collects, submits and merges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+FAILED_GROUP = "sweep: jobs that failed"
+TAIL = 1500  # characters of a failed run's output kept as its error
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot go on (one line: collection failed, nothing selected...)."""
+
+
+def collect(python: str, selection: list[str], cwd: Path) -> list[str]:
+    """The node ids ``pytest --collect-only -q`` selects from ``selection`` (files, --only, -k...)."""
+    cmd = [python, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *selection]
+    run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    ids = [line.strip() for line in run.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if run.returncode not in (0, 5) or (run.returncode == 0 and not ids):
+        tail = (run.stdout + run.stderr).strip().splitlines()[-3:]
+        raise SweepError(f"collecting the cases failed (pytest exit {run.returncode}): {' | '.join(tail)}")
+    if not ids:
+        raise SweepError(f"no bench case selected by {' '.join(selection)}")
+    return ids
+
+
+def slug(node_id: str) -> str:
+    """A folder name for a case: readable, and unique through a hash of the whole id."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", node_id.split("::", 1)[-1])[:80]
+    return f"{name}-{hashlib.sha1(node_id.encode()).hexdigest()[:8]}"
+
+
+@dataclass
+class CaseFiles:
+    folder: Path
+
+    @property
+    def bench(self) -> Path:
+        return self.folder / "bench.json"
+
+    @property
+    def status(self) -> Path:
+        return self.folder / "status.json"
+
+    def read_status(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.status.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write_status(self, **status: Any) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.status.write_text(json.dumps(status, indent=1))
+
+
+def case_files(out: Path, node_id: str) -> CaseFiles:
+    return CaseFiles(out / "cases" / slug(node_id))
+
+
+def finished(out: Path, node_id: str) -> bool:
+    """Whether a previous run completed the case (a rerun leaves it out)."""
+    files = case_files(out, node_id)
+    state = files.read_status().get("state")
+    return state == "skipped" or (state == "done" and files.bench.is_file())
+
+
+class BenchCase(submitit.helpers.Checkpointable):
+    """One job: ``pytest NODE_ID --benchmark-json=...``. Checkpointable: where Slurm preempts the job,
+    submitit requeues this same call (the case starts over; a half-timed case has nothing to keep)."""
+
+    def __init__(
+        self, node_id: str, bench_json: Path, python: str, cwd: Path, extra: list[str], timeout_s: float
+    ):
+        self.node_id, self.bench_json, self.python = node_id, bench_json, python
+        self.cwd, self.extra, self.timeout_s = cwd, extra, timeout_s
+
+    def __call__(self) -> dict[str, Any]:
+        self.bench_json.unlink(missing_ok=True)
+        self.bench_json.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [self.python, "-m", "pytest", self.node_id, "-q", "-p", "no:cacheprovider"]
+        cmd += [f"--benchmark-json={self.bench_json}", *self.extra]
+        try:
+            run = subprocess.run(cmd, cwd=self.cwd, capture_output=True, text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"{self.node_id}: pytest ran past {self.timeout_s:.0f} s") from exc
+        output = run.stdout + run.stderr
+        # Passed echoes to the job's log, so `submitit`'s stdout file shows the run.
+        sys.stdout.write(output[-TAIL:])
+        return {"rc": run.returncode, "tail": output[-TAIL:], "host": _host()}
+
+
+def _host() -> str:
+    import platform
+
+    return platform.node()
+
+
+def job_outcome(bench_json: Path, result: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
+    """The case's status from its job's outcome: done (a row written), skipped (pytest skipped it: no
+    row, as in a plain run) or failed (with the error)."""
+    if error is not None:
+        return {"state": "failed", "error": error}
+    assert result is not None
+    rows = _rows(bench_json)
+    if result["rc"] == 0 and rows:
+        return {"state": "done"}
+    if result["rc"] == 0 and re.search(r"\bskipped\b", result["tail"]):
+        return {"state": "skipped"}
+    lines = [line for line in result["tail"].splitlines() if line.strip()]
+    return {"state": "failed", "error": f"pytest exit {result['rc']}: " + " | ".join(lines[-4:])[-600:]}
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        return json.loads(path.read_text()).get("benchmarks") or []
+    except (OSError, ValueError):
+        return []
+
+
+def merge(out: Path, node_ids: list[str]) -> dict[str, Any]:
+    """One pytest-benchmark JSON of every case, in collection order: each case's rows with its job's
+    machine in ``extra_info["job"]``, a failed case as a ``skipped`` row carrying its error."""
+    merged: dict[str, Any] = {}
+    benchmarks: list[dict[str, Any]] = []
+    for node_id in node_ids:
+        files = case_files(out, node_id)
+        status = files.read_status()
+        if status.get("state") == "done" and files.bench.is_file():
+            data = json.loads(files.bench.read_text())
+            if not merged:
+                merged = {k: v for k, v in data.items() if k != "benchmarks"}
+            machine = data.get("machine_info") or {}
+            job = {
+                "host": machine.get("node"),
+                "cpu": (machine.get("cpu") or {}).get("brand_raw"),
+                "job_id": status.get("job_id"),
+            }
+            for row in data.get("benchmarks") or []:
+                row.setdefault("extra_info", {})["job"] = job
+                benchmarks.append(row)
+        elif status.get("state") == "failed":
+            benchmarks.append(_failed_row(node_id, status))
+    merged.setdefault("machine_info", {})
+    merged["benchmarks"] = benchmarks
+    return merged
+
+
+def _failed_row(node_id: str, status: dict[str, Any]) -> dict[str, Any]:
+    error = str(status.get("error") or "no result")
+    return {
+        "group": FAILED_GROUP,
+        "name": node_id.split("::", 1)[-1],
+        "fullname": node_id,
+        "params": {},
+        "stats": {},
+        "extra_info": {"skipped": f"job {status.get('job_id', '?')} failed: {error}", "job_state": "failed"},
+    }

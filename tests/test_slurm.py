@@ -1,0 +1,114 @@
+"""The sweep's Slurm path against a real Slurm: the one-node cluster of ``scripts/slurm_local.sh``
+(started here when it is not running; skipped, with the reason, where it cannot be: not root, no
+packages). Two tiny CPU bench cases go through ``--executor slurm``: the submitted scripts carry the
+options given as ``#SBATCH`` lines, a job cancelled while the sweep runs is a failed row, and the rerun
+completes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cs336_systems.harness.sweep import case_files
+
+REPO = Path(__file__).parents[1]
+SCRIPT = REPO / "scripts" / "slurm_local.sh"
+SELECTION = ["bench/bench_model.py", "-k", "test_warmup and tiny and (warmup0 or warmup1)"]
+CASES = 2
+
+
+def _cannot_start() -> str | None:
+    if os.name != "posix" or os.geteuid() != 0:
+        return "not root: scripts/slurm_local.sh starts munged, MariaDB and the Slurm daemons as root"
+    if not shutil.which("sbatch") and not shutil.which("apt-get"):
+        return "no Slurm here and no apt-get to install slurm-wlm"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    if subprocess.run([SCRIPT, "status"], capture_output=True, timeout=60).returncode == 0:
+        return
+    if why := _cannot_start():
+        pytest.skip(f"Slurm is not running and cannot be started: {why}")
+    started = subprocess.run([SCRIPT, "start"], capture_output=True, text=True, timeout=600)
+    assert started.returncode == 0, f"scripts/slurm_local.sh start failed: {started.stderr[-1500:]}"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "XDIST"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def sweep_command(out: Path, parallelism: int = 2) -> list[str]:
+    command = [sys.executable, "-m", "cs336_systems.cli.sweep", *SELECTION, "--out", str(out)]
+    command += ["--executor", "slurm", "--partition", "debug", "--time-min", "7", "--cpus-per-job", "1"]
+    return [*command, "--parallelism", str(parallelism), "--slurm-param", "comment=cs336-sweep-test"]
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=480)
+
+
+def test_sweep_through_slurm(slurm, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    done = run(sweep_command(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads((out / "sweep.json").read_text())["benchmarks"]
+    assert len(rows) == CASES and all(r["extra_info"]["group_key"] == "warmup" for r in rows)
+    assert all(re.fullmatch(r"\d+_\d+", r["extra_info"]["job"]["job_id"]) for r in rows)  # array tasks
+    scripts = list((out / "jobs").glob("*_submission.sh"))
+    assert scripts, "submitit wrote no sbatch script"
+    sbatch = {
+        line.strip() for s in scripts for line in s.read_text().splitlines() if line.startswith("#SBATCH")
+    }
+    for expected in ("--partition=debug", "--time=7", "--cpus-per-task=1", "--comment=cs336-sweep-test"):
+        assert f"#SBATCH {expected}" in sbatch, sorted(sbatch)
+    assert f"#SBATCH --array=0-{CASES - 1}%2" in sbatch, sorted(sbatch)
+
+
+def _cancel_when_submitted(out: Path, node_id: str, stop: threading.Event) -> None:
+    """scancel the case's job as soon as its id is written (the sweep is running then)."""
+    while not stop.wait(0.5):
+        job_id = case_files(out, node_id).read_status().get("job_id")
+        if job_id:
+            subprocess.run(["scancel", job_id], timeout=30)
+            return
+
+
+def test_a_cancelled_job_is_resumed(slurm, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    collected = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *SELECTION])
+    node_ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert len(node_ids) == CASES, collected.stdout
+    stop = threading.Event()
+    # One at a time: the second case is still pending when it is cancelled.
+    canceller = threading.Thread(target=_cancel_when_submitted, args=(out, node_ids[1], stop), daemon=True)
+    canceller.start()
+    try:
+        first = run(sweep_command(out, parallelism=1))
+    finally:
+        stop.set()
+        canceller.join(timeout=30)
+    assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "1 case(s) failed" in first.stdout and "cancel" in first.stdout.lower(), first.stdout[-2000:]
+    rows = json.loads((out / "sweep.json").read_text())["benchmarks"]
+    assert "failed" in rows[1]["extra_info"]["skipped"]
+    started = time.monotonic()
+    again = run(sweep_command(out, parallelism=1))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"{CASES} case(s) selected, 1 done earlier, 1 to run" in again.stdout
+    rows = json.loads((out / "sweep.json").read_text())["benchmarks"]
+    assert [r["fullname"] for r in rows] == node_ids and all("job" in r["extra_info"] for r in rows)
+    assert time.monotonic() - started < 480
