@@ -5,6 +5,7 @@ of these rules: ``test_leaderboard_rules.py``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,14 @@ def observer() -> None:
         pytest.skip("needs Nsight Compute (ncu) to observe the kernels from outside the graded process")
 
 
+def _show(name: str, row: dict) -> None:
+    keys = ("mean_ms", "course_ms", "agreement", "repository_share", "observed_ms_per_iteration", "ranked")
+    print(f"\n{name}: " + json.dumps({k: row.get(k) for k in keys} | {"why": row.get("unranked_because")}))
+
+
 def test_the_honest_kernel_is_ranked_on_the_parents_clock() -> None:
     row = leaderboard.row(discover(FIXTURE / "adapters.py"), PASSED)
+    _show("adapters.py", row)
     assert row["ranked"], row["unranked_because"]
     assert row["attribution"] == "observed (ncu)" and row["repository_share"] >= 0.9
     assert row["agreement"].startswith("agree"), row["agreement"]
@@ -58,4 +65,5 @@ def test_the_honest_kernel_is_ranked_on_the_parents_clock() -> None:
 def test_each_way_around_a_rule_gets_no_rank(adapters: str) -> None:
     report, reason = EXPECTED[adapters]
     row = leaderboard.row(discover(FIXTURE / adapters), report)
+    _show(adapters, row)
     assert not row["ranked"] and reason in row["unranked_because"], row
