@@ -282,3 +282,30 @@ def test_a_token_kernel_beside_borrowed_matmuls_fails_the_course_tier(forward, b
     assert bool(misses) == fails, misses
     if fails:
         assert "borrowed compute (sm90_xmma_gemm_f32f32_tf32" in misses[0], misses
+
+
+def test_an_observer_that_never_reached_the_worker_is_not_the_codes_fault() -> None:
+    assert not parse("==PROF== ERROR: profiling lock held\n").connected
+    assert parse(NCU_CSV).connected
+
+
+def test_observed_runs_take_turns(tmp_path: Path) -> None:
+    """Two observers side by side starve each other: the second waits for the first's lock."""
+    import threading
+    import time
+
+    spans: list[tuple[float, float]] = []
+
+    def observe() -> None:
+        with leaderboard._one_observer_at_a_time(tmp_path / ".observer.lock"):
+            start = time.monotonic()
+            time.sleep(0.3)
+            spans.append((start, time.monotonic()))
+
+    threads = [threading.Thread(target=observe) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert b_start >= a_end - 0.01, spans

@@ -9,8 +9,11 @@ way. Where each number of a row comes from: ``docs/grading.md``, "The leaderboar
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +54,12 @@ def row(
     shape: tuple[int, int, int] | None = None,
     compile: bool = True,
     dtype: str = "bf16",
+    lock: Path | None = None,
 ) -> dict[str, Any]:
     """The row of one repository; ``report`` is its grade (the course tier's verdicts). ``keep_times``
-    keeps the course figure's every do_bench time (the benches' rows record them)."""
+    keeps the course figure's every do_bench time (the benches' rows record them). ``lock``: a file the
+    observed runs of one machine take in turn (concurrent ncu sessions starve each other: on 2 x H200,
+    one of two side by side saw nothing and the other waited past its limit)."""
     import torch
 
     plan = plan or clock.ClockPlan()
@@ -70,10 +76,18 @@ def row(
         roots=[p.resolve() for p in roots.folders()],
     )
     ncu = ncu_path() if observe and device == "cuda" else None
+    note = None if ncu else "no observer on this machine (ncu)"
     if ncu:
-        evidence.observed, evidence.observed_iterations, why = _observed(roots, ncu, shape, device)
+        with _one_observer_at_a_time(lock):
+            seen, evidence.observed_iterations, why = _observed(roots, ncu, shape, device)
         if why:
             evidence.clock_problem = "; ".join(filter(None, [evidence.clock_problem, why]))
+        if seen is not None and not seen.connected:
+            note, seen = (
+                "the observer never reached the worker (no ncu report): attribution self-reported",
+                None,
+            )
+        evidence.observed = seen
         from .kernel_names import repository_kernels
 
         evidence.repo_kernels = repository_kernels(roots.folders())
@@ -87,6 +101,7 @@ def row(
         "protocol": PROTOCOL,
         "iterations": timed.get("iterations"),
         "worker_s": {k: result[k] for k in ("compile_s", "recorded_s", "do_bench_s") if k in result},
+        "observer": note,
         **decided,
     } | ({"course_times_ms": result.get("times_ms")} if keep_times else {})
 
@@ -179,6 +194,19 @@ def _observed(
         return seen, talk.rounds[0].iterations, None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _one_observer_at_a_time(lock: Path | None) -> Iterator[None]:
+    if lock is None:
+        yield
+        return
+    with lock.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _job_trouble(got: Any) -> str:

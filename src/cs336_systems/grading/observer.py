@@ -67,6 +67,7 @@ class Observed:
 
     kernels: dict[str, float] = field(default_factory=dict)
     launches: int = 0
+    connected: bool = True  # ncu reached the worker (else it saw nothing through no fault of the code)
 
     def total_ms(self) -> float:
         return sum(self.kernels.values())
@@ -78,7 +79,8 @@ class Observed:
 
 def parse(text: str) -> Observed:
     """ncu's ``--csv`` report: one row per (kernel launch, metric); the header row names the columns.
-    Durations come in ``nsecond``, ``usecond`` or ``msecond``."""
+    Durations come in ``nsecond``, ``usecond`` or ``msecond``. A report without ncu's "Connected to
+    process" line means the observer never reached the worker."""
     scale = {
         "nsecond": 1e-6,
         "ns": 1e-6,
@@ -89,7 +91,7 @@ def parse(text: str) -> Observed:
         "second": 1e3,
     }
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    seen = Observed()
+    seen = Observed(connected="==PROF== Connected to process" in text)
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         if row.get("Metric Name") != METRIC:
             continue

@@ -127,7 +127,9 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         )
     if opts.bench:
         started = time.monotonic()
-        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report)
+        report["leaderboard"] = _leaderboard_or_why_not(
+            roots, adapters, report, out.parent / ".observer.lock"
+        )
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
@@ -171,7 +173,7 @@ def _load_failure(report: dict) -> str | None:
     return None
 
 
-def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict) -> dict[str, Any]:
+def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict, lock: Path) -> dict[str, Any]:
     import torch
 
     from . import leaderboard
@@ -186,7 +188,7 @@ def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict) -
             "ranked": False,
             "unranked_because": "not timed",
         }
-    return leaderboard.row(roots, report)
+    return leaderboard.row(roots, report, lock=lock)
 
 
 def _parses(adapters: Path) -> bool:
