@@ -309,3 +309,12 @@ def test_observed_runs_take_turns(tmp_path: Path) -> None:
         t.join()
     (a_start, a_end), (b_start, b_end) = sorted(spans)
     assert b_start >= a_end - 0.01, spans
+
+
+def test_the_course_figure_is_the_mean_of_do_bench_and_a_malformed_record_is_not_ranked() -> None:
+    from cs336_systems.grading.judge import provenance
+    from cs336_systems.grading.worker.timing import course_figure
+
+    assert course_figure([1.0, 1.0, 1.0, 9.0]) == pytest.approx(3.0)  # the median would say 1.0
+    for garbage in ("garbage", {"launched": "x"}, None, {"launched": [], "repository_kernels": 3}):
+        assert provenance.standing(garbage, [FIXTURE], 5.0, 1.0)["ranked"] is False
