@@ -77,16 +77,16 @@ def _shape_literals(path: Path) -> list[int]:
 
 
 def _rep_literals(path: Path) -> list[int]:
-    """Lines where the course's do_bench ``rep`` is a number in code (``rep=N``, or the default of a
-    ``--rep`` option)."""
+    """Lines where the course's do_bench ``rep`` is a number in code (a ``rep`` keyword, field or key, or
+    the default of a ``--rep`` option)."""
     tokens, lines = _code_tokens(path), []
     text = path.read_text().splitlines()
     for i, tok in enumerate(tokens):
         if tok.type != tokenize.NUMBER or tok.string != str(LEADERBOARD_CASE.rep_ms):
             continue
-        # rep=N, or rep_ms: int = N
-        names = {tokens[j].string for j in (i - 2, i - 4) if j >= 0}
-        keyword = tokens[i - 1].string == "=" and bool(names & {"rep", "rep_ms"})
+        # rep=N, rep_ms: int = N, or {"rep": N}
+        names = {tokens[j].string.strip("\"'") for j in (i - 2, i - 4) if j >= 0}
+        keyword = tokens[i - 1].string in ("=", ":") and bool(names & {"rep", "rep_ms"})
         if keyword or '"--rep"' in text[tok.start[0] - 1]:
             lines.append(tok.start[0])
     return lines
