@@ -1,13 +1,13 @@
 """D11 (flash_benchmarking) and D12 (the leaderboard case of handout 1.3.3), timed with
 ``triton.testing.do_bench``.
 
-D12 leaderboard (group key "leaderboard", runs first): exactly the handout's test: ``q, k, v =
-torch.randn(3, 16, 16384, 64, bf16, requires_grad=True)`` (three views of one leaf, grads accumulate
+D12 leaderboard (group key "leaderboard", runs first): exactly the handout's test, ``cases.LEADERBOARD_CASE``:
+``q, k, v = torch.randn(3, *shape, bf16, requires_grad=True)`` (three views of one leaf, grads accumulate
 as in the handout), ``flash = torch.compile(FlashAttentionTriton.apply)``, one rep = ``o = flash(q, k,
-v, True); o.sum().backward()``. Side by side: SDPA flash and cuDNN backends on the (1, 16, 16384, 64)
-layout, plain PyTorch eager and ``torch.compile``'d (static shapes). do_bench warm-up / rep are 200 /
-2000 ms (the handout's 1000 / 10000 give the same median; set CS336_LEADERBOARD_WARMUP_MS=1000
-CS336_LEADERBOARD_REP_MS=10000 for the literal protocol).
+v, True); o.sum().backward()``. Side by side: SDPA flash and cuDNN backends on the same tensors as views
+with a batch of 1, plain PyTorch eager and ``torch.compile``'d (static shapes). do_bench warm-up / rep
+are 200 / 2000 ms (the handout's ``LEADERBOARD_CASE.warmup_ms`` / ``rep_ms`` give the same median; set
+CS336_LEADERBOARD_WARMUP_MS and CS336_LEADERBOARD_REP_MS to them for the literal protocol).
 
 D11 sweep (group key "flash_sweep"): batch 1, no head axis, causal; seq 128..65536 (powers of 2) x
 d in {16, 32, 64, 128} x dtype in {bf16, fp32} x pass in {fwd, bwd, fwd_bwd} x impl in {pytorch,
@@ -78,6 +78,7 @@ import torch
 import torch.nn.functional as F
 
 from cs336_systems.grading.pytest_plugin import ROOTS
+from cs336_systems.grading.worker.cases import LEADERBOARD_CASE
 from cs336_systems.harness.adapters import IMPL, TRITON_HOOK, adapters_param
 from cs336_systems.harness.attention import (
     ATTENTION_SHAPES,
@@ -121,7 +122,7 @@ CPU_SEQ, CPU_D = 128, 16
 # (case, impl) pairs whose output was checked against a reference in this run (once, before timing).
 _CHECKED: set[tuple] = set()
 
-LB_HEADS, LB_SEQ, LB_D = 16, 16384, 64
+LB_HEADS, LB_SEQ, LB_D = LEADERBOARD_CASE.shape
 LB_IMPLS = ("flash_triton", "sdpa_flash", "sdpa_cudnn", "pytorch", "pytorch_compiled")
 # SPEC.md: one H200, torch 2.11, triton 3.6, do_bench median of the same case. Context, not a result.
 LB_REFERENCE_MS_H200 = {"sdpa_flash": 7.05, "sdpa_cudnn": 4.40, "pytorch": 127.0, "pytorch_compiled": 39.3}

@@ -3,10 +3,11 @@
     python -m cs336_systems.cli.leaderboard --json lb.json                    # the shipped table's choice
     python -m cs336_systems.cli.leaderboard --dkdv q64-k64-w4-s2-tma-gluon    # a dK/dV config forced
 
-The course's 2025 leaderboard protocol (D12, docs/deliverables.md): ``q, k, v = torch.randn(3, 16, 16384, 64, bf16, requires_grad=True)`` (one leaf,
-unpacked), ``flash = torch.compile(FlashAttention2.apply)``, ``flash(q, k, v, True).sum().backward()`` timed
-by ``triton.testing.do_bench(rep=10000, warmup=1000)``, mean, gradients never zeroed. cuDNN gets the same
-tensors as (1, 16, 16384, 64) views. The impls run in the order given (``ours,cudnn,ours`` shows drift).
+The course's 2025 leaderboard protocol (D12, docs/deliverables.md), ``cases.LEADERBOARD_CASE``: ``q, k, v =
+torch.randn(3, *LEADERBOARD_CASE.shape, bf16, requires_grad=True)`` (one leaf, unpacked), ``flash =
+torch.compile(FlashAttention2.apply)``, ``flash(q, k, v, causal).sum().backward()`` timed by
+``triton.testing.do_bench(rep, warmup)``, mean, gradients never zeroed. cuDNN gets the same tensors as
+views with a batch of 1. The impls run in the order given (``ours,cudnn,ours`` shows drift).
 Each row records what ran (``flash.launched_info``) and the tuner's report.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cs336_systems.cli.common import Parser, check_outputs
+from cs336_systems.grading.worker.cases import LEADERBOARD_CASE
 
 if TYPE_CHECKING:
     import torch
@@ -26,10 +28,15 @@ if TYPE_CHECKING:
 # torch, Triton and the kernels are imported where they run: ``--help`` and a bad ``--json`` need none.
 
 
-def _case() -> tuple:
+def _dtype() -> torch.dtype:
     import torch
 
-    return (16, 16384, 16384, 64, True, torch.bfloat16)
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[LEADERBOARD_CASE.dtype]
+
+
+def _case() -> tuple:
+    """The kernels' key for the case: (batch x heads, n_queries, n_keys, d, causal, dtype)."""
+    return (*LEADERBOARD_CASE.attention_shape, LEADERBOARD_CASE.causal, _dtype())
 
 
 def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
@@ -59,9 +66,10 @@ def time_case(impl: str, rep: int, warmup: int) -> dict[str, object]:
     from cs336_systems.kernels import flash
 
     torch.manual_seed(0)
-    q, k, v = torch.randn(3, 16, 16384, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    shape, causal = LEADERBOARD_CASE.shape, LEADERBOARD_CASE.causal
+    q, k, v = torch.randn(3, *shape, device="cuda", dtype=_dtype(), requires_grad=True)
     fn = torch.compile(FlashAttentionTriton.apply) if impl == "ours" else _cudnn
-    step = lambda: fn(q, k, v, True).sum().backward()
+    step = lambda: fn(q, k, v, causal).sum().backward()
     step()  # compiles and tunes (do_bench's warm-up would too, inside its estimate)
     ms = tt.do_bench(step, rep=rep, warmup=warmup, return_mode="mean")
     row: dict[str, object] = {"impl": impl, "mean_ms": ms}
@@ -75,8 +83,10 @@ def time_case(impl: str, rep: int, warmup: int) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> None:
     p = Parser("leaderboard", description=__doc__)
     p.add_argument("--impls", default="ours,cudnn,ours", help="comma-separated: ours, cudnn")
-    p.add_argument("--rep", type=int, default=10000, help="do_bench rep, ms (the course's)")
-    p.add_argument("--warmup", type=int, default=1000, help="do_bench warm-up, ms (the course's)")
+    p.add_argument("--rep", type=int, default=LEADERBOARD_CASE.rep_ms, help="do_bench rep, ms (the course's)")
+    p.add_argument(
+        "--warmup", type=int, default=LEADERBOARD_CASE.warmup_ms, help="do_bench warm-up, ms (the course's)"
+    )
     p.add_argument("--dkdv", help="force this dK/dV config (its str), e.g. the split q64-k64-w4-s2-tma-gluon")
     p.add_argument("--json", type=Path, help="write the rows here")
     a = p.parse_args(argv)

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from .verdict import ERROR, PASSED, SKIPPED
-from .worker.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
+from .worker.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU, REFUSES_CPU, TIERS, TRITON_HOOK, UNFINISHED_HERE
 
 DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "course": {
-        "get_flashattention_autograd_function_pytorch": 5,
-        "get_flashattention_autograd_function_triton": 10,
+        ATTENTION_HOOKS["pytorch"]: 5,
+        TRITON_HOOK: 10,
         "get_ddp_individual_parameters": 5,
         "get_ddp_bucketed": 5,
         "get_ddp": 5,

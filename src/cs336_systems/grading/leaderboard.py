@@ -53,7 +53,7 @@ def row(
     keep_times: bool = False,
     shape: tuple[int, int, int] | None = None,
     compile: bool = True,
-    dtype: str = "bf16",
+    dtype: str = LEADERBOARD_CASE.dtype,
     lock: Path | None = None,
 ) -> dict[str, Any]:
     """The row of one repository; ``report`` is its grade (the course tier's verdicts). ``keep_times``
@@ -223,7 +223,7 @@ def _floor_ms(device: str) -> float | None:
 
     peak = dense_bf16_peak_tflops(torch.cuda.get_device_name(0))
     b, s, d = LEADERBOARD_CASE.shape
-    flops = attention_flops(1, s, d, heads=b, causal=True, pass_="fwd_bwd")
+    flops = attention_flops(1, s, d, heads=b, causal=LEADERBOARD_CASE.causal, pass_="fwd_bwd")
     return flops / (peak * 1e9) if peak else None
 
 

@@ -12,10 +12,12 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from .worker.cases import ATTENTION_HOOKS, TRITON_HOOK
+
 EDITIONS = {
     "1.0.5": (
-        "get_flashattention_autograd_function_pytorch",
-        "get_flashattention_autograd_function_triton",
+        ATTENTION_HOOKS["pytorch"],
+        TRITON_HOOK,
         "get_ddp_individual_parameters",
         "ddp_individual_parameters_on_after_backward",
         "get_ddp_bucketed",
@@ -24,8 +26,8 @@ EDITIONS = {
         "get_sharded_optimizer",
     ),
     "26.1": (
-        "get_flashattention_autograd_function_pytorch",
-        "get_flashattention_autograd_function_triton",
+        ATTENTION_HOOKS["pytorch"],
+        TRITON_HOOK,
         "get_ddp",
         "ddp_on_after_backward",
         "get_sharded_optimizer",

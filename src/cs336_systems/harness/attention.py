@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import AttentionFn, get_attention_fn
+from cs336_systems.grading.worker.cases import LEADERBOARD_CASE
 from cs336_systems.profiling.timing import synchronize
 from cs336_systems.profiling.workload import DTYPES
 
@@ -38,9 +39,10 @@ IMPLS: tuple[str, ...] = ("pytorch", "pytorch_compiled", "flash_triton", *SDPA_B
 
 # The `attention shapes` grid (issue 14), (batch, heads, seq_q, seq_k, d, causal): short and long, few
 # and many heads, d 64 and 128, xl's attention (4, 25, 512), the 8B configuration's (1, 32, 32768,
-# d 128), and seq_q != seq_k. Shared by bench/bench_flash.py and scripts/compare_revisions.py.
+# d 128), and seq_q != seq_k; first, the leaderboard's case as batch 1 x its heads. Shared by
+# bench/bench_flash.py and scripts/compare_revisions.py.
 ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
-    (1, 16, 16384, 16384, 64, True),
+    (1, *LEADERBOARD_CASE.attention_shape, LEADERBOARD_CASE.causal),
     (4, 25, 512, 512, 64, True),
     (4, 16, 1024, 1024, 128, True),
     (8, 12, 2048, 2048, 64, True),

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..exchange import Untrusted, field, tensor, text
 from ..verdict import Verdict, fmt
 from ..worker import course_layers
-from ..worker.cases import COURSE, Case
+from ..worker.cases import Case
 from ..worker.models import LayersModel
 from ..worker.training import make_optimizer
 from .training import like_a_worker
@@ -269,7 +269,7 @@ def judge(case: Case, inputs: dict, payloads: list[dict], device: torch.device) 
         if miss:
             return Verdict.error("cannot-grade", miss)
         names = _names(results[0])
-        beyond = case.tier != COURSE  # the course's tests check neither sharding nor fp32 masters in training
+        beyond = case.knob("state_checked")  # sharded storage, fp32 masters, compute dtype (cases.py)
         misses = _sharding_misses(case, results, names, inputs["init"]) if beyond else []
         if case.knob("check") == "grad-sync":
             facts = [field(r, "facts", dict, "facts") for r in results]

@@ -24,9 +24,9 @@ import torch.nn as nn
 
 from ..exchange import Untrusted, field, tensors
 from ..verdict import Verdict, fmt
-from ..worker.cases import ALLCLOSE, COURSE, Case, Tolerance
+from ..worker.cases import Case, Tolerance
 from ..worker.models import IN, OUT, VOCAB, loss_fn, make_model
-from ..worker.sharded import param_groups, sharded_loss
+from ..worker.sharded import optimizer_params, sharded_loss
 from ..worker.training import make_optimizer, optimizer_spec
 from .compare import close, max_diff
 
@@ -138,13 +138,13 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
     start = make_model(case.model, case.dtype, inputs["init"][0])
     init0 = [*start.parameters(), *start.buffers()]  # tied weights once, as the worker lists them
     state_names = names + [n for n, _ in model.named_buffers()]
-    tol, ws, course = case.tolerance, case.world_size, case.tier == COURSE
+    tol, ws, every_rank = case.tolerance, case.world_size, case.knob("every_rank")
     misses: list[str | None] = []
     try:
         ranks = [_rank_outputs(case, p, shapes, [tuple(t.shape) for t in init0]) for p in payloads]
     except Untrusted as exc:
         return Verdict.failed(str(exc))
-    wrap_tol = ALLCLOSE if course else Tolerance()
+    wrap_tol = case.knob("wrap_tolerance")
     for r, (after, _, _) in enumerate(ranks):
         bad = [
             n for n, a, i in zip(state_names, after, init0, strict=True) if not close(a, i.detach(), wrap_tol)
@@ -154,8 +154,8 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
                 f"parameters / buffers not broadcast from rank 0 at construction: rank {r}'s {bad[0]} differs from rank 0's"
             )
     for step in range(case.knob("steps")):
-        for r, (_, grads, params) in enumerate(ranks[:1] if course else ranks):
-            where = f"step {step}" + ("" if course else f", rank {r}")
+        for r, (_, grads, params) in enumerate(ranks if every_rank else ranks[:1]):
+            where = f"step {step}" + (f", rank {r}" if every_rank else "")
             off = [
                 i
                 for i, (p, q) in enumerate(zip(params[step], ref_params[step], strict=True))
@@ -171,9 +171,9 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
                 _grad_miss(n, g, q, tol, ws, where)
                 for n, g, q in zip(names, grads[step], ref_grads[step], strict=True)
             ]
-            if off or not course:
+            if off or case.knob("every_step_gradients"):
                 misses += grad_misses
-    if not course:
+    if case.knob("ranks_agree"):
         final = [torch.cat([p.reshape(-1) for p in params[-1]]) for _, _, params in ranks]
         spread = max(max_diff(f, final[0]) for f in final)
         if spread > 0:
@@ -188,7 +188,7 @@ def judge_ddp(case: Case, inputs: dict, payloads: list[dict], device: torch.devi
 
 def make_sharded_inputs(case: Case, gen: torch.Generator) -> dict[str, Any]:
     steps, batch = case.knob("steps"), case.knob("batch")
-    pairs = [_batch(case, gen, batch, uniform=case.tier == COURSE) for _ in range(steps)]
+    pairs = [_batch(case, gen, batch, uniform=case.knob("draw") == "uniform") for _ in range(steps)]
     return {
         "init": _state(case, _seed(gen)),
         "x": torch.stack([x for x, _ in pairs]),
@@ -200,9 +200,7 @@ def _reference_sharded(case: Case, inputs: dict, device: torch.device) -> tuple[
     model = make_model(case.model, case.dtype, inputs["init"]).to(device)
     model.use_extra = torch.ones(case.knob("batch"), dtype=torch.bool, device=device)
     cls, kwargs = optimizer_spec(case.knob("optimizer"))
-    opt = cls(
-        model.parameters() if case.tier == COURSE else param_groups(model, case.knob("groups")), **kwargs
-    )
+    opt = cls(optimizer_params(case, model), **kwargs)
     params = []
     with like_a_worker(device):
         for step in range(case.knob("steps")):
@@ -268,7 +266,7 @@ def judge_sharded(case: Case, inputs: dict, payloads: list[dict], device: torch.
     except Untrusted as exc:
         return Verdict.failed(str(exc))
     misses: list[str] = []
-    checked = [len(ref_params) - 1] if case.tier == COURSE else range(len(ref_params))
+    checked = range(len(ref_params)) if case.knob("every_step") else [len(ref_params) - 1]
     for r, run in enumerate(runs):
         for step in checked:
             off = [
@@ -283,10 +281,11 @@ def judge_sharded(case: Case, inputs: dict, payloads: list[dict], device: torch.
                     f"{fmt(max_diff(run[step][i], ref_params[step][i]))} > {case.tolerance.describe()}"
                 )
                 break
-    if case.tier != COURSE:
+    if case.knob("ranks_agree"):
         final = [torch.cat([p.reshape(-1) for p in run[-1]]) for run in runs]
         spread = max(max_diff(f, final[0]) for f in final)
         if spread > 0:
             misses.insert(0, f"ranks hold different weights: max |rank r - rank 0| = {fmt(spread)}")
+    if case.knob("state_ownership"):
         misses += _ownership_misses(case, states, ref_state, names)
     return Verdict.from_misses(misses)

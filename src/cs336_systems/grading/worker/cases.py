@@ -196,9 +196,35 @@ def _attention_cases() -> list[Case]:
 
 ALLCLOSE = Tolerance(1e-8, 1e-5, source="the course's torch.allclose defaults")
 FLOAT64 = Tolerance(1e-10, 0.0, source="float64: any mismatch is a bug, not rounding")
+# What the data-parallel judges check is declared per case: the course's tests check less than a careful
+# implementation gets right, and the judges read these knobs, never the tier.
+# DDP: after wrapping every rank holds rank 0's weights within ``wrap_tolerance``; ``every_rank``
+# compares each rank's parameters with the reference every step (else rank 0's only, as the course);
+# ``every_step_gradients`` checks the gradients after the hook every step (else only to explain a
+# parameter miss); ``ranks_agree``: all ranks end with identical weights.
+COURSE_DDP_CHECKS = {
+    "wrap_tolerance": ALLCLOSE,
+    "every_rank": False,
+    "every_step_gradients": False,
+    "ranks_agree": False,
+}
+BEYOND_DDP_CHECKS = {
+    "wrap_tolerance": Tolerance(),
+    "every_rank": True,
+    "every_step_gradients": True,
+    "ranks_agree": True,
+}
+DDP_CHECKS = tuple(COURSE_DDP_CHECKS)
 # The course's data-parallel run: a global batch of 20 (10 features in, 5 out), MSE, SGD(lr=0.1),
 # 5 steps, reshuffled each step; ranks start from different weights (seeded by rank).
-COURSE_DDP = {"steps": 5, "global_batch": 20, "optimizer": "sgd", "shuffle": True, "extra": "all"}
+COURSE_DDP = {
+    "steps": 5,
+    "global_batch": 20,
+    "optimizer": "sgd",
+    "shuffle": True,
+    "extra": "all",
+    **COURSE_DDP_CHECKS,
+}
 
 
 def _ddp(family: str, tier: str, ws: int, model: str, tol: Tolerance, **knobs: Any) -> Case:
@@ -265,12 +291,19 @@ def _ddp_cases() -> list[Case]:
         for ws in sizes:
             for model, extra, mb, opt in rows:
                 knobs = {"steps": 3, "global_batch": 2 * ws, "optimizer": opt, "extra": extra}
+                knobs |= BEYOND_DDP_CHECKS
                 if mb is not None:
                     knobs["bucket_mb"] = mb
                 cases.append(_ddp(family, BEYOND, ws, model, FLOAT64, **knobs))
     return cases
 
 
+# Sharded optimizer: ``draw`` is the batches' distribution (torch.rand or torch.randn); ``params_as`` what
+# the hook is handed (the generator ``model.parameters()``, or ``groups``' list or groups); ``loss``;
+# ``every_step``: parameters compared every step (else the last only); ``ranks_agree``: all ranks end
+# with identical weights; ``state_ownership``: each parameter's optimizer state sits on exactly one rank
+# and equals the unsharded optimizer's.
+SHARDED_CHECKS = ("draw", "params_as", "loss", "every_step", "ranks_agree", "state_ownership")
 # The course's sharded-optimizer run: the same model and batch (32 x 10 -> 5, uniform) on every rank,
 # sum-of-squares loss, AdamW(lr=0.1, weight_decay=0.1), 10 steps; numpy's assert_allclose (rtol=1e-7).
 COURSE_SHARDED = {
@@ -279,6 +312,20 @@ COURSE_SHARDED = {
     "optimizer": "adamw-course",
     "groups": "one-group",
     "add_after": None,
+    "draw": "uniform",
+    "params_as": "generator",
+    "loss": "sum-of-squares",
+    "every_step": False,
+    "ranks_agree": False,
+    "state_ownership": False,
+}
+BEYOND_SHARDED = {
+    "draw": "normal",
+    "params_as": "groups",
+    "loss": "mse",
+    "every_step": True,
+    "ranks_agree": True,
+    "state_ownership": True,
 }
 
 
@@ -300,6 +347,7 @@ def _sharded_cases() -> list[Case]:
             ("sgd-momentum", "groups", 1),
         ):
             knobs = {"steps": 4, "batch": 4, "optimizer": opt, "groups": groups, "add_after": add}
+            knobs |= BEYOND_SHARDED
             cases.append(_sharded(BEYOND, ws, "toy", FLOAT64, **knobs))
     return cases
 
@@ -309,6 +357,7 @@ def _sharded_cases() -> list[Case]:
 # sequences of 8 split over 2 ranks, cross-entropy on the last position, SGD(lr=0.01), 3 steps; and one
 # backward of out.sum() on different data per rank, whose replicated gradients must be bitwise equal.
 COURSE_FSDP_SIZES = (100, 64, 128)
+FSDP_CHECKS = ("state_checked",)
 FSDP_TOL = {
     # The course compares fp32 with torch.equal in one process; across processes with fresh inputs the
     # half-batch sums round differently, so fp32 allows that rounding (and a sum over ranks is 2x off).
@@ -339,6 +388,9 @@ def _fsdp(tier: str, ws: int, dtype: str, check: str, opt: str, sizes: tuple[int
             "sizes": sizes,
             "steps": 3,
             "global_batch": 20 if tier == COURSE else 6,
+            # The course's tests check neither sharded storage nor fp32 masters nor the compute dtype in
+            # training: beyond, each rank's state after every step is checked, not only what it gathers.
+            "state_checked": tier != COURSE,
         },
     )
 

@@ -28,9 +28,17 @@ def param_groups(model: nn.Module, kind: str) -> list:
     ]
 
 
+def optimizer_params(case: Case, model: nn.Module) -> Any:
+    """What the hook is handed: the course hands over the generator ``model.parameters()`` itself;
+    beyond, lists and groups (``param_groups``)."""
+    if case.knob("params_as") == "generator":
+        return model.parameters()
+    return param_groups(model, case.knob("groups"))
+
+
 def sharded_loss(case: Case, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     out = model(x)
-    if case.tier == "course":
+    if case.knob("loss") == "sum-of-squares":
         return ((y - out) ** 2).sum()  # the course's loss
     return torch.nn.functional.mse_loss(out, y)
 
@@ -50,9 +58,7 @@ def run(hooks: Hooks, case: Case, inputs: dict, device: torch.device, rank: int)
     model = make_model(case.model, case.dtype, inputs["init"]).to(device)
     model.use_extra = torch.ones(case.knob("batch"), dtype=torch.bool, device=device)
     cls, kwargs = optimizer_spec(case.knob("optimizer"))
-    # The course hands over the generator model.parameters() itself; beyond, lists and groups.
-    params_arg = model.parameters() if case.tier == "course" else param_groups(model, case.knob("groups"))
-    opt = hooks.get_sharded_optimizer(params_arg, cls, **kwargs)
+    opt = hooks.get_sharded_optimizer(optimizer_params(case, model), cls, **kwargs)
     params = []
     for step in range(case.knob("steps")):
         opt.zero_grad()

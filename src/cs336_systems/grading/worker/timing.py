@@ -1,10 +1,11 @@
 """Timing a student's FlashAttention in its own process, for the benches' ``adapters`` rows.
 
-``leaderboard``: the 2025 leaderboard's case (``q, k, v = torch.randn(3, 16, 16384, 64)`` in bf16, one
-leaf unpacked, ``flash = torch.compile(apply)``, ``flash(q, k, v, True).sum().backward()``; the eager
-``apply`` where compiling fails, and the row says why), timed twice: by the parent's clock over
-iterations the parent verifies (``clock.py``), and the course's way, ``triton.testing.do_bench(rep=10000,
-warmup=1000)`` mean with gradients never zeroed, here in the graded process (its own word, shown beside).
+``leaderboard``: the 2025 leaderboard's case, ``cases.LEADERBOARD_CASE`` (``q, k, v = torch.randn(3,
+*shape)`` in bf16, one leaf unpacked, ``flash = torch.compile(apply)``, ``flash(q, k, v,
+True).sum().backward()``; the eager ``apply`` where compiling fails, and the row says why), timed twice:
+by the parent's clock over iterations the parent verifies (``clock.py``), and the course's way,
+``triton.testing.do_bench(rep, warmup)`` mean with gradients never zeroed, here in the graded process
+(its own word, shown beside).
 ``attention``: forward and backward times of one (batch, seq, d) case, as the D6 grid times its rows.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .cases import TRITON_HOOK
+from .cases import LEADERBOARD_CASE, TRITON_HOOK
 from .clock import serve_round
 from .hooks import Hooks
 from .provenance import Recorder
@@ -40,7 +41,9 @@ def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str], job: dict)
     fn = getattr(hooks, TRITON_HOOK)()
     shape = tuple(args["shape"])
     device = torch.device(args.get("device", "cuda"))
-    dtype = args.get("dtype", "bf16")  # fp32: the CPU's stand-in (Triton's interpreter mishandles bf16)
+    dtype = args.get(
+        "dtype", LEADERBOARD_CASE.dtype
+    )  # fp32: the CPU's stand-in (Triton's interpreter mishandles bf16)
     q, k, v = torch.randn(3, *shape, device=device, dtype=DTYPES[dtype], requires_grad=True)
     result: dict[str, Any] = {"compiled": True, "compile_error": None}
     torch._dynamo.reset()
