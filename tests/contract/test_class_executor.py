@@ -20,7 +20,8 @@ from cs336_systems.grading.class_executor import GpuClaimError, claim_gpus
 from .grading_run import ROOT, STUDENTS, clean_env
 
 pytestmark = [pytest.mark.timeout(500)]
-COMMON = ["--tiers", "course", "--timeout", "90", "--seed", "11"]
+# --jobs 3: the executor runs as many jobs at once as the one-machine run has slots.
+COMMON = ["--tiers", "course", "--timeout", "300", "--seed", "11", "--jobs", "3"]
 PYTORCH_COURSE = ["--", "-k", "course-pytorch"]  # one quick case per repository
 
 
@@ -50,7 +51,7 @@ def class_runs(
         threading.Thread(
             target=lambda k=kind, e=extra: runs.update({k: (_grade(targets, root / k, *e), root / k)})
         )
-        for kind, extra in (("one_machine", ["--jobs", "3"]), ("executor", ["--executor", "local"]))
+        for kind, extra in (("one_machine", []), ("executor", ["--executor", "local"]))
     ]
     for t in threads:
         t.start()
@@ -61,14 +62,17 @@ def class_runs(
 
 def test_the_executor_gives_the_one_machine_report(class_runs) -> None:
     (plain, plain_out), (jobs, jobs_out) = class_runs["one_machine"], class_runs["executor"]
-    assert plain.returncode == jobs.returncode == 0, jobs.stdout[-3000:] + jobs.stderr[-2000:]
+    # 1: a repository (broken) could not be graded, in both runs.
+    assert plain.returncode == jobs.returncode == 1, jobs.stdout[-3000:] + jobs.stderr[-2000:]
+    assert "3 job(s) on this machine, 3 at a time" in jobs.stdout, jobs.stdout[-3000:]
     assert "jobs: 0 pending 0 running 3 done 0 failed" in jobs.stdout, jobs.stdout[-3000:]
-    assert "3 job(s) on this machine" in jobs.stdout, jobs.stdout[-3000:]
     rows = _rows(jobs_out)
     assert [r[0] for r in rows[1:]] == ["src_layout", "crashes", "broken"], rows
     assert rows == _rows(plain_out)
     by_name = {r[0]: r for r in rows[1:]}
-    assert by_name["src_layout"][1] == "5" and by_name["crashes"][1] == "0", rows
+    assert by_name["src_layout"][1:] == ["5", "5", "ok"] and by_name["crashes"][1] == "0", rows
+    assert "does not parse" in by_name["broken"][-1], rows
+    assert not (jobs_out / "src_layout" / "failure.txt").exists(), "graded within its time limit"
     assert (jobs_out / "class.md").read_text() == (plain_out / "class.md").read_text()
     for name in by_name:
         doc = json.loads((jobs_out / name / "results.json").read_text())
