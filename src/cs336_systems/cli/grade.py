@@ -19,6 +19,10 @@ course tier. ``--bench`` times each repository's Triton FlashAttention on the 20
 course's way (GPU), beside the suite's kernel and cuDNN timed once per GPU. Arguments after ``--`` go to
 pytest (``-- -k ddp``).
 
+``--executor local|slurm`` grades a class as one submitit job per repository instead (on Slurm, or
+through submitit on this machine), with the sweep's executor options (``--partition``,
+``--gpus-per-job``, ``--time-min``, ``--parallelism``, ``--slurm-param``): the same files and report.
+
 Exit status, one repository: 0 when its course tier passes (or is skipped), 1 on a course failure or a
 case that cannot be graded, 2 when it cannot be graded at all. A class: 0 when every repository was
 graded (whatever the students' results), 1 when grading failed for one.
