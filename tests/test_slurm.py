@@ -9,39 +9,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from cs336_systems.harness.sweep import case_files
 
 REPO = Path(__file__).parents[1]
-SCRIPT = REPO / "scripts" / "slurm_local.sh"
 SELECTION = ["bench/bench_model.py", "-k", "test_warmup and tiny and (warmup0 or warmup1)"]
 CASES = 2
-
-
-def _cannot_start() -> str | None:
-    if os.name != "posix" or os.geteuid() != 0:
-        return "not root: scripts/slurm_local.sh starts munged, MariaDB and the Slurm daemons as root"
-    if not shutil.which("sbatch") and not shutil.which("apt-get"):
-        return "no Slurm here and no apt-get to install slurm-wlm"
-    return None
-
-
-@pytest.fixture(scope="module")
-def slurm() -> None:
-    if subprocess.run([SCRIPT, "status"], capture_output=True, timeout=60).returncode == 0:
-        return
-    if why := _cannot_start():
-        pytest.skip(f"Slurm is not running and cannot be started: {why}")
-    started = subprocess.run([SCRIPT, "start"], capture_output=True, text=True, timeout=600)
-    assert started.returncode == 0, f"scripts/slurm_local.sh start failed: {started.stderr[-1500:]}"
 
 
 def _env() -> dict[str, str]:

@@ -19,6 +19,10 @@ course tier. ``--bench`` times each repository's Triton FlashAttention on the 20
 course's way (GPU), beside the suite's kernel and cuDNN timed once per GPU. Arguments after ``--`` go to
 pytest (``-- -k ddp``).
 
+``--executor local|slurm`` grades a class as one submitit job per repository instead (on Slurm, or
+through submitit on this machine), with the sweep's executor options (``--partition``,
+``--gpus-per-job``, ``--time-min``, ``--parallelism``, ``--slurm-param``): the same files and report.
+
 Exit status, one repository: 0 when its course tier passes (or is skipped), 1 on a course failure or a
 case that cannot be graded, 2 when it cannot be graded at all. A class: 0 when every repository was
 graded (whatever the students' results), 1 when grading failed for one.
@@ -34,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 from cs336_systems.grading.roots import SUITE_ROOT
+from cs336_systems.harness.executor import ExecutorError, add_executor_options
 
 PROG = "python -m cs336_systems.cli.grade"
 
@@ -123,6 +128,10 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run the graded code as this unprivileged user (when grading as root, e.g. on Gradescope)",
     )
+    add_executor_options(p)
+    # Without --executor a class is today's one-machine scheduler (classroom.ClassRun); the defaults
+    # left unset here are filled in for a class (class_executor.config_for_class).
+    p.set_defaults(executor=None, gpus_per_job=None, time_min=None, parallelism=None)
     p.epilog = "Arguments after -- go to pytest, e.g. -- -k ddp"
     return p
 
@@ -214,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    if len(repos) > 1 or args.out is not None or args.jobs is not None:
+    if len(repos) > 1 or args.out is not None or args.jobs is not None or args.executor:
         return grade_class(args, repos)
     return grade_one(args, repos)
 
@@ -296,12 +305,33 @@ def _print_report(report: dict, summary) -> None:
         print(line)
 
 
+def _executor_run(args: argparse.Namespace, repos: dict[str, Path], out: Path) -> dict[str, str]:
+    """The class as one job per repository (``--executor``), through submitit."""
+    import torch
+
+    from cs336_systems.grading.class_executor import ClassJobs, config_for_class, run_class
+
+    local_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    config = config_for_class(args, len(repos), local_gpus, out / "jobs")
+    # Each job's GPUs are its workers' (4 side by side with one), as in a one-machine run.
+    args.workers = args.workers or (4 if config.gpus_per_job else 1)
+    jobs = ClassJobs(repos, out, _options(args), config, args.timeout, args.force, local_gpus)
+    return run_class(jobs, say=lambda line: print(line, flush=True))
+
+
 def grade_class(args: argparse.Namespace, repos: dict[str, Path]) -> int:
     from cs336_systems.grading import class_report
 
     out = (args.out or SUITE_ROOT / "runs" / "grades").resolve()
     _say_isolation(args)
-    outcomes = _class_run(args, repos, out).run()
+    if args.executor:
+        try:
+            outcomes = _executor_run(args, repos, out)
+        except ExecutorError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        outcomes = _class_run(args, repos, out).run()
     written, table = class_report.write(out, list(repos))
     print(f"\nclass report: {written['md']}, {written['csv']}, {written['html']}")
     print(table)

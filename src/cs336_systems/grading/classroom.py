@@ -113,42 +113,15 @@ class ClassRun:
         return [None] * max(1, self.jobs or max(1, (os.cpu_count() or 2) // 2))
 
     def _spawn(self, name: str, target: Path, gpu: int | None, threads: int) -> Running:
-        out = self.out / name
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in ("grade.json", "results.json", "progress.jsonl", "failure.txt", "leaderboard.json"):
-            (out / stale).unlink(missing_ok=True)
-        options = out / "options.json"
-        raw = dataclasses.asdict(self.options)
-        raw["roots"] = [str(r) if r else None for r in raw["roots"]]
-        raw["points"] = str(raw["points"]) if raw["points"] else None
-        options.write_text(json.dumps(raw))
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        env[PROTECT_ENV] = os.pathsep.join([*protected_from_env(), str(self.out.resolve())])
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        cmd = [
-            sys.executable,
-            "-m",
-            "cs336_systems.grading.repo_job",
-            str(target),
-            "--out",
-            str(out),
-            "--options",
-            str(options),
-        ]
-        return _start(name, cmd, env, out / "job.log", gpu, out)
+        out, options = prepare_repo(self.out, name, self.options)
+        env = repo_env(self.out, threads, gpu)
+        return _start(name, repo_command(target, out, options), env, out / "job.log", gpu, out)
 
     def _anchor(self, gpu: int) -> Running:
         out = self.out / "anchors"
         out.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
-        cmd = [
-            sys.executable,
-            "-m",
-            "cs336_systems.grading.leaderboard",
-            "--json",
-            str(out / f"gpu{gpu}.json"),
-        ]
+        cmd = anchor_command(out / f"gpu{gpu}.json")
         return _start(f"anchors (gpu {gpu})", cmd, env, out / f"gpu{gpu}.log", gpu, out)
 
     def run(self) -> dict[str, str]:
@@ -211,25 +184,71 @@ class ClassRun:
         return True
 
     def _outcome(self, job: Running, code: int | str, elapsed: float) -> str:
-        results = job.out / "results.json"
-        if code == "timeout" or not results.is_file():
-            why = (
-                f"timed out after {self.timeout:.0f} s"
-                if code == "timeout"
-                else f"the grading process died (exit {code}): {_tail(job.out / 'job.log')}"
-            )
-            partial = _partial_report(job.out / "progress.jsonl")
-            points = gradescope.load_points(self.options.points)
-            gradescope.write(results, gradescope.results(partial, points, why))
-            (job.out / "failure.txt").write_text(why + "\n")
-            return f"grading failed: {why}"
-        failure = job.out / "failure.txt"
-        if failure.is_file():
-            return f"grading failed: {failure.read_text().strip()}"
-        return f"graded in {elapsed:.0f} s (exit {code})"
+        return job_outcome(job.out, code, elapsed, self.timeout, self.options.points)
 
     def _say(self, line: str) -> None:
         print(line, file=self.log, flush=True)
+
+
+def prepare_repo(out_root: Path, name: str, options: RepoOptions) -> tuple[Path, Path]:
+    """A repository's folder cleared of an earlier run's results, with its options written: the folder
+    and the options file (``repo_job --options``)."""
+    out = out_root / name
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("grade.json", "results.json", "progress.jsonl", "failure.txt", "leaderboard.json"):
+        (out / stale).unlink(missing_ok=True)
+    path = out / "options.json"
+    raw = dataclasses.asdict(options)
+    raw["roots"] = [str(r) if r else None for r in raw["roots"]]
+    raw["points"] = str(raw["points"]) if raw["points"] else None
+    path.write_text(json.dumps(raw))
+    return out, path
+
+
+def repo_command(target: Path, out: Path, options: Path) -> list[str]:
+    """The process that grades one repository."""
+    cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(target)]
+    return [*cmd, "--out", str(out), "--options", str(options)]
+
+
+def anchor_command(json_path: Path) -> list[str]:
+    """The process that times the suite's kernel and cuDNN on the GPU it sees."""
+    return [sys.executable, "-m", "cs336_systems.grading.leaderboard", "--json", str(json_path)]
+
+
+def repo_env(out_root: Path, threads: int, gpu: int | None) -> dict[str, str]:
+    """The grading process's environment: its threads, the class folder protected from the graded
+    code, and its GPU (``None``: the one this process was given, e.g. by Slurm)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env[PROTECT_ENV] = os.pathsep.join([*protected_from_env(), str(out_root.resolve())])
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
+
+
+def job_outcome(out: Path, code: int | str, elapsed: float, timeout: float, points: Path | None) -> str:
+    """One line on how a repository's grading process ended (``code``: its exit status or
+    ``"timeout"``); one that left no results gets them here, with a visible "grader failed"."""
+    if code == "timeout" or not (out / "results.json").is_file():
+        why = (
+            f"timed out after {timeout:.0f} s"
+            if code == "timeout"
+            else f"the grading process died (exit {code}): {_tail(out / 'job.log')}"
+        )
+        return record_failure(out, why, points)
+    failure = out / "failure.txt"
+    if failure.is_file():
+        return f"grading failed: {failure.read_text().strip()}"
+    return f"graded in {elapsed:.0f} s (exit {code})"
+
+
+def record_failure(out: Path, why: str, points: Path | None) -> str:
+    """A repository whose grading failed: its ``results.json`` (the cases graded before, and "grader
+    failed" saying why) and ``failure.txt``."""
+    partial = _partial_report(out / "progress.jsonl")
+    gradescope.write(out / "results.json", gradescope.results(partial, gradescope.load_points(points), why))
+    (out / "failure.txt").write_text(why + "\n")
+    return f"grading failed: {why}"
 
 
 def stop(proc: subprocess.Popen) -> None:

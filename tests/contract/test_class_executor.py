@@ -1,0 +1,135 @@
+"""A class through the executor (``cli.grade ... --executor local``, submitit's LocalExecutor) gives the
+same class report rows as the one-machine run of the same command and seed; a job that dies is its
+repository's row; a local job claims a GPU no other holds; and one repository goes through a real Slurm
+(``--executor slurm``; skipped with the reason where the one-node cluster cannot start)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from cs336_systems.grading import gradescope
+from cs336_systems.grading.class_executor import GpuClaimError, claim_gpus
+
+from .grading_run import ROOT, STUDENTS, clean_env
+
+pytestmark = [pytest.mark.timeout(500)]
+# --jobs 3: the executor runs as many jobs at once as the one-machine run has slots.
+COMMON = ["--tiers", "course", "--timeout", "300", "--seed", "11", "--jobs", "3"]
+PYTORCH_COURSE = ["--", "-k", "course-pytorch"]  # one quick case per repository
+
+
+def _grade(targets: list[Path], out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "cs336_systems.cli.grade", *map(str, targets), "--out", str(out)]
+    cmd += [*COMMON, *extra, *PYTORCH_COURSE]
+    return subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=400)
+
+
+def _rows(out: Path) -> list[list[str]]:
+    """The class sheet's rows: repository, score, max score, each hook group's verdict, why not graded."""
+    return list(csv.reader((out / "class.csv").read_text().splitlines()))
+
+
+@pytest.fixture(scope="module")
+def class_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    root = tmp_path_factory.mktemp("classexec")
+    broken = root / "broken"  # does not parse: a row of its own, found before any worker starts
+    (broken / "tests").mkdir(parents=True)
+    (broken / "tests" / "adapters.py").write_text("def get_ddp(:\n")
+    targets = [STUDENTS / "src_layout", STUDENTS / "crashes", broken]
+    runs = {}
+    # Side by side: the CPU is shared, and the two runs are independent.
+    threads = [
+        threading.Thread(
+            target=lambda k=kind, e=extra: runs.update({k: (_grade(targets, root / k, *e), root / k)})
+        )
+        for kind, extra in (("one_machine", []), ("executor", ["--executor", "local"]))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return runs
+
+
+def test_the_executor_gives_the_one_machine_report(class_runs) -> None:
+    (plain, plain_out), (jobs, jobs_out) = class_runs["one_machine"], class_runs["executor"]
+    # 1: a repository (broken) could not be graded, in both runs.
+    assert plain.returncode == jobs.returncode == 1, jobs.stdout[-3000:] + jobs.stderr[-2000:]
+    assert "3 job(s) on this machine, 3 at a time" in jobs.stdout, jobs.stdout[-3000:]
+    assert "jobs: 0 pending 0 running 3 done 0 failed" in jobs.stdout, jobs.stdout[-3000:]
+    rows = _rows(jobs_out)
+    assert [r[0] for r in rows[1:]] == ["src_layout", "crashes", "broken"], rows
+    assert rows == _rows(plain_out)
+    by_name = {r[0]: r for r in rows[1:]}
+    assert by_name["src_layout"][1:] == ["5", "5", "ok"] and by_name["crashes"][1] == "0", rows
+    assert "does not parse" in by_name["broken"][-1], rows
+    assert not (jobs_out / "src_layout" / "failure.txt").exists(), "graded within its time limit"
+    assert (jobs_out / "class.md").read_text() == (plain_out / "class.md").read_text()
+    for name in by_name:
+        doc = json.loads((jobs_out / name / "results.json").read_text())
+        assert gradescope.problems(doc) == [], (name, gradescope.problems(doc))
+    assert list((jobs_out / "jobs").glob("*_log.out")), "submitit's job folder holds each job's log"
+
+
+def test_a_rerun_through_the_executor_skips_what_is_up_to_date(class_runs) -> None:
+    _, out = class_runs["executor"]
+    again = _grade([STUDENTS / "src_layout"], out, "--executor", "local")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "[src_layout] up to date" in again.stdout and "job(s)" not in again.stdout, again.stdout
+
+
+def _run_class(tmp_path: Path, timeout: float, gpus_per_job: int) -> tuple[dict[str, str], Path]:
+    from cs336_systems.grading.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.repo_job import RepoOptions
+    from cs336_systems.harness.executor import ExecutorConfig
+
+    out = tmp_path / "out"
+    config = ExecutorConfig(kind="local", folder=out / "jobs", gpus_per_job=gpus_per_job, poll_s=0.2)
+    jobs = ClassJobs({"repo": STUDENTS / "src_layout"}, out, RepoOptions(), config, timeout, local_gpus=1)
+    return run_class(jobs, say=lambda line: None), out / "repo"
+
+
+@pytest.mark.parametrize(
+    ("timeout", "gpus_per_job", "why"),
+    [
+        (2.0, 0, "grading failed: timed out after 2 s"),  # the grading process, stopped by its job
+        (60.0, 2, "grading failed: job "),  # the job itself failed (it asked for 2 of 1 GPU)
+    ],
+)
+def test_a_job_that_fails_is_its_repositorys_row(
+    tmp_path: Path, timeout: float, gpus_per_job: int, why: str
+) -> None:
+    outcomes, out = _run_class(tmp_path, timeout, gpus_per_job)
+    assert outcomes["repo"].startswith(why), outcomes
+    doc = json.loads((out / "results.json").read_text())
+    assert "grader failed" in [t["name"] for t in doc["tests"]], doc
+    assert gradescope.problems(doc) == [] and (out / "failure.txt").is_file()
+
+
+def test_local_jobs_claim_distinct_gpus(tmp_path: Path) -> None:
+    with claim_gpus(tmp_path, total=2, wanted=1) as first, claim_gpus(tmp_path, total=2, wanted=1) as second:
+        assert first != second and sorted(first + second) == [0, 1]
+    with pytest.raises(GpuClaimError, match="this machine has 2 GPU"), claim_gpus(tmp_path, 2, 3):
+        pass
+
+
+def test_one_repository_through_slurm(slurm, tmp_path: Path) -> None:
+    out = tmp_path / "class"
+    run = _grade(
+        [STUDENTS / "src_layout"], out, "--executor", "slurm", "--partition", "debug", "--cpus-per-job", "1"
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "1 job(s) on Slurm partition debug" in run.stdout, run.stdout[-3000:]
+    rows = _rows(out)
+    assert [r[:2] for r in rows[1:]] == [["src_layout", "5"]], rows
+    sbatch = {ln for s in (out / "jobs").glob("*_submission.sh") for ln in s.read_text().splitlines()}
+    assert "#SBATCH --partition=debug" in sbatch and "#SBATCH --cpus-per-task=1" in sbatch, sorted(sbatch)
