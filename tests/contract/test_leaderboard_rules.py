@@ -307,7 +307,7 @@ def test_observed_runs_take_turns(tmp_path: Path) -> None:
         t.start()
     for t in threads:
         t.join()
-    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    (_a_start, a_end), (b_start, _b_end) = sorted(spans)
     assert b_start >= a_end - 0.01, spans
 
 

@@ -11,7 +11,6 @@ observed from outside where the machine can, and whether it may be ranked (``lea
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import subprocess
@@ -90,7 +89,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     # of this repository is read or written (``reap``).
     become_subreaper()
     if why := syntax_problem(roots.adapters):  # no worker started for a file that cannot load
-        return _failed(out, points, f"cannot grade: {why}")
+        return _failed(out, points, f"cannot grade: {why}", parses=False)
     started = time.monotonic()
     # No load check of its own before the cases: every job loads the file, and one that cannot makes
     # every case an error of kind "load" (read back below), without a process start on the way.
@@ -112,7 +111,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     report = json.loads((out / "grade.json").read_text())
     if why := _load_failure(report):
         (out / "grade.json").unlink()
-        return _failed(out, points, f"cannot grade {roots.adapters}: {why}", _parses(adapters))
+        return _failed(out, points, f"cannot grade {roots.adapters}: {why}", syntax_problem(adapters) is None)
     if opts.course_tests:
         given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
         started = time.monotonic()
@@ -189,15 +188,6 @@ def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict, l
             "unranked_because": "not timed",
         }
     return leaderboard.row(roots, report, lock=lock)
-
-
-def _parses(adapters: Path) -> bool:
-    """Whether the adapters file parses: one that does not is the student's error, not the grader's."""
-    try:
-        ast.parse(adapters.read_bytes(), str(adapters))
-    except (SyntaxError, ValueError):
-        return False
-    return True
 
 
 def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:
