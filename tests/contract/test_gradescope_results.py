@@ -115,21 +115,19 @@ def test_grader_failed_is_visible_and_worth_nothing() -> None:
 
 
 def test_a_syntax_error_is_the_students_failing_tests(tmp_path: Path) -> None:
-    adapters = tmp_path / "adapters.py"
+    """Through the repository job: the file is parsed before any worker starts, and its error is the
+    student's failing tests, not "grader failed"."""
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    adapters = tmp_path / "repo" / "tests" / "adapters.py"
     adapters.write_text("def get_ddp(:\n")
-    assert not repo_job._parses(adapters)
-    assert (
-        repo_job._failed(tmp_path, POINTS, "does not parse: invalid syntax", repo_job._parses(adapters)) == 2
-    )
-    doc = json.loads((tmp_path / "results.json").read_text())
+    out = tmp_path / "out"
+    assert repo_job.grade_repo(adapters, out, repo_job.RepoOptions()) == 2
+    doc = json.loads((out / "results.json").read_text())
     assert "grader failed" not in [t["name"] for t in doc["tests"]]
-    assert all(
-        t["status"] == "failed" and t["output"] == "does not parse: invalid syntax" for t in doc["tests"]
-    )
+    assert all(t["status"] == "failed" and "does not parse" in t["output"] for t in doc["tests"]), doc
     assert doc["score"] == 0 and _exact_sum([t["max_score"] for t in doc["tests"]]) == 45
     assert gradescope.problems(doc) == []
-    adapters.write_text("import nowhere\n")
-    assert repo_job._parses(adapters)
+    assert not (out / "contract.log").exists()  # no worker, no judge started
 
 
 def test_an_invalid_document_is_never_written(tmp_path: Path) -> None:
