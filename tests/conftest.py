@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cs336_systems.harness.settings import settings
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "slurm_local.sh"
 
 
@@ -28,7 +30,7 @@ def _cannot_start() -> str | None:
 def slurm() -> None:
     if subprocess.run([SCRIPT, "status"], capture_output=True, timeout=60).returncode == 0:
         return
-    if os.environ.get("CS336_SLURM") != "1":
+    if not settings().slurm:
         pytest.skip("no Slurm cluster running: `scripts/slurm_local.sh start`, or CS336_SLURM=1 to start one")
     if why := _cannot_start():
         pytest.skip(f"Slurm is not running and cannot be started: {why}")

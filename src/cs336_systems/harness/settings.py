@@ -98,6 +98,8 @@ class Settings:
     naive_max_seq: int = 65536
     # bench_flash.py attention shapes: interleaved rounds per (shape, impl, pass), 10 ms of reps each
     shape_rounds: int = 5
+    # tests: start the one-node Slurm cluster (scripts/slurm_local.sh) for the Slurm tests when none runs
+    slurm: bool = False
     # the attention benches append every finished row to this JSONL file (None: no log)
     bench_jsonl: str | None = None
     # bench_ddp.py / bench_sharding.py: model, shapes, steps and traces of the training step
@@ -153,6 +155,7 @@ class Settings:
             leaderboard_rep_ms=_int(env, "CS336_LEADERBOARD_REP_MS", 2000),
             naive_max_seq=_int(env, "CS336_NAIVE_MAX_SEQ", 65536),
             shape_rounds=_int(env, "CS336_SHAPE_ROUNDS", 5),
+            slurm=_str(env, "CS336_SLURM", "0") == "1",
             bench_jsonl=_str(env, "CS336_BENCH_JSONL", None),
             ddp_size=_list(env, "CS336_DDP_SIZE", "xl" if gpu else "tiny"),
             ddp_ctx=_int(env, "CS336_DDP_CTX", 512 if gpu else 32),
