@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..exchange import Untrusted, tensor
-from ..worker.clock import FIELDS, go_file, iterations, ready_file, result_name
+from ..worker.clock import FIELDS, go_file, iterations, ready_file, result_name, wait_for
 
 # |got - ref| <= TOLERANCE x the reference's projected norm, per fingerprint. bf16 rounding of a correct
 # kernel moves a fingerprint by about 1e-2 of that norm (random signs: the errors add as a random walk); a
@@ -74,14 +74,14 @@ def conversation(plan: ClockPlan) -> Callable[[Path, Callable[[], bool]], ClockR
         out, inputs = folder / "out", folder / "inputs"
         count = plan.calibration
         for round_ in range(plan.rounds):
-            if not _wait(ready_file(out, round_), alive, plan.wait_s):
+            if not wait_for(ready_file(out, round_), plan.wait_s, alive):
                 run.problem = f"the worker was never ready for round {round_}"
                 return run
             seed = secrets.randbits(62)
             result = out / f"{result_name(round_)}.rank0.pt"
             started = time.perf_counter()
             _publish(go_file(inputs, round_), {"seed": seed, "iterations": count})
-            if not _wait(result, alive, plan.wait_s):
+            if not wait_for(result, plan.wait_s, alive):
                 run.problem = f"round {round_} never handed back its results"
                 return run
             run.rounds.append(Round(seed, count, time.perf_counter() - started))
@@ -99,15 +99,6 @@ def _publish(path: Path, order: dict) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(order))
     os.replace(partial, path)
-
-
-def _wait(path: Path, alive: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if not alive() or time.monotonic() > deadline:
-            return path.exists()
-        time.sleep(0.0002)
-    return True
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

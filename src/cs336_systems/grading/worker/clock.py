@@ -97,10 +97,13 @@ def result_name(round_: int) -> str:
     return f"clock.{round_}"
 
 
-def wait_for(path: Path, deadline: float) -> bool:
+def wait_for(path: Path, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Whether ``path`` appeared within ``timeout_s`` (the other side polls on: ``alive`` says whether
+    it is still there to write it)."""
+    deadline = time.monotonic() + timeout_s
     while not path.exists():
-        if time.monotonic() > deadline:
-            return False
+        if not alive() or time.monotonic() > deadline:
+            return path.exists()
         time.sleep(POLL_S)
     return True
 
@@ -119,7 +122,7 @@ def serve_round(
     out, inputs = Path(job["out"]), Path(job["inputs"])
     ready_file(out, round_).touch()
     go = go_file(inputs, round_)
-    if not wait_for(go, time.monotonic() + timeout_s):
+    if not wait_for(go, timeout_s):
         raise TimeoutError(f"the parent never started round {round_}")
     order = json.loads(go.read_text())
     seed, count = int(order["seed"]), int(order["iterations"])
