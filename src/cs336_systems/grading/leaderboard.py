@@ -116,84 +116,76 @@ def _timed(
 ) -> tuple[dict, float | None, str | None]:
     """The timing worker's record (the course figure, its own provenance), the parent's time per
     iteration, and why that time does not count (None when every round verified)."""
-    import torch
-
-    from .runner import Job, run
-
     args = {
-        "shape": shape,
-        "device": device,
         "compile": compile,
-        "dtype": dtype,
-        "rounds": plan.rounds,
         "rep": LEADERBOARD_CASE.rep_ms if device == "cuda" else 0,
         "warmup": LEADERBOARD_CASE.warmup_ms,
-        "wait_s": plan.wait_s,
     }
-    job = Job(
-        roots,
-        "timing.leaderboard",
-        args=args,
-        timeout=plan.wait_s * 2,
-        conversation=clock.conversation(plan),
-        records=plan.records(),
-        files=plan.files(),
-    )
-    got = run(job)
-    talk = got.conversation
+    got, talk, why = _clock_run(roots, plan, args, shape, device, dtype)
     record = got.records.get(("timing", 0)) or {}
     out = {"result": record.get("result") if record.get("status") == "done" else None}
-    if not isinstance(talk, clock.ClockRun):
-        return out, None, f"the parent's clock failed: {text(talk)}"
-    if talk.problem or len(talk.rounds) < plan.rounds:
-        why = talk.problem or "the clock's rounds did not finish"
-        return out, None, f"{why} ({_job_trouble(got)})"
-    out["iterations"] = talk.rounds[-1].iterations
-    for i, round_ in enumerate(talk.rounds):
-        rec = got.records.get((clock.result_name(i), 0)) or {}
-        why = clock.verify(rec.get("fingerprints"), round_, shape, torch.device(device), dtype)
-        if why:
-            return out, None, why
-    return out, clock.per_iteration_ms(talk), None
+    if talk is not None and len(talk.rounds) == plan.rounds:
+        out["iterations"] = talk.rounds[-1].iterations
+    return out, None if why or talk is None else clock.per_iteration_ms(talk), why
 
 
 def _observed(
     roots: StudentRoots, ncu: str, shape: tuple[int, int, int], device: str
 ) -> tuple[Observed | None, int, str | None]:
     """One round under ncu, verified like a timed one: the kernels it ran and their GPU time."""
-    import torch
-
-    from .runner import Job, run
-
     plan = clock.ClockPlan(rounds=1)
     # the observer's report lives beside the job folders, which the grader's sandbox keeps read-only to
     # the graded code
     folder = Path(tempfile.mkdtemp(prefix="observed-", dir=jobs_parent()))
     log = folder / "ncu.csv"
     try:
-        job = Job(
-            roots,
-            "timing.leaderboard",
-            args={"shape": shape, "device": device, "rounds": 1, "observe": True, "wait_s": plan.wait_s},
-            timeout=plan.wait_s * 2,
-            conversation=clock.conversation(plan),
-            records=plan.records(),
-            files=plan.files(),
-            prefix=command(ncu, log),
-        )
-        got = run(job)
-        talk = got.conversation
-        if not isinstance(talk, clock.ClockRun) or talk.problem or not talk.rounds:
-            why = talk.problem if isinstance(talk, clock.ClockRun) else text(talk)
-            return None, 0, f"the observed run failed: {why} ({_job_trouble(got)})"
-        rec = got.records.get((clock.result_name(0), 0)) or {}
-        why = clock.verify(rec.get("fingerprints"), talk.rounds[0], shape, torch.device(device), "bf16")
-        if why:
+        _, talk, why = _clock_run(roots, plan, {"observe": True}, shape, device, "bf16", command(ncu, log))
+        if why or talk is None:
             return None, 0, f"the observed run: {why}"
         seen = parse(log.read_text(errors="replace")) if log.is_file() else Observed()
         return seen, talk.rounds[0].iterations, None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _clock_run(
+    roots: StudentRoots,
+    plan: clock.ClockPlan,
+    args: dict[str, Any],
+    shape: tuple[int, int, int],
+    device: str,
+    dtype: str,
+    prefix: tuple[str, ...] = (),
+) -> tuple[Any, clock.ClockRun | None, str | None]:
+    """A timing worker with the parent's clock talking to it (under ``prefix``, an observer), and every
+    round it handed back verified: what the job left, the clock's rounds, and why they do not count."""
+    import torch
+
+    from .runner import Job, run
+
+    base = {"shape": shape, "device": device, "dtype": dtype, "rounds": plan.rounds, "wait_s": plan.wait_s}
+    job = Job(
+        roots,
+        "timing.leaderboard",
+        args=base | args,
+        timeout=plan.wait_s * 2,
+        conversation=clock.conversation(plan),
+        records=plan.records(),
+        files=plan.files(),
+        prefix=prefix,
+    )
+    got = run(job)
+    talk = got.conversation
+    if not isinstance(talk, clock.ClockRun):
+        return got, None, f"the parent's clock failed: {text(talk)}"
+    if talk.problem or len(talk.rounds) < plan.rounds:
+        why = talk.problem or "the clock's rounds did not finish"
+        return got, talk, f"{why} ({_job_trouble(got)})"
+    for i, round_ in enumerate(talk.rounds):
+        rec = got.records.get((clock.result_name(i), 0)) or {}
+        if why := clock.verify(rec.get("fingerprints"), round_, shape, torch.device(device), dtype):
+            return got, talk, why
+    return got, talk, None
 
 
 @contextlib.contextmanager
