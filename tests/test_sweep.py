@@ -123,3 +123,29 @@ def test_a_failed_job_is_a_row_with_its_error(runs, tmp_path: Path) -> None:
 def test_case_folders_are_distinct() -> None:
     assert slug("b.py::t[a/b]") != slug("b.py::t[a_b]")
     assert "/" not in slug("b.py::t[a/b]")
+
+
+def test_cases_side_by_side_each_claim_their_own_gpu(tmp_path: Path) -> None:
+    """On one machine submitit gives every job the same first GPUs: two cases running at once must each
+    see a GPU of their own, or the sweep times two cases on one GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cs336_systems.harness.sweep import BenchCase, LocalGpus
+
+    # A stand-in interpreter: records the GPUs it was shown, holds them a moment, writes no JSON.
+    fake = tmp_path / "python"
+    fake.write_text(
+        '#!/bin/sh\nfor a in "$@"; do case $a in --benchmark-json=*) out=${a#--benchmark-json=};; esac; done\n'
+        'echo "$CUDA_VISIBLE_DEVICES" > "$out.gpus"; sleep 1\n'
+    )
+    fake.chmod(0o755)
+    local = LocalGpus(tmp_path / "locks", total=2, per_job=1)
+    cases = [
+        BenchCase(f"b.py::t[{i}]", tmp_path / f"c{i}" / "bench.json", str(fake), tmp_path, [], 30, local)
+        for i in range(2)
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda case: case(), cases))
+    seen = sorted((tmp_path / f"c{i}" / "bench.json.gpus").read_text().strip() for i in range(2))
+    assert seen == ["0", "1"], seen
+    assert sorted(r["gpus"] for r in results) == ["0", "1"]

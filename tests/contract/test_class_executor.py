@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.grading import gradescope
-from cs336_systems.grading.class_executor import GpuClaimError, claim_gpus
+from cs336_systems.harness.executor import GpuClaimError, claim_gpus
 
 from .grading_run import ROOT, STUDENTS, clean_env
 

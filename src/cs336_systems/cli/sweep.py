@@ -26,10 +26,12 @@ from cs336_systems.harness.executor import (
     add_executor_options,
     config_from_args,
     describe,
+    local_gpu_count,
     run_jobs,
 )
 from cs336_systems.harness.sweep import (
     BenchCase,
+    LocalGpus,
     SweepError,
     case_files,
     collect,
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     try:
         config = config_from_args(args, out / "jobs")
-        config.resolved_kind()
+        local = _local_gpus(config)
     except ExecutorError as exc:
         p.error(str(exc))
     selection = [*args.bench_files, *(f"--only={o}" for o in args.only), *extra]
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if todo:
         print(f"sweep: {describe(config, todo)}")
-        _run(config, todo, out, args.python, cwd, extra)
+        _run(config, todo, out, args.python, cwd, extra, local)
     merged = merge(out, node_ids)
     (out / "sweep.json").write_text(json.dumps(merged, indent=1))
     failed = [n for n in node_ids if case_files(out, n).read_status().get("state") == "failed"]
@@ -91,12 +93,29 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _local_gpus(config: ExecutorConfig) -> LocalGpus | None:
+    """On one machine, the GPUs the cases claim one job at a time (``None``: no GPUs asked for, or the
+    scheduler hands them out)."""
+    if config.resolved_kind() != "local" or not config.gpus_per_job:
+        return None
+    local = LocalGpus(config.folder, local_gpu_count(), config.gpus_per_job)
+    if local.per_job > local.total:
+        raise ExecutorError(f"--gpus-per-job {local.per_job}: this machine has {local.total} GPU(s)")
+    return local
+
+
 def _run(
-    config: ExecutorConfig, todo: list[str], out: Path, python: str, cwd: Path, extra: list[str]
+    config: ExecutorConfig,
+    todo: list[str],
+    out: Path,
+    python: str,
+    cwd: Path,
+    extra: list[str],
+    local: LocalGpus | None,
 ) -> None:
     # A job's pytest gets its time limit less a margin, so it reports its own timeout before Slurm kills it.
     timeout_s = max(30.0, config.time_min * 60 - 30)
-    calls = {n: BenchCase(n, case_files(out, n).bench, python, cwd, extra, timeout_s) for n in todo}
+    calls = {n: BenchCase(n, case_files(out, n).bench, python, cwd, extra, timeout_s, local) for n in todo}
     for node_id in todo:
         case_files(out, node_id).write_status(state="pending")
     job_ids: dict[str, str] = {}

@@ -10,7 +10,7 @@ the nodes that ran students (the model each job saw is its ``leaderboard.json``'
 job per model, on a node that ran it.
 
 On one machine submitit's ``LocalExecutor`` gives every job the same first GPUs, so a local job claims
-its GPUs itself, by lock files in the job folder (released when the job's process ends).
+its GPUs itself (``executor.claim_gpus``).
 
 No torch here: the caller says how many GPUs this machine has.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import json
 import math
 import os
@@ -28,14 +27,15 @@ import platform
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from cs336_systems.harness.executor import (
     ExecutorConfig,
     ExecutorError,
+    claim_gpus,
     config_from_args,
     describe,
     run_jobs,
@@ -71,37 +71,6 @@ class ClassJobs:
     timeout: float = 1800.0
     force: bool = False
     local_gpus: int = 0
-
-
-class GpuClaimError(RuntimeError):
-    """A local job asked for more GPUs than the machine has."""
-
-
-@contextlib.contextmanager
-def claim_gpus(folder: Path, total: int, wanted: int, poll_s: float = 1.0) -> Iterator[list[int]]:
-    """``wanted`` of this machine's ``total`` GPUs no other job holds (waits for them): an exclusive
-    lock on ``folder/gpu<i>.lock`` each, held until the block ends or the process dies."""
-    if wanted > total:
-        raise GpuClaimError(f"--gpus-per-job {wanted}: this machine has {total} GPU(s)")
-    folder.mkdir(parents=True, exist_ok=True)
-    held: dict[int, IO[str]] = {}
-    try:
-        while len(held) < wanted:
-            for i in range(total):
-                if i in held or len(held) == wanted:
-                    continue
-                f = (folder / f"gpu{i}.lock").open("w")
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held[i] = f
-                except BlockingIOError:
-                    f.close()
-            if len(held) < wanted:
-                time.sleep(poll_s)
-        yield sorted(held)
-    finally:
-        for f in held.values():
-            f.close()
 
 
 @dataclass(frozen=True)

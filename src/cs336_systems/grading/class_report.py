@@ -15,6 +15,7 @@ import csv
 import html
 import io
 import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,14 @@ def csv_rows(repos: dict[str, dict]) -> list[list[str]]:
     return out
 
 
+def _compile_failure(error: object) -> str:
+    """The exception's names alone (``InductorError: CompilationError``): the whole message, often a page of
+    the student's kernel, is in ``leaderboard.json`` and in the leaderboard tier's compile case."""
+    text = str(error or "compile failed")
+    names = re.match(r"(\w+(?:Error|Exception)(?:: \w+(?:Error|Exception))*)", text)
+    return names.group(1) if names else text[:80]
+
+
 def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
     """Ranked rows (observed before self-reported, fastest first), then unranked ones with their
     reason, then the references."""
@@ -129,7 +138,7 @@ def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
         lb = r["leaderboard"]
         if not isinstance(lb, dict):
             continue
-        how = "compiled" if lb.get("compiled") else f"eager ({lb.get('compile_error') or 'compile failed'})"
+        how = "compiled" if lb.get("compiled") else f"eager ({_compile_failure(lb.get('compile_error'))})"
         rows.append(
             {
                 "name": name,

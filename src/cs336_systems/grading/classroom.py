@@ -59,12 +59,22 @@ def repositories(targets: list[Path]) -> dict[str, Path]:
         found += inside
     names: dict[str, Path] = {}
     for path in found:
-        base = path.parent.parent.name if path.is_file() else path.name
+        base = _name_of(path)
         name, n = base, 2
         while name in names:
             name, n = f"{base}-{n}", n + 1
         names[name] = path
     return names
+
+
+def _name_of(target: Path) -> str:
+    """A repository's folder name; an adapters file other than ``adapters.py`` adds its own stem, so that
+    several adapters files of one repository (a fixture's variants) are told apart in the table."""
+    if not target.is_file():
+        return target.name
+    repo = target.parent.parent.name
+    variant = target.stem.removeprefix("adapters").lstrip("_")
+    return f"{repo}-{variant}" if variant else repo
 
 
 def newest_code(repo: Path) -> float:

@@ -12,13 +12,16 @@ Standard library and submitit only: the commands import it before torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import submitit
 
@@ -126,6 +129,51 @@ def make_executor(config: ExecutorConfig) -> submitit.Executor:
         slurm["slurm_additional_parameters"] = dict(config.slurm_params)
     executor.update_parameters(**common, **slurm)
     return executor
+
+
+class GpuClaimError(RuntimeError):
+    """A local job asked for more GPUs than the machine has."""
+
+
+@contextlib.contextmanager
+def claim_gpus(folder: Path, total: int, wanted: int, poll_s: float = 1.0) -> Iterator[list[int]]:
+    """``wanted`` of this machine's ``total`` GPUs no other job holds (waits for them): an exclusive
+    lock on ``folder/gpu<i>.lock`` each, held until the block ends or the process dies."""
+    if wanted > total:
+        raise GpuClaimError(f"--gpus-per-job {wanted}: this machine has {total} GPU(s)")
+    folder.mkdir(parents=True, exist_ok=True)
+    held: dict[int, IO[str]] = {}
+    try:
+        while len(held) < wanted:
+            for i in range(total):
+                if i in held or len(held) == wanted:
+                    continue
+                f = (folder / f"gpu{i}.lock").open("w")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held[i] = f
+                except BlockingIOError:
+                    f.close()
+            if len(held) < wanted:
+                time.sleep(poll_s)
+        yield sorted(held)
+    finally:
+        for f in held.values():
+            f.close()
+
+
+def local_gpu_count() -> int:
+    """This machine's GPUs without importing torch: ``CUDA_VISIBLE_DEVICES`` where set, else
+    ``nvidia-smi -L``'s lines (0 where there is no ``nvidia-smi``)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    return (
+        sum(line.startswith("GPU ") for line in listed.stdout.splitlines()) if listed.returncode == 0 else 0
+    )
 
 
 @dataclass

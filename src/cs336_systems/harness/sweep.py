@@ -16,8 +16,10 @@ No torch here: the sweep's own process only collects, submits and merges.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+
+from .executor import claim_gpus
 
 FAILED_GROUP = "sweep: jobs that failed"
 TAIL = 1500  # characters of a failed run's output kept as its error
@@ -90,27 +94,64 @@ def finished(out: Path, node_id: str) -> bool:
 
 class BenchCase(submitit.helpers.Checkpointable):
     """One job: ``pytest NODE_ID --benchmark-json=...``. Checkpointable: where Slurm preempts the job,
-    submitit requeues this same call (the case starts over; a half-timed case has nothing to keep)."""
+    submitit requeues this same call (the case starts over; a half-timed case has nothing to keep).
+
+    ``local_gpus``: on one machine, claim ``gpus`` of this many GPUs (locks in ``lock_dir``) and show the
+    case only those, so that cases side by side never time on one GPU (submitit's ``LocalExecutor``
+    gives every job the same first GPUs); ``0``: the GPUs the scheduler gave."""
 
     def __init__(
-        self, node_id: str, bench_json: Path, python: str, cwd: Path, extra: list[str], timeout_s: float
+        self,
+        node_id: str,
+        bench_json: Path,
+        python: str,
+        cwd: Path,
+        extra: list[str],
+        timeout_s: float,
+        local: LocalGpus | None = None,
     ):
         self.node_id, self.bench_json, self.python = node_id, bench_json, python
         self.cwd, self.extra, self.timeout_s = cwd, extra, timeout_s
+        self.local = local
 
     def __call__(self) -> dict[str, Any]:
         self.bench_json.unlink(missing_ok=True)
         self.bench_json.parent.mkdir(parents=True, exist_ok=True)
         cmd = [self.python, "-m", "pytest", self.node_id, "-q", "-p", "no:cacheprovider"]
         cmd += [f"--benchmark-json={self.bench_json}", *self.extra]
-        try:
-            run = subprocess.run(cmd, cwd=self.cwd, capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"{self.node_id}: pytest ran past {self.timeout_s:.0f} s") from exc
+        claim = (
+            claim_gpus(self.local.lock_dir, self.local.total, self.local.per_job)
+            if self.local
+            else contextlib.nullcontext([])
+        )
+        with claim as gpus:
+            env = dict(os.environ)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            try:
+                run = subprocess.run(
+                    cmd, cwd=self.cwd, capture_output=True, text=True, timeout=self.timeout_s, env=env
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise RuntimeError(f"{self.node_id}: pytest ran past {self.timeout_s:.0f} s") from exc
         output = run.stdout + run.stderr
         # Passed echoes to the job's log, so `submitit`'s stdout file shows the run.
         sys.stdout.write(output[-TAIL:])
-        return {"rc": run.returncode, "tail": output[-TAIL:], "host": _host()}
+        return {
+            "rc": run.returncode,
+            "tail": output[-TAIL:],
+            "host": _host(),
+            "gpus": env.get("CUDA_VISIBLE_DEVICES"),
+        }
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """One machine's GPUs, shared by the cases that run side by side on it."""
+
+    lock_dir: Path
+    total: int
+    per_job: int
 
 
 def _host() -> str:
@@ -127,7 +168,7 @@ def job_outcome(bench_json: Path, result: dict[str, Any] | None, error: str | No
     assert result is not None
     rows = _rows(bench_json)
     if result["rc"] == 0 and rows:
-        return {"state": "done"}
+        return {"state": "done", "gpus": result.get("gpus")}
     if result["rc"] == 0 and re.search(r"\bskipped\b", result["tail"]):
         return {"state": "skipped"}
     lines = [line for line in result["tail"].splitlines() if line.strip()]
@@ -158,6 +199,7 @@ def merge(out: Path, node_ids: list[str]) -> dict[str, Any]:
                 "host": machine.get("node"),
                 "cpu": (machine.get("cpu") or {}).get("brand_raw"),
                 "job_id": status.get("job_id"),
+                "gpus": status.get("gpus"),  # the GPUs the job was shown (CUDA_VISIBLE_DEVICES)
             }
             for row in data.get("benchmarks") or []:
                 row.setdefault("extra_info", {})["job"] = job
