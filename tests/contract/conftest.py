@@ -14,9 +14,9 @@ import pytest
 from cs336_systems.grading.pytest_plugin import PROBE, ROOTS, SEED, grading_jobs, requested_adapters
 from cs336_systems.grading.roots import StudentRoots
 from cs336_systems.grading.session import Grader
+from cs336_systems.grading.shared.cases import Case
 from cs336_systems.grading.summary import CASE_PROPERTY
 from cs336_systems.grading.verdict import FAILED, SKIPPED, Verdict
-from cs336_systems.grading.worker.cases import Case
 
 WORKER_TIMEOUT_S = 240.0
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from cs336_systems.grading.probe import probe
 from cs336_systems.grading.roots import discover
 from cs336_systems.grading.session import Grader
+from cs336_systems.grading.shared.cases import CASES
 from cs336_systems.grading.verdict import Verdict
-from cs336_systems.grading.worker.cases import CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"

@@ -15,9 +15,7 @@ from cs336_systems.grading.judge import attention, compare, training
 from cs336_systems.grading.roots import GradingSetupError, discover
 from cs336_systems.grading.runner import Outcome
 from cs336_systems.grading.session import decide
-from cs336_systems.grading.verdict import Verdict
-from cs336_systems.grading.worker import outcome as worker_outcome
-from cs336_systems.grading.worker.cases import (
+from cs336_systems.grading.shared.cases import (
     CASES,
     COURSE,
     COURSE_ATTENTION_SHAPE,
@@ -25,7 +23,9 @@ from cs336_systems.grading.worker.cases import (
     REFUSES_CPU,
     Tolerance,
 )
-from cs336_systems.grading.worker.models import make_model
+from cs336_systems.grading.shared.models import make_model
+from cs336_systems.grading.verdict import Verdict
+from cs336_systems.grading.worker import outcome as worker_outcome
 
 TOKEN = "a" * 32
 TRITON_COURSE = "course-triton-match-b4-q128-k128-d64-causal-fp32-cuda"

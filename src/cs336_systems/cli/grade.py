@@ -168,7 +168,7 @@ class BadInput(Exception):
 
 
 def _check_tiers(tiers: str | None) -> None:
-    from cs336_systems.grading.worker.cases import TIERS  # the case table's tiers (standard library only)
+    from cs336_systems.grading.shared.cases import TIERS  # the case table's tiers (standard library only)
 
     unknown = [t for t in (tiers or "").split(",") if t not in TIERS] if tiers is not None else []
     if unknown:

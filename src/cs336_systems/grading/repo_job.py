@@ -26,7 +26,7 @@ from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import become_subreaper, kill_descendants
 from .settings import LOADED_ENV, PROTECT_ENV, WORKER_USER_ENV, protected_from_env
-from .worker.cases import TRITON_HOOK
+from .shared.cases import TRITON_HOOK
 
 
 @dataclass

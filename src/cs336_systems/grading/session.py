@@ -26,8 +26,8 @@ from .exchange import text
 from .probe import Probe
 from .roots import StudentRoots
 from .runner import CaseRuns, Machine, Outcome
+from .shared.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
 from .verdict import Verdict
-from .worker.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
 
 
 def fresh_seed() -> int:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from .probe import ALL_HOOKS
+from .shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE
 from .verdict import ERROR, FAILED, PASSED, SKIPPED
-from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 CASE_PROPERTY = "grade_case"
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR)

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from ..shared.cases import Case
 from ..verdict import Verdict
-from ..worker.cases import Case
 from . import attention, fsdp, training
 
 MAKERS = {
