@@ -272,12 +272,12 @@ def _case(tier: str, status: str, hook: str = "get_ddp", kind: str = "") -> dict
 
 def test_only_a_course_failure_or_an_error_fails_the_run_of_another_implementation() -> None:
     beyond_only = summary.build([_case("course", "passed"), _case("beyond", "failed")], 1, None)
-    assert summary.exit_status(beyond_only, external=True, pytest_status=1) == 0
+    assert summary.exit_status(beyond_only, external=True, status=1) == 0
     course = summary.build([_case("course", "failed"), _case("beyond", "passed")], 1, None)
-    assert summary.exit_status(course, external=True, pytest_status=1) == 1
+    assert summary.exit_status(course, external=True, status=1) == 1
     error = summary.build([_case("course", "error", kind="missing-dependency")], 1, None)
-    assert summary.exit_status(error, external=True, pytest_status=1) == 1
-    assert summary.exit_status(beyond_only, external=False, pytest_status=1) == 1
+    assert summary.exit_status(error, external=True, status=1) == 1
+    assert summary.exit_status(beyond_only, external=False, status=1) == 1
 
 
 def test_the_table_counts_each_case_once_and_adds_up() -> None:
