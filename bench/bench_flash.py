@@ -78,7 +78,7 @@ import torch
 import torch.nn.functional as F
 
 from cs336_systems.grading.pytest_plugin import ROOTS
-from cs336_systems.grading.worker.cases import LEADERBOARD_CASE
+from cs336_systems.grading.shared.cases import LEADERBOARD_CASE
 from cs336_systems.harness.adapters import IMPL, TRITON_HOOK, adapters_param
 from cs336_systems.harness.attention import (
     ATTENTION_SHAPES,

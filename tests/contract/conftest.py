@@ -1,5 +1,7 @@
 """Fixtures of the contract tests: every hook runs in worker processes of the graded code, and this
-process makes the inputs, computes the references and decides (``cs336_systems.grading``).
+process makes the inputs, computes the references and decides (``cs336_systems.grading``). This is the
+pytest front end of the judging process; ``python -m cs336_systems.grading.judge`` runs the same cases
+through the same ``Grader`` and report without pytest (``grading/judging.py``).
 
 The adapters file under test: ``--adapters PATH`` or ``CS336_ADAPTERS``, else the suite's own
 ``tests/adapters.py``. Each test carries ``@pytest.mark.hook(...)`` and ``@pytest.mark.tier(...)`` and
@@ -11,14 +13,20 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.pytest_plugin import PROBE, ROOTS, SEED, grading_jobs, requested_adapters
+from cs336_systems.grading.judging import tier_selected
+from cs336_systems.grading.pytest_plugin import (
+    CASE_PROPERTY,
+    PROBE,
+    ROOTS,
+    SEED,
+    grading_jobs,
+    requested_adapters,
+)
 from cs336_systems.grading.roots import StudentRoots
-from cs336_systems.grading.session import Grader
-from cs336_systems.grading.summary import CASE_PROPERTY
-from cs336_systems.grading.verdict import FAILED, SKIPPED, Verdict
-from cs336_systems.grading.worker.cases import Case
-
-WORKER_TIMEOUT_S = 240.0
+from cs336_systems.grading.session import WORKER_TIMEOUT_S, Grader
+from cs336_systems.grading.shared.cases import Case
+from cs336_systems.grading.summary import case_entry
+from cs336_systems.grading.verdict import FAILED, SKIPPED
 
 
 @pytest.fixture(scope="session")
@@ -40,23 +48,6 @@ def _case_of(item: pytest.Item) -> object:
     return getattr(item, "callspec", None) and item.callspec.params.get("case")
 
 
-def _record(node: pytest.Item, case: Case, verdict: Verdict, seconds: dict) -> None:
-    node.user_properties.append(
-        (
-            CASE_PROPERTY,
-            {
-                "id": case.id,
-                "tier": case.tier,
-                "hooks": list(case.hooks),
-                "status": verdict.status,
-                "kind": verdict.kind,
-                "message": verdict.message,
-                **seconds,
-            },
-        )
-    )
-
-
 @pytest.fixture
 def verdict(request: pytest.FixtureRequest, grader: Grader):
     """``verdict(case)``: the case's verdict as this test's outcome (``Grader.batch_key`` says which
@@ -64,7 +55,8 @@ def verdict(request: pytest.FixtureRequest, grader: Grader):
 
     def check(case: Case) -> None:
         result = grader.verdict(case)
-        _record(request.node, case, result, grader.worker_seconds(case.id))
+        entry = case_entry(case, result, grader.worker_seconds(case.id))
+        request.node.user_properties.append((CASE_PROPERTY, entry))
         if result.status == SKIPPED:
             pytest.skip(result.message)
         if result.status == FAILED:
@@ -83,7 +75,7 @@ def _other_edition(item: pytest.Item, probe) -> bool:
 
 def _tier_unwanted(item: pytest.Item, tiers: str | None) -> bool:
     marker = item.get_closest_marker("tier")
-    return bool(tiers) and marker is not None and marker.args[0] not in tiers.split(",")
+    return marker is not None and not tier_selected(marker.args[0], tiers)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

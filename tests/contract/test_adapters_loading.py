@@ -84,7 +84,7 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_guard_refuses_the_suites_own_code(tmp_path: Path) -> None:
     """A hook answered by a class from the suite's package is refused, not graded (what shadowing
     did); the same hook is fine when the suite grades itself (no forbidden folder)."""
-    from cs336_systems.grading.worker.course_layers import Linear
+    from cs336_systems.grading.shared.course_layers import Linear
 
     module = load_adapters(str(_write(tmp_path, "def done(x):\n    return x + 1\n")))
     module.suite_class = lambda: Linear

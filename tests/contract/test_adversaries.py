@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cs336_systems.grading.shared.cases import CASES, REFUSES_CPU
 from cs336_systems.grading.verdict import FAILED, SKIPPED
-from cs336_systems.grading.worker.cases import CASES, REFUSES_CPU
 
 from .grading_run import STUDENTS, verdicts
 

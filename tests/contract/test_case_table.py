@@ -1,6 +1,6 @@
 """Each rule of the case table is declared once: the judges and the workers read what a case checks from
 its knobs, never from its tier; the leaderboard's case (shape, protocol) and the Triton hook's name live
-in ``worker/cases.py`` alone, and everything else derives them from there."""
+in ``shared/cases.py`` alone, and everything else derives them from there."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from cs336_systems.grading import judge
 from cs336_systems.grading.judge import training
-from cs336_systems.grading.worker.cases import (
+from cs336_systems.grading.shared.cases import (
     CASES,
     DDP_CHECKS,
     FSDP_CHECKS,
@@ -25,11 +25,11 @@ from cs336_systems.grading.worker.cases import (
     Case,
     of_family,
 )
-from cs336_systems.grading.worker.models import make_model
+from cs336_systems.grading.shared.models import make_model
 
 ROOT = Path(__file__).resolve().parents[2]
 GRADING = ROOT / "src" / "cs336_systems" / "grading"
-CASES_PY = GRADING / "worker" / "cases.py"
+CASES_PY = GRADING / "shared" / "cases.py"
 SOURCES = sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "bench").rglob("*.py")])
 
 
@@ -118,7 +118,7 @@ def test_the_leaderboard_case_is_declared_only_in_the_case_table() -> None:
 
 
 def test_judges_and_workers_read_a_cases_knobs_not_its_tier() -> None:
-    readers = [*(GRADING / "judge").glob("*.py"), *(GRADING / "worker").glob("*.py")]
+    readers = [p for sub in ("judge", "worker", "shared") for p in (GRADING / sub).glob("*.py")]
     found = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for path in readers

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.grading import gradescope, repo_job
-from cs336_systems.grading.worker.cases import CASES, COURSE
+from cs336_systems.grading.shared.cases import CASES, COURSE
 
 POINTS = gradescope.DEFAULT_POINTS
 COURSE_POINTS = {"get_fsdp": 10, "get_ddp": 5, "get_flashattention_autograd_function_pytorch": 5}

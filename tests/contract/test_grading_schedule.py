@@ -19,7 +19,7 @@ from cs336_systems.grading.repo_job import RepoOptions
 from cs336_systems.grading.roots import discover
 from cs336_systems.grading.runner import Outcome
 from cs336_systems.grading.session import Grader
-from cs336_systems.grading.worker.cases import CASES
+from cs336_systems.grading.shared.cases import CASES
 
 from .grading_run import ROOT
 

@@ -1,13 +1,17 @@
-"""The grading contract: every case of ``cs336_systems.grading.worker.cases`` (one table: hooks, tier,
+"""The grading contract: every case of ``cs336_systems.grading.shared.cases`` (one table: hooks, tier,
 device, dtype, shape, world size, tolerance), run in worker processes of the graded code and judged
 here. ``course`` is what the course's tests run; ``leaderboard`` the 2025 leaderboard's case (Triton,
-GPU); ``beyond`` what a careful implementation also gets right."""
+GPU); ``beyond`` what a careful implementation also gets right.
+
+The pytest front end of the judging process (``python -m cs336_systems.grading.judge`` is the other): a
+case's test is named as ``grading/keywords.py``'s ``FAMILY_TESTS`` says, so that ``-k`` selects the same
+cases in both."""
 
 from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.worker.cases import of_family
+from cs336_systems.grading.shared.cases import of_family
 
 
 def _params(family: str) -> list:

@@ -15,9 +15,7 @@ from cs336_systems.grading.judge import attention, compare, training
 from cs336_systems.grading.roots import GradingSetupError, discover
 from cs336_systems.grading.runner import Outcome
 from cs336_systems.grading.session import decide
-from cs336_systems.grading.verdict import Verdict
-from cs336_systems.grading.worker import outcome as worker_outcome
-from cs336_systems.grading.worker.cases import (
+from cs336_systems.grading.shared.cases import (
     CASES,
     COURSE,
     COURSE_ATTENTION_SHAPE,
@@ -25,7 +23,9 @@ from cs336_systems.grading.worker.cases import (
     REFUSES_CPU,
     Tolerance,
 )
-from cs336_systems.grading.worker.models import make_model
+from cs336_systems.grading.shared.models import make_model
+from cs336_systems.grading.verdict import Verdict
+from cs336_systems.grading.worker import outcome as worker_outcome
 
 TOKEN = "a" * 32
 TRITON_COURSE = "course-triton-match-b4-q128-k128-d64-causal-fp32-cuda"
@@ -272,12 +272,12 @@ def _case(tier: str, status: str, hook: str = "get_ddp", kind: str = "") -> dict
 
 def test_only_a_course_failure_or_an_error_fails_the_run_of_another_implementation() -> None:
     beyond_only = summary.build([_case("course", "passed"), _case("beyond", "failed")], 1, None)
-    assert summary.exit_status(beyond_only, external=True, pytest_status=1) == 0
+    assert summary.exit_status(beyond_only, external=True, status=1) == 0
     course = summary.build([_case("course", "failed"), _case("beyond", "passed")], 1, None)
-    assert summary.exit_status(course, external=True, pytest_status=1) == 1
+    assert summary.exit_status(course, external=True, status=1) == 1
     error = summary.build([_case("course", "error", kind="missing-dependency")], 1, None)
-    assert summary.exit_status(error, external=True, pytest_status=1) == 1
-    assert summary.exit_status(beyond_only, external=False, pytest_status=1) == 1
+    assert summary.exit_status(error, external=True, status=1) == 1
+    assert summary.exit_status(beyond_only, external=False, status=1) == 1
 
 
 def test_the_table_counts_each_case_once_and_adds_up() -> None:

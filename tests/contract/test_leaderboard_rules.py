@@ -18,7 +18,7 @@ from cs336_systems.grading.judge import clock, standing
 from cs336_systems.grading.kernel_names import kernels_in, repository_kernels
 from cs336_systems.grading.observer import Observed, parse
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.worker.clock import iterations
+from cs336_systems.grading.shared.clock import iterations
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "students" / "leaderboard"
 SHAPE = (2, 128, 16)  # the stand-in's shape: tiles of 64 divide it

@@ -24,7 +24,7 @@ from .grading_run import ROOT, STUDENTS, clean_env
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("suite_self_check")]
 ADAPTERS = STUDENTS / "adversary" / "tests" / "adapters_left_behind.py"
 HOOK = "get_flashattention_autograd_function_pytorch"
-PYTEST_ARGS = ["-k", "course-pytorch-match-b4-q128-k128-d64-full-fp32"]  # one case: the property is the files
+JUDGE_ARGS = ["-k", "course-pytorch-match-b4-q128-k128-d64-full-fp32"]  # one case: the property is the files
 
 
 def alive(marker: str) -> list[int]:
@@ -62,7 +62,7 @@ def test_repository_job_with_subreapers_alone(tmp_path: Path) -> None:
     """``repo_job`` as a class run starts it, without namespaces: the subreapers kill the process."""
     marker = f"left-behind-{uuid.uuid4().hex}"
     out, options = tmp_path / "out", tmp_path / "options.json"
-    options.write_text(json.dumps({"tiers": "course", "pytest_args": PYTEST_ARGS}))
+    options.write_text(json.dumps({"tiers": "course", "judge_args": JUDGE_ARGS}))
     cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(ADAPTERS), "--out", str(out)]
     run = subprocess.run(
         [*cmd, "--options", str(options)],
@@ -89,7 +89,7 @@ def test_class_run_in_namespaces(tmp_path: Path) -> None:
     marker = f"left-behind-{uuid.uuid4().hex}"
     out = tmp_path / "class"
     cmd = [sys.executable, "-m", "cs336_systems.cli.grade", str(ADAPTERS), "--out", str(out)]
-    cmd += ["--tiers", "course", "--", *PYTEST_ARGS]
+    cmd += ["--tiers", "course", "--", *JUDGE_ARGS]
     run = subprocess.run(cmd, cwd=ROOT, env=_env(marker), capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     repo = out / "adversary"

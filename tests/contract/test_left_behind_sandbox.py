@@ -26,8 +26,8 @@ from cs336_systems.grading.roots import discover
 from cs336_systems.grading.runner import Machine
 from cs336_systems.grading.sandbox import Sandbox, namespaces_work
 from cs336_systems.grading.session import Grader
+from cs336_systems.grading.shared.cases import CASES, UNFINISHED_HERE
 from cs336_systems.grading.verdict import FAILED, SKIPPED, Verdict
-from cs336_systems.grading.worker.cases import CASES, UNFINISHED_HERE
 
 from .grading_run import ROOT, STUDENTS, clean_env
 from .test_left_behind import alive

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from cs336_systems.grading.shared.cases import CASES
 from cs336_systems.grading.verdict import FAILED
-from cs336_systems.grading.worker.cases import CASES
 
 from .grading_run import DATA, verdicts
 

@@ -28,8 +28,8 @@ from cs336_systems.distributed.ddp import DataParallel
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_factory import VARIANTS, make_ddp
 
-# The models are the grading worker's beyond-tier ones (one copy; that module imports only torch).
-from cs336_systems.grading.worker.models import DTYPE, IN, OUT, VOCAB, TiedToyModel, ToyModel
+# The models are grading's beyond-tier ones (one copy, shared by its judge and workers; it imports only torch).
+from cs336_systems.grading.shared.models import DTYPE, IN, OUT, VOCAB, TiedToyModel, ToyModel
 
 MODELS: dict[str, type[nn.Module]] = {"toy": ToyModel, "tied": TiedToyModel}
 

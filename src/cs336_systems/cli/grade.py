@@ -17,7 +17,8 @@ an adapters file that does not parse, named by file and line.
 each repository's own) on each adapters file and says, per hook, whether they agree with the grader's
 course tier. ``--bench`` times each repository's Triton FlashAttention on the 2025 leaderboard's case the
 course's way (GPU), beside the suite's kernel and cuDNN timed once per GPU. Arguments after ``--`` go to
-pytest (``-- -k ddp``).
+the judge (``python -m cs336_systems.grading.judge``): ``-k EXPR`` grades only the cases it selects, with
+pytest's keyword expressions on the case ids (``-- -k ddp``, ``-- -k "pytorch and course"``).
 
 ``--executor local|slurm`` grades a class as one submitit job per repository instead (on Slurm, or
 through submitit on this machine), with the sweep's executor options (``--partition``,
@@ -132,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
     # Without --executor a class is today's one-machine scheduler (classroom.ClassRun); the defaults
     # left unset here are filled in for a class (class_executor.config_for_class).
     p.set_defaults(executor=None, gpus_per_job=None, time_min=None, parallelism=None)
-    p.epilog = "Arguments after -- go to pytest, e.g. -- -k ddp"
+    p.epilog = "Arguments after -- go to the judge: -k EXPR selects cases as pytest's -k does, e.g. -- -k ddp"
     return p
 
 
@@ -140,7 +141,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser().parse_args(argv[:cut])
-    args.pytest_args = argv[cut + 1 :]
+    args.judge_args = argv[cut + 1 :]
     return args
 
 
@@ -158,7 +159,7 @@ def _options(args: argparse.Namespace):
         points=args.points.resolve() if args.points else None,
         workers=workers,
         roots=(args.repo_root, args.package_root, args.basics_root),
-        pytest_args=tuple(args.pytest_args),
+        judge_args=tuple(args.judge_args),
         worker_user=args.worker_user,
     )
 
@@ -168,7 +169,7 @@ class BadInput(Exception):
 
 
 def _check_tiers(tiers: str | None) -> None:
-    from cs336_systems.grading.worker.cases import TIERS  # the case table's tiers (standard library only)
+    from cs336_systems.grading.shared.cases import TIERS  # the case table's tiers (standard library only)
 
     unknown = [t for t in (tiers or "").split(",") if t not in TIERS] if tiers is not None else []
     if unknown:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.grading.worker.cases import LEADERBOARD_CASE
+from cs336_systems.grading.shared.cases import LEADERBOARD_CASE
 
 if TYPE_CHECKING:
     import torch

@@ -30,7 +30,7 @@ from cs336_systems.distributed.launch import find_free_port
 from .probe import ALL_HOOKS
 from .roots import GradingSetupError, StudentRoots, grader_pythonpath
 from .settings import COURSE_PORT_ENV
-from .worker.cases import CASES
+from .shared.cases import CASES
 
 GROUP_OF = {h: case.hooks[0] for case in CASES.values() for h in case.hooks}
 

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .shared.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU, REFUSES_CPU, TIERS, TRITON_HOOK, UNFINISHED_HERE
 from .verdict import ERROR, PASSED, SKIPPED
-from .worker.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU, REFUSES_CPU, TIERS, TRITON_HOOK, UNFINISHED_HERE
 
 DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "course": {

@@ -22,7 +22,7 @@ from .judge import clock, standing
 from .observer import Observed, command, ncu_path, parse
 from .roots import SUITE_ROOT, StudentRoots, discover
 from .sandbox import jobs_parent
-from .worker.cases import LEADERBOARD_CASE, TRITON_HOOK
+from .shared.cases import LEADERBOARD_CASE, TRITON_HOOK
 
 PROTOCOL = "torch.compile(apply) (eager where compiling fails); parent's clock over verified iterations"
 REFERENCES = {

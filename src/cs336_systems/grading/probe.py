@@ -12,7 +12,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from .worker.cases import ATTENTION_HOOKS, TRITON_HOOK
+from .shared.cases import ATTENTION_HOOKS, TRITON_HOOK
 
 EDITIONS = {
     "1.0.5": (

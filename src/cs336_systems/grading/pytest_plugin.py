@@ -2,33 +2,27 @@
 project's ``addopts``): an option pytest does not know yet would make it read ``--adapters PATH``'s
 PATH as a test path, and import the student's ``tests/conftest.py`` from it.
 
-``--adapters PATH`` (or ``CS336_ADAPTERS``) names the adapters file to grade; ``--repo-root``,
-``--package-root`` and ``--basics-root`` override where its code is found; ``--grade-json`` writes the
-report; ``--grade-seed`` fixes the run's inputs (fresh ones every run otherwise). Before any test runs,
-the file's source is read for blank hooks (``probe``) and one worker loads it: if it cannot (missing, a
-directory, a syntax error, a missing dependency), the run stops with that one line.
+pytest is one front end of the judging process (``python -m cs336_systems.grading.judge`` is the other,
+the one ``repo_job`` runs): the same options (``options.OPTIONS``), the same ``Grader`` (built in
+``tests/contract/conftest.py``), the same report (``summary.Recorder``). ``--adapters PATH`` (or
+``CS336_ADAPTERS``) names the adapters file to grade; ``--repo-root``, ``--package-root`` and
+``--basics-root`` override where its code is found; ``--grade-json`` writes the report; ``--grade-seed``
+fixes the run's inputs (fresh ones every run otherwise). Before any test runs, the file's source is read
+for blank hooks (``probe``) and one worker loads it: if it cannot (missing, a directory, a syntax error,
+a missing dependency), the run stops with that one line.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from .settings import adapters_from_env, loaded_before, mark_loaded, share_seed, shared_seed
+from .options import OPTIONS
+from .settings import adapters_from_env, loaded_before, mark_loaded
 
 DEFAULT_ADAPTERS = "tests/adapters.py"
-OPTIONS = {
-    "--adapters": "an adapters file to grade and benchmark (env CS336_ADAPTERS); the contract tests default "
-    "to the suite's tests/adapters.py, the benches add an 'adapters' row only when it is given",
-    "--repo-root": "the graded repository's root (default: the folder above the adapters file holding pyproject.toml)",
-    "--package-root": "the folder holding the graded cs336_systems (default: module-root in pyproject.toml, src/ or the repo root)",
-    "--basics-root": "the folder holding the graded cs336_basics (default: [tool.uv.sources] cs336-basics in pyproject.toml)",
-    "--grade-json": "write the report (groups, tiers, every case's verdict and message, the seed) to this JSON file",
-    "--grade-seed": "the seed of the run's inputs (default: fresh each run; the report records it)",
-    "--grade-progress": "append one JSON line per graded case to this file as the run goes (a class run's progress)",
-}
+CASE_PROPERTY = "grade_case"  # the user_properties key of a case's entry (they travel to xdist's controller)
 ROOTS = pytest.StashKey()
 PROBE = pytest.StashKey()
 SEED = pytest.StashKey()
@@ -36,28 +30,8 @@ SEED = pytest.StashKey()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cs336 grading")
-    for flag, help_text in OPTIONS.items():
-        group.addoption(flag, default=None, metavar="N" if flag == "--grade-seed" else "PATH", help=help_text)
-    group.addoption(
-        "--grade-tiers",
-        default=None,
-        metavar="TIERS",
-        help="grade only these tiers, comma-separated (course, leaderboard, beyond; default: all)",
-    )
-    group.addoption(
-        "--grade-jobs",
-        type=int,
-        default=None,
-        metavar="N",
-        help="worker jobs of the graded code side by side, all started before the first verdict "
-        "(default: 4 with a GPU, else half the CPU cores up to 4; 1 in a pytest-xdist worker)",
-    )
-    group.addoption(
-        "--grade-summary",
-        choices=("table", "none"),
-        default="table",
-        help="print the hook x tier table at the end (none: the report goes to --grade-json only)",
-    )
+    for option in OPTIONS:
+        group.addoption(option.flag, **option.kwargs())
 
 
 def requested_adapters(config: pytest.Config) -> Path | None:
@@ -80,44 +54,55 @@ def grading_jobs(config: pytest.Config) -> int:
         return 1
     if (asked := config.getoption("--grade-jobs", None)) is not None:
         return max(1, asked)
-    import torch
+    from .session import default_jobs
 
-    return 4 if torch.cuda.is_available() else max(1, min(4, (os.cpu_count() or 1) // 2))
-
-
-def check_loads(roots) -> None:
-    """One worker imports the adapters file; the run stops with one line when it cannot."""
-    from .runner import Job, run
-
-    got = run(Job(roots, "load", timeout=180))
-    record = got.records.get(("load", 0))
-    if got.job_problem is None and record is not None and record.get("status") == "loaded":
-        return
-    if got.job_problem:
-        why = got.job_problem
-    elif record is not None and record.get("status") == "load-error":
-        why = record.get("message")
-    elif record is not None:
-        why = f"the load check's record was rewritten (status {record.get('status')!r}, not 'loaded')"
-    else:
-        why = got.problems.get(("load", 0), "no record of the load check")
-    raise pytest.UsageError(f"cannot grade {roots.adapters}: {why}")
+    return default_jobs()
 
 
-def _seed(config: pytest.Config) -> int:
-    from .session import fresh_seed
+class GradeSummary:
+    """Collects each contract test's case entry (``summary.Recorder``); prints the table
+    (``--grade-summary table``) and writes ``--grade-json`` at the end of the run; sets the exit status
+    when another implementation is graded."""
 
-    value = config.getoption("--grade-seed")
-    seed = int(value) if value else shared_seed()
-    seed = fresh_seed() if seed is None else seed
-    share_seed(seed)
-    return seed
+    def __init__(self, recorder, external: bool, grade_json: Path | None, show: bool, isolation: dict | None):
+        self.recorder, self.external, self.grade_json, self.show = recorder, external, grade_json, show
+        self.isolation = isolation  # set when this run is a subreaper: leftovers killed before grade.json
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":  # the verdict is recorded in the call; teardown's report repeats it
+            return
+        for key, value in report.user_properties:
+            if key == CASE_PROPERTY:
+                self.recorder.add(value)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.recorder.cases or not self.show:
+            return
+        from .summary import render
+
+        terminalreporter.write_sep("=", "grading summary: hook x tier (passed/failed/skipped)")
+        for line in render(self.recorder.report()):
+            terminalreporter.write_line(line)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # Written here, not in the terminal summary: pytest before 8.4 skips that hook under --no-summary.
+        self.recorder.write(self.grade_json, self.isolation)
+        if (
+            self.recorder.cases
+            and self.external
+            and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+        ):
+            from .summary import exit_status
+
+            session.exitstatus = exit_status(self.recorder.report(), True, exitstatus)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     from .probe import probe
     from .roots import SUITE_ROOT, GradingSetupError
-    from .summary import GradeSummary
+    from .session import check_loads, run_seed
+    from .summary import Recorder
 
     config.addinivalue_line("markers", "hook(*names): a contract test of these grading hooks")
     config.addinivalue_line(
@@ -126,22 +111,21 @@ def pytest_configure(config: pytest.Config) -> None:
     adapters = requested_adapters(config)
     try:
         roots = student_roots(config, adapters or SUITE_ROOT / DEFAULT_ADAPTERS)
+        config.stash[ROOTS] = roots
+        config.stash[PROBE] = probe(roots.adapters)
+        if adapters is not None and not loaded_before(str(roots.adapters)):
+            check_loads(roots)
+            mark_loaded(str(roots.adapters))
     except GradingSetupError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.stash[ROOTS] = roots
-    config.stash[PROBE] = probe(roots.adapters)
-    if adapters is not None and not loaded_before(str(roots.adapters)):
-        check_loads(roots)
-        mark_loaded(str(roots.adapters))
     grade_json = config.getoption("--grade-json")
-    config.stash[SEED] = _seed(config)
+    config.stash[SEED] = run_seed(config.getoption("--grade-seed"))
+    progress = config.getoption("--grade-progress")
     summary = GradeSummary(
+        Recorder(config.stash[SEED], str(roots.adapters), Path(progress) if progress else None),
         external=adapters is not None and not roots.self_grade,
         grade_json=Path(grade_json) if grade_json else None,
-        seed=config.stash[SEED],
-        adapters=str(roots.adapters),
         show=config.getoption("--grade-summary") == "table",
-        progress=Path(progress) if (progress := config.getoption("--grade-progress")) else None,
         isolation=_isolation(config, grade_json),
     )
     if not hasattr(config, "workerinput"):  # the xdist controller (or a plain run) reports; workers compute
@@ -154,10 +138,9 @@ def _isolation(config: pytest.Config, grade_json: str | None) -> dict | None:
     re-parented here and killed before ``grade.json`` is written. What isolation the workers had."""
     if not grade_json or config.getoption("numprocesses", None) not in (None, 0):
         return None
-    from .sandbox import Sandbox, become_subreaper
+    from .judging import isolation_here
 
-    become_subreaper()
-    return Sandbox.from_env().isolation()
+    return isolation_here(Path(grade_json))
 
 
 def unimplemented(config: pytest.Config, hooks: tuple[str, ...]) -> str | None:

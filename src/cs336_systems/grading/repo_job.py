@@ -26,7 +26,7 @@ from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import become_subreaper, kill_descendants
 from .settings import LOADED_ENV, PROTECT_ENV, WORKER_USER_ENV, protected_from_env
-from .worker.cases import TRITON_HOOK
+from .shared.cases import TRITON_HOOK
 
 
 @dataclass
@@ -38,7 +38,7 @@ class RepoOptions:
     points: Path | None = None
     workers: int = 1
     roots: tuple[Path | None, Path | None, Path | None] = (None, None, None)  # repo, package, basics
-    pytest_args: tuple[str, ...] = ()
+    judge_args: tuple[str, ...] = ()  # more arguments of the judge: the case selection, -k EXPR
     worker_user: str | None = None  # run the graded code as this user when grading as root
 
 
@@ -58,9 +58,11 @@ def adapters_of(target: Path) -> Path:
 
 
 def contract_command(adapters: Path, opts: RepoOptions, out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "tests/contract/test_hooks.py", f"--adapters={adapters}"]
+    """The judging process of this repository (``grading/judging.py``), from the package: no ``tests/``
+    folder needed. ``--grade-json=PATH`` in one argument, as a left-behind process would look for it."""
+    cmd = [sys.executable, "-m", "cs336_systems.grading.judge", f"--adapters={adapters}"]
     cmd += [f"--grade-json={out / 'grade.json'}", f"--grade-progress={out / 'progress.jsonl'}"]
-    cmd += ["--grade-summary=none", "--no-summary", "-q", "-p", "no:cacheprovider"]
+    cmd += ["--grade-summary=none"]
     for flag, value in zip(("--repo-root", "--package-root", "--basics-root"), opts.roots, strict=True):
         if value is not None:
             cmd.append(f"{flag}={Path(value).resolve()}")
@@ -68,8 +70,8 @@ def contract_command(adapters: Path, opts: RepoOptions, out: Path) -> list[str]:
         cmd.append(f"--grade-seed={opts.seed}")
     if opts.tiers:
         cmd.append(f"--grade-tiers={opts.tiers}")
-    cmd += ["-n", "0", f"--grade-jobs={opts.workers}"]
-    return cmd + list(opts.pytest_args)
+    cmd.append(f"--grade-jobs={opts.workers}")
+    return cmd + list(opts.judge_args)
 
 
 def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(args.options.read_text())
     raw["roots"] = tuple(Path(r) if r else None for r in raw.get("roots", (None, None, None)))
     raw["points"] = Path(raw["points"]) if raw.get("points") else None
-    raw["pytest_args"] = tuple(raw.get("pytest_args", ()))
+    raw["judge_args"] = tuple(raw.get("judge_args", ()))
     return grade_repo(args.target, args.out, RepoOptions(**raw))
 
 

@@ -11,6 +11,7 @@ refuses CPU tensors before launching anything (``refuses-cpu``, decided by the a
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import sys
 import threading
@@ -24,14 +25,48 @@ import torch
 from . import judge
 from .exchange import text
 from .probe import Probe
-from .roots import StudentRoots
-from .runner import CaseRuns, Machine, Outcome
+from .roots import GradingSetupError, StudentRoots
+from .runner import CaseRuns, Job, Machine, Outcome, run
+from .settings import share_seed, shared_seed
+from .shared.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
 from .verdict import Verdict
-from .worker.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
+
+WORKER_TIMEOUT_S = 240.0  # one job of the graded code (a family at one world size)
 
 
 def fresh_seed() -> int:
     return secrets.randbelow(2**31)
+
+
+def run_seed(asked: int | None) -> int:
+    """The run's seed: the one asked for, else the one an earlier process of this run drew (pytest-xdist
+    workers, a class run's jobs), else a fresh one; shared with this run's later processes."""
+    seed = asked if asked is not None else shared_seed()
+    seed = fresh_seed() if seed is None else seed
+    share_seed(seed)
+    return seed
+
+
+def default_jobs() -> int:
+    """Worker jobs side by side when none are asked for: 4 with a GPU, else half the cores up to 4."""
+    return 4 if torch.cuda.is_available() else max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
+def check_loads(roots: StudentRoots) -> None:
+    """One worker imports the adapters file; one line (``GradingSetupError``) when it cannot."""
+    got = run(Job(roots, "load", timeout=180))
+    record = got.records.get(("load", 0))
+    if got.job_problem is None and record is not None and record.get("status") == "loaded":
+        return
+    if got.job_problem:
+        why = got.job_problem
+    elif record is not None and record.get("status") == "load-error":
+        why = record.get("message")
+    elif record is not None:
+        why = f"the load check's record was rewritten (status {record.get('status')!r}, not 'loaded')"
+    else:
+        why = got.problems.get(("load", 0), "no record of the load check")
+    raise GradingSetupError(f"cannot grade {roots.adapters}: {why}")
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """The grader's report: one row per hook group (a hook and the hooks it is graded with, e.g. ``get_ddp``
 with ``ddp_on_after_backward``), one column per tier, each case counted once; the failures with their
-messages; the JSON of ``--grade-json``; and the exit status.
+messages; the JSON of ``--grade-json``; the progress lines; and the exit status.
 
-Every contract test records its case's verdict in ``user_properties`` (which travel to the xdist
-controller); the kinds of skips and errors are structured fields, never searched for in message text.
+Each graded case is one entry (``case_entry``), collected by a ``Recorder`` in the judging process
+(``judging.py``) or, through pytest's ``user_properties``, in the pytest plugin's; the kinds of skips and
+errors are structured fields, never searched for in message text.
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from .probe import ALL_HOOKS
-from .verdict import ERROR, FAILED, PASSED, SKIPPED
-from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE
+from .shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE, Case
+from .verdict import ERROR, FAILED, PASSED, SKIPPED, Verdict
 
-CASE_PROPERTY = "grade_case"
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR)
 SKIP_WORDS = {
     NOT_IMPLEMENTED: "not implemented",
@@ -79,11 +77,11 @@ def build(cases: list[dict], seed: int | None, adapters: str | None) -> dict[str
     }
 
 
-def exit_status(report: dict, external: bool, pytest_status: int) -> int:
+def exit_status(report: dict, external: bool, status: int) -> int:
     """Grading another implementation, only a course failure or an error of the grading fails the run;
-    grading the suite's own hooks, pytest's status stands."""
+    grading the suite's own hooks, the run's own status (any failure) stands."""
     if not external:
-        return pytest_status
+        return status
     bad = any(
         c["status"] == ERROR or (c["status"] == FAILED and c["tier"] == "course") for c in report["cases"]
     )
@@ -115,37 +113,31 @@ def render(report: dict) -> list[str]:
     return lines
 
 
-class GradeSummary:
-    """Collects each contract test's case verdict; prints the table (``--grade-summary table``) and writes
-    ``--grade-json`` at the end of the run; sets the exit status when another implementation is graded."""
+def case_entry(case: Case, verdict: Verdict, seconds: dict[str, float | None]) -> dict[str, Any]:
+    """One graded case as the report and the progress lines read it."""
+    return {
+        "id": case.id,
+        "tier": case.tier,
+        "hooks": list(case.hooks),
+        "status": verdict.status,
+        "kind": verdict.kind,
+        "message": verdict.message,
+        **seconds,
+    }
 
-    def __init__(
-        self,
-        external: bool,
-        grade_json: Path | None,
-        seed: int | None,
-        adapters: str | None,
-        show: bool,
-        progress: Path | None = None,
-        isolation: dict | None = None,
-    ):
-        self.external, self.grade_json, self.show, self.progress = external, grade_json, show, progress
-        # Set when this run is a subreaper: what the graded code left is killed before grade.json.
-        self.isolation = isolation
-        self.seed, self.adapters = seed, adapters
+
+class Recorder:
+    """Each graded case's entry, a progress line for each as it comes (``progress``), and at the end the
+    report, written after every process the graded code left is killed (when this process is their
+    subreaper: ``isolation`` set)."""
+
+    def __init__(self, seed: int | None, adapters: str | None, progress: Path | None = None) -> None:
+        self.seed, self.adapters, self.progress = seed, adapters, progress
         self.cases: dict[str, dict] = {}
         self.started = time.monotonic()
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":  # the verdict is recorded in the call; teardown's report repeats it
-            return
-        for key, value in report.user_properties:
-            if key == CASE_PROPERTY:
-                self.cases[value["id"]] = value
-                self._progress(value)
-
-    def _progress(self, case: dict) -> None:
-        """One JSON line per graded case, for a class run's progress display."""
+    def add(self, case: dict) -> None:
+        self.cases[case["id"]] = case
         if self.progress is None:
             return
         line = {"case": case["id"], "hook": case["hooks"][0], "tier": case["tier"], "status": case["status"]}
@@ -157,25 +149,12 @@ class GradeSummary:
     def report(self) -> dict:
         return build(list(self.cases.values()), self.seed, self.adapters)
 
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.cases:
-            return
-        report = self.report()
-        if self.show:
-            terminalreporter.write_sep("=", "grading summary: hook x tier (passed/failed/skipped)")
-            for line in render(report):
-                terminalreporter.write_line(line)
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        # Written here, not in the terminal summary: pytest before 8.4 skips that hook under --no-summary.
-        if self.isolation is not None:
+    def write(self, grade_json: Path | None, isolation: dict | None) -> None:
+        if isolation is not None:
             from .sandbox import kill_descendants
 
             kill_descendants()
-        if self.cases and self.grade_json:
-            self.grade_json.parent.mkdir(parents=True, exist_ok=True)
-            report = self.report() | ({"isolation": self.isolation} if self.isolation else {})
-            self.grade_json.write_text(json.dumps(report, indent=2))
-        if self.cases and self.external and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-            session.exitstatus = exit_status(self.report(), True, exitstatus)
+        if self.cases and grade_json:
+            grade_json.parent.mkdir(parents=True, exist_ok=True)
+            report = self.report() | ({"isolation": isolation} if isolation else {})
+            grade_json.write_text(json.dumps(report, indent=2))

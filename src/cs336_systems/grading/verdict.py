@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .worker.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, UNFINISHED_HERE
+from .shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, UNFINISHED_HERE
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
 SKIP_KINDS = (NOT_IMPLEMENTED, NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)

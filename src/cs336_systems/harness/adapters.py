@@ -18,7 +18,7 @@ import pytest
 from cs336_systems.grading.judge import provenance
 from cs336_systems.grading.pytest_plugin import PROBE, ROOTS
 from cs336_systems.grading.runner import Job, run
-from cs336_systems.grading.worker.timing import TRITON_HOOK  # noqa: F401  (the benches' rows name it)
+from cs336_systems.grading.shared.cases import TRITON_HOOK  # noqa: F401  (the benches' rows name it)
 
 IMPL = "adapters"  # the implementation value of the benches' adapters rows
 # An adapters row exists only when an adapters file is given: `adapters_param` marks it with this

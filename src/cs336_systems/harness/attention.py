@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import AttentionFn, get_attention_fn
-from cs336_systems.grading.worker.cases import LEADERBOARD_CASE
+from cs336_systems.grading.shared.cases import LEADERBOARD_CASE
 from cs336_systems.profiling.timing import synchronize
 from cs336_systems.profiling.workload import DTYPES
 

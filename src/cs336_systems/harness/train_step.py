@@ -53,7 +53,7 @@ from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_factory import make_ddp
 from cs336_systems.distributed.overlap import profile_overlap
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer
-from cs336_systems.grading.worker.hooks import held_optimizers
+from cs336_systems.grading.shared.training import held_optimizers
 from cs336_systems.model import TransformerLM, cross_entropy, get_preset
 from cs336_systems.profiling.marks import StepMarks
 from cs336_systems.profiling.memory import free_device_memory

@@ -1,5 +1,7 @@
 """The judging side of grading: every input is made here, every reference computed here, every output
-of a graded process compared here (never in the graded process). One module per hook family."""
+of a graded process compared here (never in the graded process). One module per hook family; run as a
+module (``python -m cs336_systems.grading.judge``, ``__main__.py``) it is the judging process itself,
+whose loop is ``grading/judging.py``."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from typing import Any
 
 import torch
 
+from ..shared.cases import Case
 from ..verdict import Verdict
-from ..worker.cases import Case
 from . import attention, fsdp, training
 
 MAKERS = {

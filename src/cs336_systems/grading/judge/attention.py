@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from ..exchange import Untrusted, field, tensor, text
+from ..shared.cases import REFUSES_CPU, Case, Tolerance
 from ..verdict import Verdict, fmt
-from ..worker.cases import REFUSES_CPU, Case, Tolerance
 from . import provenance
 from .compare import max_diff, outside
 

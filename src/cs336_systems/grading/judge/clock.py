@@ -2,7 +2,7 @@
 
 The timing worker warms up in the graded process, says ready, and waits. This process then starts its
 clock and, in the same instant, writes the round's seed (fresh from ``secrets``) and iteration count;
-the worker runs the iterations on inputs drawn from that seed (``worker/clock.py``) and hands back their
+the worker runs the iterations on inputs drawn from that seed (``shared/clock.py``) and hands back their
 fingerprints; the clock stops when the fingerprints arrive. The graded process cannot start early (it
 does not know the inputs), cannot stop the clock early (the clock stops on the results, which need the
 work), and cannot skip, cache, precompute or scale iterations: after the clock has stopped, every
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..exchange import Untrusted, tensor
-from ..worker.clock import FIELDS, go_file, iterations, ready_file, result_name, wait_for
+from ..shared.clock import FIELDS, go_file, iterations, ready_file, result_name, wait_for
 
 # |got - ref| <= TOLERANCE x the reference's projected norm, per fingerprint. bf16 rounding of a correct
 # kernel moves a fingerprint by about 1e-2 of that norm (random signs: the errors add as a random walk); a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..worker.cases import Tolerance
+from ..shared.cases import Tolerance
 
 
 def outside(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""Judging 2026's FSDP hooks on the course's FSDP model (``worker/models.LayersModel``).
+"""Judging 2026's FSDP hooks on the course's FSDP model (``shared/models.LayersModel``).
 
-The reference trains the same model of the course's layer math (``worker/course_layers``: einsum
+The reference trains the same model of the course's layer math (``shared/course_layers``: einsum
 Linear, indexed Embedding, RMSNorm with eps 1e-5) in this process, on the whole batch; for a low compute
 dtype it runs Linear / Embedding weights in that dtype for forward and backward and keeps fp32 masters,
 as the course's test does. The student's model is built from their own ``cs336_basics`` layers, so the
@@ -27,11 +27,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..exchange import Untrusted, field, tensor, text
+from ..shared import course_layers
+from ..shared.cases import Case
+from ..shared.course_layers import probe_layers
+from ..shared.models import LayersModel
+from ..shared.training import make_optimizer
 from ..verdict import Verdict, fmt
-from ..worker import course_layers
-from ..worker.cases import Case
-from ..worker.models import LayersModel
-from ..worker.training import make_optimizer
 from .training import like_a_worker
 
 OURS = (
@@ -79,8 +80,6 @@ def make_inputs(case: Case, gen: torch.Generator) -> dict[str, Any]:
 
 
 def _probe_reference(probe: dict) -> dict[str, torch.Tensor]:
-    from ..worker.fsdp import probe_layers
-
     return probe_layers(LAYERS, probe)
 
 

@@ -23,11 +23,10 @@ import torch
 import torch.nn as nn
 
 from ..exchange import Untrusted, field, tensors
+from ..shared.cases import Case, Tolerance
+from ..shared.models import IN, OUT, VOCAB, loss_fn, make_model
+from ..shared.training import make_optimizer, optimizer_params, optimizer_spec, sharded_loss
 from ..verdict import Verdict, fmt
-from ..worker.cases import Case, Tolerance
-from ..worker.models import IN, OUT, VOCAB, loss_fn, make_model
-from ..worker.sharded import optimizer_params, sharded_loss
-from ..worker.training import make_optimizer, optimizer_spec
 from .compare import close, max_diff
 
 

@@ -1,8 +1,8 @@
 """A grading worker: ``python <this file> JOB.json``, started by ``cs336_systems.grading.runner``.
 
 It computes and never judges. Run as a file, never as ``-m cs336_systems...``: this process's
-``cs336_systems`` must be the student's. It loads this folder as the private package ``_cs336_grader``,
-makes the import system the student's (``isolate``), loads the adapters file, and for each case it was
+``cs336_systems`` must be the student's. It loads this folder and ``../shared`` as the private packages
+``_cs336_grader.worker`` and ``_cs336_grader.shared``, makes the import system the student's (``isolate``), loads the adapters file, and for each case it was
 asked for runs the hooks on the judge's inputs (``inputs/<case>.pt``) and saves what came out to
 ``<out>/<case>.rank<r>.pt`` (tensors and plain data, read back with ``torch.load(weights_only=True)``).
 Everything written here is untrusted by the judge, which checks it against references it computes
@@ -12,6 +12,7 @@ itself. Exit codes: 0 done, 3 the adapters file did not load, 4 refused (the sui
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -23,19 +24,30 @@ from typing import Any
 STARTED = time.monotonic()
 HERE = Path(__file__).resolve().parent
 PACKAGE = "_cs336_grader"
+SUBPACKAGES = {"worker": HERE, "shared": HERE.parent / "shared"}
 
 
-def _install_package() -> None:
-    spec = importlib.util.spec_from_file_location(
-        PACKAGE, HERE / "__init__.py", submodule_search_locations=[str(HERE)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[PACKAGE] = module
-    spec.loader.exec_module(module)
+def _install_packages() -> None:
+    """``_cs336_grader.worker`` (this folder) and ``_cs336_grader.shared``: the worker's modules reach
+    the shared ones as ``..shared``, as they do in the judging process. The top package has no folder,
+    so nothing else of the grader (the judge above all) can be imported through it here."""
+    top_spec = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
+    top = importlib.util.module_from_spec(top_spec)
+    sys.modules[PACKAGE] = top
+    for name, folder in SUBPACKAGES.items():
+        spec = importlib.util.spec_from_file_location(
+            f"{PACKAGE}.{name}", folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        setattr(top, name, module)
 
 
 def _mod(name: str) -> Any:
-    return importlib.import_module(f"{PACKAGE}.{name}")
+    """A module of this folder (``isolate``), or of the shared one (``shared.cases``)."""
+    dotted = name if name.startswith("shared.") else f"worker.{name}"
+    return importlib.import_module(f"{PACKAGE}.{dotted}")
 
 
 def _save(job: dict, name: str, payload: dict) -> None:
@@ -49,7 +61,8 @@ def _save(job: dict, name: str, payload: dict) -> None:
 def _run_case(job: dict, hooks: Any, case_id: str, rank: int) -> dict:
     import torch
 
-    cases, dist, outcome, provenance = _mod("cases"), _mod("dist"), _mod("outcome"), _mod("provenance")
+    cases, dist, outcome = _mod("shared.cases"), _mod("dist"), _mod("outcome")
+    provenance = _mod("provenance")
     case = cases.CASES[case_id]
     device = dist.device_for(case.device, rank)
     inputs = torch.load(Path(job["inputs"]) / f"{case_id}.pt", weights_only=True)
@@ -88,7 +101,7 @@ def _to_cpu(obj: Any) -> Any:
 def main(job_file: str) -> int:
     if sys.path and Path(sys.path[0] or ".").resolve() == HERE:
         del sys.path[0]
-    _install_package()
+    _install_packages()
     job = json.loads(Path(job_file).read_text())
     isolate = _mod("isolate")
     isolate.isolate(job["paths"], job["suite_paths"], job["dists"])

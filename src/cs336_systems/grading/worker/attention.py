@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .cases import Case
+from ..shared.cases import Case
 from .provenance import Recorder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from .cases import Case
+from ..shared.cases import Case
+from ..shared.models import loss_fn, make_model
+from ..shared.training import detached, make_optimizer, rank_slice
 from .hooks import Hooks
-from .models import loss_fn, make_model
-from .training import detached, make_optimizer, rank_slice
 
 
 def run(hooks: Hooks, case: Case, inputs: dict, device: torch.device, rank: int) -> dict[str, Any]:

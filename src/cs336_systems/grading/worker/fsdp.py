@@ -19,11 +19,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import course_layers
-from .cases import Case
+from ..shared import course_layers
+from ..shared.cases import Case
+from ..shared.course_layers import load_parameters, probe_layers
+from ..shared.models import LayersModel
+from ..shared.training import make_optimizer, rank_slice
 from .hooks import Hooks
-from .models import LayersModel
-from .training import make_optimizer, rank_slice
 
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -36,47 +37,6 @@ def layer_classes() -> tuple[tuple[type, type, type], str]:
     except ImportError:
         return (course_layers.Linear, course_layers.Embedding, course_layers.RMSNorm), "suite"
     return (Linear, Embedding, RMSNorm), "cs336_basics.model"
-
-
-def _load(module: nn.Module, tensors: list[torch.Tensor]) -> list[str]:
-    """Copy ``tensors`` into ``module``'s parameters in order; the parameters' names. Raises when the
-    structure differs (another count or shape than the course's layers have)."""
-    named = list(module.named_parameters())
-    shapes = [tuple(p.shape) for _, p in named]
-    if shapes != [tuple(t.shape) for t in tensors]:
-        raise ValueError(
-            f"{type(module).__name__} has parameters {[(n, s) for (n, _), s in zip(named, shapes, strict=True)]}; "
-            f"the course's layers have shapes {[tuple(t.shape) for t in tensors]}"
-        )
-    with torch.no_grad():
-        for (_, p), t in zip(named, tensors, strict=True):
-            p.copy_(t)
-    return [n for n, _ in named]
-
-
-def probe_layers(layers: tuple[type, type, type], probe: dict) -> dict[str, torch.Tensor]:
-    """Each layer's output and gradients on the judge's inputs (fp32; RMSNorm also on fp16 input)."""
-    linear_cls, embedding_cls, norm_cls = layers
-    out: dict[str, torch.Tensor] = {}
-    linear = linear_cls(*probe["linear_w"].shape[::-1])
-    _load(linear, [probe["linear_w"]])
-    x = probe["linear_x"].clone().requires_grad_()
-    y = linear(x)
-    y.backward(probe["linear_dy"])
-    out |= {"linear_y": y, "linear_dx": x.grad, "linear_dw": linear.weight.grad}
-    embedding = embedding_cls(*probe["embedding_w"].shape)
-    _load(embedding, [probe["embedding_w"]])
-    e = embedding(probe["ids"])
-    e.backward(probe["embedding_dy"])
-    out |= {"embedding_y": e, "embedding_dw": embedding.weight.grad}
-    norm = norm_cls(probe["norm_w"].shape[0])
-    _load(norm, [probe["norm_w"]])
-    for dtype in ("fp32", "fp16"):
-        x = probe["norm_x"].to(torch.float16 if dtype == "fp16" else torch.float32).clone().requires_grad_()
-        y = norm(x)
-        y.backward(probe["norm_dy"].to(y.dtype))
-        out |= {f"norm_{dtype}_y": y, f"norm_{dtype}_dx": x.grad}
-    return {k: v.detach().cpu().clone() for k, v in out.items()}
 
 
 def _param_facts(fsdp: nn.Module) -> dict[str, Any]:
@@ -96,7 +56,7 @@ def run(hooks: Hooks, case: Case, inputs: dict, device: torch.device, rank: int)
     layers, source = layer_classes()
     result: dict[str, Any] = {"layers_from": source, "probe": probe_layers(layers, inputs["probe"])}
     model = LayersModel(layers, *case.knob("sizes"))
-    result["names"] = _load(model, inputs["init"])
+    result["names"] = load_parameters(model, inputs["init"])
     model = model.to(device)
     world = case.world_size
     with warnings.catch_warnings():

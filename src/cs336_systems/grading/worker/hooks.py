@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 class SuiteCodeGraded(BaseException):
     """A hook handed back code from the grading suite's own package: reporting it would grade the
@@ -54,16 +52,3 @@ class Hooks:
                 f"from {file}, inside the grading suite's own package ({self.forbidden}), not the student's"
             )
         return obj
-
-
-def held_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
-    """``optimizer`` and the optimizers it holds as attributes (directly or in a list / dict): where a
-    sharded optimizer keeps its state, whatever it calls the wrapped instance."""
-    found = [optimizer]
-    for value in vars(optimizer).values():
-        if isinstance(value, dict):
-            values = list(value.values())
-        else:
-            values = list(value) if isinstance(value, list | tuple) else [value]
-        found += [v for v in values if isinstance(v, torch.optim.Optimizer) and v is not optimizer]
-    return found

@@ -11,36 +11,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .cases import Case
-from .hooks import Hooks, held_optimizers
-from .models import make_model
-from .training import detached, optimizer_spec
-
-
-def param_groups(model: nn.Module, kind: str) -> list:
-    """Every trainable parameter but ``extra``'s (added later, or never); or two groups with options of
-    their own (``groups``)."""
-    if kind == "one-group":
-        return [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("extra")]
-    return [
-        {"params": list(model.fc1.parameters()), "lr": 0.02},
-        {"params": [*model.ln.parameters(), *model.fc2.parameters()], "weight_decay": 0.0},
-    ]
-
-
-def optimizer_params(case: Case, model: nn.Module) -> Any:
-    """What the hook is handed: the course hands over the generator ``model.parameters()`` itself;
-    beyond, lists and groups (``param_groups``)."""
-    if case.knob("params_as") == "generator":
-        return model.parameters()
-    return param_groups(model, case.knob("groups"))
-
-
-def sharded_loss(case: Case, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out = model(x)
-    if case.knob("loss") == "sum-of-squares":
-        return ((y - out) ** 2).sum()  # the course's loss
-    return torch.nn.functional.mse_loss(out, y)
+from ..shared.cases import Case
+from ..shared.models import make_model
+from ..shared.training import detached, held_optimizers, optimizer_params, optimizer_spec, sharded_loss
+from .hooks import Hooks
 
 
 def state_by_index(opt: torch.optim.Optimizer, model: nn.Module) -> dict[int, dict[str, torch.Tensor]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .cases import LEADERBOARD_CASE, TRITON_HOOK
+from ..shared.cases import LEADERBOARD_CASE, TRITON_HOOK
 from .clock import serve_round
 from .hooks import Hooks
 from .provenance import Recorder
@@ -231,7 +231,7 @@ def sharded(hooks: Hooks, args: dict[str, Any], roots: list[str], job: dict) -> 
     optimizer state each rank holds."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from .hooks import held_optimizers
+    from ..shared.training import held_optimizers
 
     device = _device(args["backend"])
     model = _mlp(args["d_model"], args["layers"], device)
