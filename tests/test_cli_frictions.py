@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cs336_systems.cli import benchmark as cli
+from cs336_systems.harness import model_case  # cli.main imports its runner from here when it runs
 from cs336_systems.profiling.timing import is_oom
 from cs336_systems.rows.contention import INTERPRETER_NOTE
 
@@ -25,9 +26,10 @@ FRESH = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
 from cs336_systems.cli import benchmark
-from cs336_systems.kernels import checks
+status = benchmark.main(sys.argv[1:])
+from cs336_systems.kernels import checks  # as the run imported it: after the CLI's own setting
 print("INTERPRET", checks.INTERPRET)
-sys.exit(benchmark.main(sys.argv[1:]))
+sys.exit(status)
 """
 
 
@@ -65,7 +67,7 @@ def test_a_failing_case_is_one_line(monkeypatch, capsys) -> None:
     def broken(*args, **kwargs):
         raise ValueError("the Triton FlashAttention needs CUDA tensors\nsecond line\nthird")
 
-    monkeypatch.setattr(cli, "benchmark_model_case", broken)
+    monkeypatch.setattr(model_case, "benchmark_model_case", broken)
     assert (
         cli.main(["--size", "tiny", "--context", "16", "--no-mfu", "--no-progress", "--device", "cpu"]) == 1
     )
@@ -107,7 +109,7 @@ def test_an_output_path_that_cannot_be_written_stops_the_run_before_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ran = []
-    monkeypatch.setattr(cli, "benchmark_model_case", lambda *a, **k: ran.append(a) or {"mean_ms": 1.0})
+    monkeypatch.setattr(model_case, "benchmark_model_case", lambda *a, **k: ran.append(a) or {"mean_ms": 1.0})
     args = ["--size", "tiny", "--context", "16", "--no-mfu", "--no-progress", "--device", "cpu"]
     for flag, path in _bad_outputs(tmp_path):
         with pytest.raises(SystemExit) as exc:

@@ -2,8 +2,9 @@
 nothing, usage lines said ``X.py``, options had neither help nor a default, one help cited a SPEC.md the
 repository does not hold, and one told the project's own history. Each CLI runs here as ``python -m``
 runs it (``runpy``, in this process: no interpreter start per command). ``cli/grade.py`` is the grader's
-own and is left out of that check. ``--help`` imports no torch (seconds on a loaded machine): checked
-in a fresh process per command."""
+own and is left out of that check. ``--help`` imports no torch, triton or numpy (seconds on a loaded
+machine): checked in a fresh process per command; the choices the parsers spell for that are the
+library's."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / "src" / "cs336_systems" / "cli"
-NOT_COMMANDS = {"__init__", "common", "grade"}  # the package, the CLIs' shared parts, the grader's own
+NOT_COMMANDS = {"__init__", "common", "choices", "grade"}  # the package, shared parts, the grader's own
 COMMANDS = sorted(p.stem for p in CLI.glob("*.py") if p.stem not in NOT_COMMANDS)
 # cli.report runs report.writeup.main, whose usage names the form the README documents
 ALIASES = {"report": "python -m cs336_systems.report"}
@@ -28,9 +29,6 @@ ALIASES = {"report": "python -m cs336_systems.report"}
 FILE_REFERENCE = re.compile(r"[\w./-]+\.(?:md|py|toml|ini|sh|cfg|txt)\b")
 WRITTEN = {"writeup.md"}  # files a command writes, named in its help: not citations
 HISTORY = re.compile(r"\bissues? \d+", re.IGNORECASE)  # the project's tracker, which a user has not seen
-# Their parsers' choices and defaults come from packages that import torch (``cs336_systems.model``'s
-# PRESETS, ``training.options``, ``profiling.workload``): those constants need a torch-free home first.
-TORCH_FOR_HELP = {"benchmark", "ddp_train", "flash_tune", "train_8b"}
 
 
 def _repository_files() -> list[str]:
@@ -98,7 +96,7 @@ def test_the_check_sees_a_missing_default_and_a_missing_file(monkeypatch: pytest
     assert not any(f.endswith("SPEC.md") for f in _repository_files())
 
 
-# Runs one command's --help as ``python -m`` would, then says whether torch was imported.
+# Runs one command's --help as ``python -m`` would, then names the heavy packages it imported.
 _HELP_PROBE = (
     "import runpy, sys\n"
     "name = sys.argv[1]\n"
@@ -106,29 +104,32 @@ _HELP_PROBE = (
     "try:\n"
     "    runpy.run_module(f'cs336_systems.cli.{name}', run_name='__main__', alter_sys=True)\n"
     "except SystemExit as exc:\n"
-    "    sys.stderr.write('torch imported\\n' if 'torch' in sys.modules else 'no torch\\n')\n"
+    "    heavy = [m for m in ('torch', 'triton', 'numpy') if m in sys.modules]\n"
+    "    sys.stderr.write('imported: ' + ' '.join(heavy) + '\\n')\n"
     "    raise\n"
 )
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                n in TORCH_FOR_HELP, reason="its parser needs torch's packages", run=False
-            ),
-        )
-        for n in sorted({*COMMANDS, "grade"})
-    ],
-)
-def test_help_imports_no_torch(name: str) -> None:
+def help_imports(name: str) -> list[str]:
+    """Which of torch, triton and numpy ``python -m cs336_systems.cli.NAME --help`` imports (a fresh
+    process)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # as a user's shell has it
     cmd = [sys.executable, "-c", _HELP_PROBE, name]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.startswith("usage:"), run.stderr[-2000:]
-    assert run.stderr.strip().splitlines()[-1] == "no torch", f"{name} --help imported torch"
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("imported:"), run.stderr[-2000:]
+    return last.removeprefix("imported:").split()
+
+
+# cli.report runs the report package's main: that package imports pandas (so numpy) for its tables
+HEAVY_FOR_HELP = {"report": {"numpy"}}
+
+
+@pytest.mark.parametrize("name", sorted({*COMMANDS, "grade"}))
+def test_help_imports_no_torch_triton_or_numpy(name: str) -> None:
+    heavy = set(help_imports(name)) - HEAVY_FOR_HELP.get(name, set())
+    assert not heavy, f"{name} --help imported {' and '.join(sorted(heavy))}"
 
 
 def test_allreduce_names_the_sweeps_sizes() -> None:
@@ -137,3 +138,25 @@ def test_allreduce_names_the_sweeps_sizes() -> None:
     from cs336_systems.distributed.allreduce import SIZES
 
     assert ",".join(SIZES) == SIZE_NAMES
+
+
+def test_the_parsers_choices_and_defaults_are_the_librarys() -> None:
+    """``cli.choices`` spells them for the parsers (their modules import torch): the same values."""
+    from cs336_systems.cli import choices
+    from cs336_systems.cli.flash_tune import SHAPE_SET_NAMES, shape_sets
+    from cs336_systems.harness.train_step import OPTIMIZERS, VARIANTS
+    from cs336_systems.model import BATCH_SIZE, PRESETS
+    from cs336_systems.profiling.flops import MODES
+    from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES
+    from cs336_systems.training import options
+
+    assert (tuple(sorted(PRESETS)), BATCH_SIZE) == (choices.PRESET_NAMES, choices.BATCH_SIZE)
+    assert (MODES, tuple(MODE_ALIASES)) == (choices.MODES, choices.MODE_ALIASES)
+    assert tuple(sorted(DTYPES)) == choices.DTYPE_NAMES
+    assert (choices.DDP_VARIANTS, choices.DDP_OPTIMIZERS) == (VARIANTS, OPTIMIZERS)
+    assert tuple(sorted(options.RECIPES)) == choices.RECIPE_NAMES
+    assert choices.FSDP_CHOICES == options.FSDP_CHOICES and choices.LOSS_CHOICES == options.LOSS_CHOICES
+    assert choices.OPTIMIZER_CHOICES == options.OPTIMIZER_CHOICES
+    defaults = options.StepOptions()
+    assert {k: getattr(defaults, k) for k in choices.STEP_DEFAULTS} == choices.STEP_DEFAULTS
+    assert tuple(sorted(shape_sets())) == SHAPE_SET_NAMES

@@ -21,6 +21,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from cs336_systems.cli import benchmark as cli
+from cs336_systems.harness import model_case
 from cs336_systems.harness.model_case import benchmark_model_case
 from cs336_systems.harness.record import Recorder, run_benchmark
 from cs336_systems.model import TransformerLM, get_preset
@@ -282,9 +283,14 @@ def test_cli_compiled_train_runs(capsys):
 )
 def test_cli_rejects_bad_input(args, message, capsys, monkeypatch):
     # Rejected before anything runs: no rate probe, no case.
-    monkeypatch.setattr(cli, "peak_rate", lambda *a, **k: pytest.fail("probed before checking arguments"))
+    # main imports these where it uses them: patched where it finds them
     monkeypatch.setattr(
-        cli, "benchmark_model_case", lambda *a, **k: pytest.fail("ran a case before checking arguments")
+        workload_mod, "peak_rate", lambda *a, **k: pytest.fail("probed before checking arguments")
+    )
+    monkeypatch.setattr(
+        model_case,
+        "benchmark_model_case",
+        lambda *a, **k: pytest.fail("ran a case before checking arguments"),
     )
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--size", "tiny", *args.split()])

@@ -76,6 +76,10 @@ def _bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "out under /proc": ([good, "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write"),
         "out under a file": ([good, "--out", str(tmp / "a_file" / "sub")], "is a file"),
         "missing target": ([str(tmp / "nope")], "nope: no such file or folder"),
+        "missing target, class form": (
+            [str(tmp / "nope"), "--out", str(tmp / "o")],
+            "nope: no such file or folder",
+        ),
         "empty folder, class form": (
             [str(tmp / "empty"), "--out", str(tmp / "o")],
             "has no tests/adapters.py",
@@ -95,6 +99,7 @@ def _bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "out under /proc",
         "out under a file",
         "missing target",
+        "missing target, class form",
         "empty folder, class form",
         "adapters that do not parse",
     ],

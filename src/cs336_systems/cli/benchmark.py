@@ -20,35 +20,38 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import torch
 from tabulate import tabulate
 
-import cs336_systems.cli.triton_env  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel import)
+from cs336_systems.cli import choices
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.harness.environment import device_name
-from cs336_systems.harness.model_case import benchmark_model_case
-from cs336_systems.harness.record import Recorder
-from cs336_systems.model import BATCH_SIZE, PRESETS
-from cs336_systems.profiling.flops import DENSE_BF16_PEAK_TFLOPS, MODEL_FLOP_FORMULA, MODES, forward_flops
-from cs336_systems.profiling.memory import require_cuda, snapshot_step
-from cs336_systems.profiling.profiler import ProfileSummary, profile_step
-from cs336_systems.profiling.workload import DTYPES, MODE_ALIASES, Case, Workload, peak_rate
 from cs336_systems.rows.contention import INTERPRETER_NOTE, row_verdict, verdict_label
+
+if TYPE_CHECKING:  # the rest imports torch: imported where used, after the arguments parsed
+    import torch
+
+    from cs336_systems.profiling.profiler import ProfileSummary
+    from cs336_systems.profiling.workload import Case, Workload
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser("benchmark", description=__doc__)
-    p.add_argument("--size", nargs="+", default=["small"], choices=sorted(PRESETS), help="model preset(s)")
+    p.add_argument(
+        "--size", nargs="+", default=["small"], choices=choices.PRESET_NAMES, help="model preset(s)"
+    )
     p.add_argument("--context", nargs="+", type=int, default=[512], help="context length(s)")
     p.add_argument(
-        "--mode", nargs="+", default=["fwd_bwd"], choices=[*MODES, *MODE_ALIASES], help="what one step runs"
+        "--mode",
+        nargs="+",
+        default=["fwd_bwd"],
+        choices=[*choices.MODES, *choices.MODE_ALIASES],
+        help="what one step runs",
     )
     p.add_argument(
-        "--dtype", nargs="+", default=["fp32"], choices=sorted(DTYPES), help="bf16 = bf16 autocast"
+        "--dtype", nargs="+", default=["fp32"], choices=choices.DTYPE_NAMES, help="bf16 = bf16 autocast"
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
@@ -60,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="pytorch", help="attention implementation (registry name)")
     p.add_argument("--checkpoint", default="none", help="activation checkpointing: none, every:K or nested")
     p.add_argument("--fused-loss", action="store_true", help="fused LM-head + cross-entropy (no logits)")
-    p.add_argument("--batch", type=int, default=BATCH_SIZE, help="sequences per step")
+    p.add_argument("--batch", type=int, default=choices.BATCH_SIZE, help="sequences per step")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument(
@@ -94,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_device(parser: argparse.ArgumentParser, spec: str | None) -> torch.device:
     """``--device`` as a torch device this machine has; anything else is an argparse error."""
+    import torch
+
     if spec is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -117,6 +122,11 @@ def parse_device(parser: argparse.ArgumentParser, spec: str | None) -> torch.dev
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[torch.device, list[Case]]:
     """Every check that can fail before a case runs, as argparse errors (exit 2): the device, step
     counts, output paths, the compile backend and the cases themselves."""
+    import torch
+
+    from cs336_systems.harness.environment import device_name
+    from cs336_systems.profiling.memory import require_cuda
+
     device = parse_device(parser, args.device)
     if args.warmup < 0 or args.steps < 1:
         parser.error(f"need --warmup >= 0 and --steps >= 1, got {args.warmup} and {args.steps}")
@@ -193,6 +203,8 @@ class Progress:
 
 
 def make_cases(args: argparse.Namespace) -> list[Case]:
+    from cs336_systems.profiling.workload import Case
+
     overrides = tuple((k, getattr(args, k)) for k in OVERRIDES if getattr(args, k) is not None)
     return [
         Case(
@@ -223,6 +235,8 @@ def make_after(
     args: argparse.Namespace, case: Case, device: torch.device, many: bool
 ) -> Callable[[Workload], dict[str, Any]] | None:
     """The extra passes on the warmed-up model: profiler summary and/or memory snapshot."""
+    from cs336_systems.profiling.memory import snapshot_step
+
     if args.profile is None and args.memory_snapshot is None:
         return None
 
@@ -241,6 +255,9 @@ def make_after(
 
 
 def run_profile(workload: Workload, directory: Path, steps: int) -> dict[str, Any]:
+    from cs336_systems.profiling.flops import forward_flops
+    from cs336_systems.profiling.profiler import profile_step
+
     case = workload.case
     directory.mkdir(parents=True, exist_ok=True)
     trace = directory / f"{case.id}.trace.json.gz"
@@ -309,6 +326,8 @@ def _cells(r: dict[str, Any], show_unreliable: bool = False) -> list[str]:
 
 def mfu_legend(gpu: str, rates: dict[str, float]) -> str:
     """What the two MFU columns divide by, and the FLOP count they divide (named: conventions differ)."""
+    from cs336_systems.profiling.flops import DENSE_BF16_PEAK_TFLOPS, MODEL_FLOP_FORMULA
+
     rate_note = ", ".join(f"{k} {v:.3g}" for k, v in rates.items()) or "not measured (--no-mfu)"
     peaks = ", ".join(f"{k} {v:g}" for k, v in DENSE_BF16_PEAK_TFLOPS.items())
     return (
@@ -367,6 +386,14 @@ def _one_line(case: Case, exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    import torch
+
+    import cs336_systems.cli.triton_env  # noqa: F401  (sets TRITON_INTERPRET before any kernel import)
+    from cs336_systems.harness.environment import device_name
+    from cs336_systems.harness.model_case import benchmark_model_case
+    from cs336_systems.harness.record import Recorder
+    from cs336_systems.profiling.workload import peak_rate
+
     device, cases = check_args(parser, args)
     progress = Progress(len(cases), enabled=not args.no_progress)
     rates: dict[str, float] = {}

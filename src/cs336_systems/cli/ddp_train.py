@@ -14,39 +14,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
-
+from cs336_systems.cli import choices
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.distributed.launch import spawn
-from cs336_systems.distributed.process_group import init_distributed, shutdown
-from cs336_systems.harness.train_step import (
-    OPTIMIZERS,
-    VARIANTS,
-    TrainCase,
-    TrainSetup,
-    combine_ranks,
-    run_cases,
-)
-from cs336_systems.model import PRESETS
+
+if TYPE_CHECKING:  # imports torch: imported where used, after the arguments parsed
+    from cs336_systems.harness.train_step import TrainCase, TrainSetup
 
 
 def parse_args() -> argparse.Namespace:
     p = Parser("ddp_train", description=__doc__)
     p.add_argument(
         "--variant",
-        choices=VARIANTS,
+        choices=choices.DDP_VARIANTS,
         default="bucketed",
         help="the data-parallel wrapper (local: one rank's step, no communication; torch_*: torch's)",
     )
     p.add_argument("--bucket-mb", type=float, default=None, help="for bucketed / torch_ddp (default 100)")
     p.add_argument(
         "--optimizer",
-        choices=OPTIMIZERS,
+        choices=choices.DDP_OPTIMIZERS,
         default="adamw",
         help="adamw (torch.optim.AdamW), sharded (ours over AdamW), zero (torch's ZeroRedundancyOptimizer)",
     )
-    p.add_argument("--preset", default="xl", choices=sorted(PRESETS), help="model size (Table 1 preset)")
+    p.add_argument("--preset", default="xl", choices=choices.PRESET_NAMES, help="model size (Table 1 preset)")
     p.add_argument("--ctx", type=int, default=512, help="context length (tokens per sequence)")
     p.add_argument("--batch", type=int, default=4, help="global batch; the world size must divide it")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16 = autocast")
@@ -61,6 +53,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def run(setup: TrainSetup, case: TrainCase) -> dict:
+    import torch.distributed as dist
+
+    from cs336_systems.harness.train_step import combine_ranks, run_cases
+
     mine = run_cases(setup, [case])[case.key]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -69,6 +65,10 @@ def run(setup: TrainSetup, case: TrainCase) -> dict:
 
 def main() -> None:
     args = parse_args()
+    from cs336_systems.distributed.launch import spawn
+    from cs336_systems.distributed.process_group import init_distributed, shutdown
+    from cs336_systems.harness.train_step import TrainCase, TrainSetup
+
     bucket = args.bucket_mb if args.bucket_mb is not None else 100.0
     case = TrainCase(
         args.variant, bucket if args.variant in ("bucketed", "torch_ddp") else None, args.optimizer

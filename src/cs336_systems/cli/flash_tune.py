@@ -12,14 +12,12 @@ from __future__ import annotations
 import datetime
 import sys
 from pathlib import Path
-
-import torch
-import triton
+from typing import TYPE_CHECKING
 
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.harness.attention import ATTENTION_SHAPES, BREADTH_SHAPES
-from cs336_systems.kernels import flash
-from cs336_systems.kernels.flash.tune_table import table_path, triton_minor, write_table
+
+if TYPE_CHECKING:  # imports torch: imported where used, after the arguments parsed
+    import torch
 
 Shape = tuple[int, int, int, int, int, bool]  # (batch, heads, n_q, n_k, d, causal)
 
@@ -27,11 +25,18 @@ Shape = tuple[int, int, int, int, int, bool]  # (batch, heads, n_q, n_k, d, caus
 # its layout. Its keys are also the grid's (4, 25, 512, 512, 64) case's: the set run first tunes them (the
 # tuner keeps a key's choice for the process).
 MODEL_SHAPES: tuple[Shape, ...] = ((4, 25, 512, 512, 64, True),)
-SHAPE_SETS: dict[str, tuple[tuple[Shape, ...], bool]] = {  # (shapes, in the model's layout)
-    "grid": (ATTENTION_SHAPES, False),
-    "breadth": (BREADTH_SHAPES, False),
-    "model": (MODEL_SHAPES, True),
-}
+SHAPE_SET_NAMES = ("breadth", "grid", "model")  # those of shape_sets(), whose module imports torch
+
+
+def shape_sets() -> dict[str, tuple[tuple[Shape, ...], bool]]:
+    """Each set's shapes, and whether they are in the model's layout."""
+    from cs336_systems.harness.attention import ATTENTION_SHAPES, BREADTH_SHAPES
+
+    return {
+        "grid": (ATTENTION_SHAPES, False),
+        "breadth": (BREADTH_SHAPES, False),
+        "model": (MODEL_SHAPES, True),
+    }
 
 
 def tune_case(shape: Shape, model_layout: bool, dtype: torch.dtype) -> None:
@@ -40,6 +45,10 @@ def tune_case(shape: Shape, model_layout: bool, dtype: torch.dtype) -> None:
     model's heads-major views of (batch, seq, heads, d) tensors, dO in O's layout. The layout matters: the
     Gluon kernels need contiguous tensors, and a Gluon config runs as its Triton twin otherwise, so a table
     tuned on views never picks Gluon (H100, 2026-11-25: up to 1.05x the grid's time with such a table)."""
+    import torch
+
+    from cs336_systems.kernels import flash
+
     batch, heads, n_q, n_k, d, causal = shape
     if model_layout:
         draw = lambda n: torch.randn(batch, n, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
@@ -55,7 +64,7 @@ def tune_case(shape: Shape, model_layout: bool, dtype: torch.dtype) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser("flash_tune", description=__doc__)
-    p.add_argument("--shapes", default="grid,model", help=f"comma list of {', '.join(sorted(SHAPE_SETS))}")
+    p.add_argument("--shapes", default="grid,model", help=f"comma list of {', '.join(SHAPE_SET_NAMES)}")
     p.add_argument(
         "--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="the inputs' dtype"
     )
@@ -64,9 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     check_outputs(p, {"--out": (args.out, False)})
-    unknown = set(args.shapes.split(",")) - set(SHAPE_SETS)
+    unknown = set(args.shapes.split(",")) - set(SHAPE_SET_NAMES)
     if unknown:
-        p.error(f"unknown shape sets {sorted(unknown)}; choose from {sorted(SHAPE_SETS)}")
+        p.error(f"unknown shape sets {sorted(unknown)}; choose from {list(SHAPE_SET_NAMES)}")
+    import torch
+    import triton
+
+    from cs336_systems.kernels import flash
+    from cs336_systems.kernels.flash.tune_table import table_path, triton_minor, write_table
+
     if flash.INTERPRET or not torch.cuda.is_available():
         p.error("needs a CUDA GPU: tuning times the kernels on the device (and not under TRITON_INTERPRET)")
     device = torch.cuda.get_device_name()
@@ -75,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     flash.clear_tuning_cache()
     with flash.configured(autotune=True, tune_table=False, tune_cache=None):
         for name in args.shapes.split(","):
-            shapes, model_layout = SHAPE_SETS[name]
+            shapes, model_layout = shape_sets()[name]
             for shape in shapes:
                 tune_case(shape, model_layout, dtype)
     report = flash.tuning_report()

@@ -28,28 +28,19 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from cs336_systems.cli import choices
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
-from cs336_systems.model import PRESETS
-from cs336_systems.profiling.flops import STEP_8B_FLOP_FORMULA, mfu_both
 from cs336_systems.rows.contention import (
     INTERPRETER_NOTE,
     contention_facts,
     contention_reasons,
     interpreted,
 )
-from cs336_systems.training.options import TRITON_PIECES, triton_pieces, without_triton
-from cs336_systems.training.step_8b import (
-    FSDP_CHOICES,
-    LOSS_CHOICES,
-    OPTIMIZER_CHOICES,
-    RECIPES,
-    StepOptions,
-    recipe,
-    run_step,
-)
+
+if TYPE_CHECKING:  # imports torch: imported where used, after the arguments parsed
+    from cs336_systems.training.step_8b import StepOptions
 
 OVERRIDES = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length")
 PIECES = (
@@ -65,24 +56,26 @@ PIECES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = StepOptions()
+    d = argparse.Namespace(**choices.STEP_DEFAULTS)
     p = Parser("train_8b", description=__doc__)
-    p.add_argument("--recipe", default="ours", choices=sorted(RECIPES), help="every piece at once")
+    p.add_argument("--recipe", default="ours", choices=choices.RECIPE_NAMES, help="every piece at once")
     p.add_argument(
-        "--preset", default=d.preset, choices=sorted(PRESETS), help="model size (8B: the leaderboard's)"
+        "--preset", default=d.preset, choices=choices.PRESET_NAMES, help="model size (8B: the leaderboard's)"
     )
     pieces = p.add_argument_group("pieces (default: the recipe's)")
-    pieces.add_argument("--fsdp", choices=FSDP_CHOICES, help="ours | torch (FSDP2) | none (one process)")
+    pieces.add_argument(
+        "--fsdp", choices=choices.FSDP_CHOICES, help="ours | torch (FSDP2) | none (one process)"
+    )
     pieces.add_argument("--attention", help="attention registry name (flash_triton, sdpa, ...)")
     pieces.add_argument(
         "--loss",
-        choices=LOSS_CHOICES,
+        choices=choices.LOSS_CHOICES,
         help="fused (the fused LM-head + cross-entropy kernel), chunked (torch over checkpointed chunks), "
         "full (full logits)",
     )
     pieces.add_argument(
         "--optimizer",
-        choices=OPTIMIZER_CHOICES,
+        choices=choices.OPTIMIZER_CHOICES,
         help="fused_ours (the suite's Triton AdamW) or torch_fused (torch.optim.AdamW(fused=True))",
     )
     pieces.add_argument(
@@ -176,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace) -> StepOptions:
+    from cs336_systems.training.step_8b import recipe
+
     model_changes = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
     pieces = {name: getattr(args, name) for name in PIECES if getattr(args, name) is not None}
     return recipe(
@@ -210,6 +205,7 @@ def fit_to_machine(args: argparse.Namespace, options: StepOptions) -> StepOption
     import torch
 
     from cs336_systems.kernels.checks import INTERPRET
+    from cs336_systems.training.options import TRITON_PIECES, triton_pieces, without_triton
 
     if torch.cuda.is_available() or INTERPRET:
         return options
@@ -237,6 +233,8 @@ def _torchrun_rank(options: StepOptions) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     from cs336_systems.distributed.process_group import init_distributed, shutdown
+    from cs336_systems.harness.step_8b import combine_step_results
+    from cs336_systems.training.step_8b import run_step
 
     init_distributed()
     try:
@@ -251,6 +249,8 @@ def _torchrun_rank(options: StepOptions) -> dict[str, Any] | None:
 def judged(result: dict[str, Any], device_name: str) -> list[str]:
     """The lines a step's figures need besides the summary: the same reliability verdict as
     every bench row (recorded in ``result['contention']`` too) and MFU both ways with its FLOP count."""
+    from cs336_systems.profiling.flops import STEP_8B_FLOP_FORMULA, mfu_both
+
     if not result.get("times_ms"):
         return []
     result.update(contention_facts(result["times_ms"]))
@@ -289,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # a bad combination of flags: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from cs336_systems.harness.step_8b import combine_step_results, format_summary, spawn_step_8b
+    from cs336_systems.training.step_8b import run_step
+
     if "RANK" in os.environ:
         result = _torchrun_rank(options)
     elif args.nproc:

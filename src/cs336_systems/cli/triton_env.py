@@ -1,4 +1,4 @@
-"""Imported first by ``python -m cs336_systems.cli.benchmark``: on a machine without CUDA, Triton
+"""Imported by ``python -m cs336_systems.cli.benchmark`` before any kernel: on a machine without CUDA, Triton
 kernels (``--attention flash_triton``, ``--fused-loss``) run under Triton's interpreter, as tox runs
 them. Triton reads ``TRITON_INTERPRET`` when a kernel is decorated (at import), so it is set here,
 before the CLI imports a kernel, unless the caller set it or Triton is already imported (without it,

@@ -2,7 +2,9 @@
 self-contained page, its chart inlined), and ``leaderboard.png``.
 
 Repositories x hook groups, each cell the group's verdict (course, then the tiers that fail); a
-repository that could not be graded is a row saying why. The leaderboard ranks the repositories' rows
+repository that could not be graded is a row saying why. Under the table, the cases a repository's
+machine could not run (no GPU there, a kernel that refuses CPU tensors, an overloaded machine), one
+line per reason and hook group, not one per case id. The leaderboard ranks the repositories' rows
 on the parent's clock (``leaderboard.py``), the course's own figure (``do_bench`` mean in the graded
 process) beside it, with the suite's kernel and cuDNN timed the same way on each model of GPU; a row that
 breaks a rule of ``judge/standing.py`` gets no rank and says why.
@@ -17,11 +19,13 @@ import io
 import json
 import re
 import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .judge.standing import finite_positive, order
 from .probe import ALL_HOOKS
+from .worker.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 
 def _load(path: Path) -> Any:
@@ -71,9 +75,23 @@ def anchors(out: Path) -> list[dict]:
 NOT_GRADED_WIDTH = 160  # a failure's message in a table cell, cut at a word; failure.txt keeps it whole
 LEGEND = (
     "`-`: no score: the repository could not be graded (its row says why; the whole message is in "
-    "`<repository>/failure.txt`). `—`: no case of that hook group was graded for the repository (its "
-    "edition of the hooks has none, or the run's selection left them out). Score: the points earned / "
-    "the points its results.json offers (the editions have different hooks)."
+    "`<repository>/failure.txt`). `—`: no case of that hook group was graded for the repository: its "
+    "edition of the hooks has none, or its results are an earlier run's (up to date, not regraded) whose "
+    "selection (`--tiers`, `-k`) left the group out. Score: the points earned / the points its "
+    "results.json offers (the editions have different hooks)."
+)
+NOT_RUN_WHY = {  # a skip of the machine, not of the code: no verdict, no points
+    NEEDS_GPU: "not run: needs a CUDA GPU, none where graded",
+    REFUSES_CPU: "not run: the Triton kernel refuses CPU tensors, no GPU where graded",
+    UNFINISHED_HERE: "not run: the machine could not finish it (overloaded, or a connection lost)",
+}
+INTERPRETED = "run on the CPU under Triton's interpreter, no GPU where graded (verdicts in the cells above)"
+NOT_RUN_TITLE = "What the grading machine could not run as written"
+NOT_RUN_NOTE = (
+    "A case id (in `<repository>/grade.json` and `results.json`) ends in the device the case is written "
+    "for. Where no GPU is, a `-cuda` case small enough runs on the CPU under Triton's interpreter; the "
+    "others are not run, and have no verdict and no points. Per reason and hook group, the cases of "
+    "each tier:"
 )
 
 
@@ -128,6 +146,40 @@ def _compile_failure(error: object) -> str:
     text = str(error or "compile failed")
     names = re.match(r"(\w+(?:Error|Exception)(?:: \w+(?:Error|Exception))*)", text)
     return names.group(1) if names else text[:80]
+
+
+def _why_not_run(case: dict, no_gpu: bool) -> str | None:
+    """Why the machine did not run ``case`` (or ran it on its CPU in place of a GPU); None: it ran."""
+    if case.get("status") == "skipped":
+        return NOT_RUN_WHY.get(case.get("kind"))
+    known = CASES.get(case.get("id"))
+    if no_gpu and case.get("status") in ("passed", "failed") and known and known.device == "cuda":
+        return INTERPRETED
+    return None
+
+
+def not_run(repos: dict[str, dict]) -> list[str]:
+    """One line per reason and hook group: the cases per tier, and the repositories with those counts
+    (a ``needs-gpu`` skip says its machine had no GPU: its ``-cuda`` cases that ran were interpreted)."""
+    found: dict[tuple[str, str], dict[str, Counter]] = {}  # (why, hook group) -> repository -> tiers
+    for name, r in repos.items():
+        cases = (r["report"] or {}).get("cases") or []
+        no_gpu = any(c.get("kind") == NEEDS_GPU for c in cases)
+        for c in cases:
+            if c.get("hooks") and (why := _why_not_run(c, no_gpu)):
+                found.setdefault((why, c["hooks"][0]), {}).setdefault(name, Counter())[c["tier"]] += 1
+    reasons = [*NOT_RUN_WHY.values(), INTERPRETED]
+    rank = lambda key: (reasons.index(key[0]), ALL_HOOKS.index(key[1]) if key[1] in ALL_HOOKS else 99)
+    graded = [n for n, r in repos.items() if r["report"] is not None]
+    lines = []
+    for why, group in sorted(found, key=rank):
+        alike: dict[str, list[str]] = {}  # the tiers' counts -> the repositories with those
+        for name, tiers in found[why, group].items():
+            alike.setdefault(", ".join(f"{t} {tiers[t]}" for t in TIERS if tiers[t]), []).append(name)
+        for counts, names in alike.items():
+            where = "every graded repository" if len(names) > 1 and names == graded else ", ".join(names)
+            lines.append(f"- {why}: {group}: {counts} (in {where})")
+    return lines
 
 
 def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
@@ -272,6 +324,9 @@ def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
         "",
         LEGEND,
     ]
+    missing = not_run(repos)
+    if missing:
+        md += ["", f"## {NOT_RUN_TITLE}", "", NOT_RUN_NOTE, "", *missing]
     if board:
         md += [
             "",
@@ -285,12 +340,17 @@ def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
     with (out / "class.csv").open("w", newline="") as f:
         csv.writer(f).writerows(csv_rows(repos))
     png = chart(board, out / "leaderboard.png")
-    (out / "class.html").write_text(_html(header, rows, board, png))
+    (out / "class.html").write_text(_html(header, rows, board, png, missing))
     paths = {"md": out / "class.md", "csv": out / "class.csv", "html": out / "class.html"}
-    return paths, markdown_table(header, rows) + "\n\n" + LEGEND
+    shown = [markdown_table(header, rows), "", LEGEND]
+    if missing:
+        shown += ["", f"{NOT_RUN_TITLE}. {NOT_RUN_NOTE}", *missing]
+    return paths, "\n".join(shown)
 
 
-def _html(header: list[str], rows: list[list[str]], board: list[dict], png: bytes | None) -> str:
+def _html(
+    header: list[str], rows: list[list[str]], board: list[dict], png: bytes | None, missing: list[str]
+) -> str:
     def table(h: list[str], body: list[list[str]]) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in h)
         cells = lambda row: "".join(f"<td class='{_css(c)}'>{html.escape(str(c))}</td>" for c in row)
@@ -307,7 +367,13 @@ def _html(header: list[str], rows: list[list[str]], board: list[dict], png: byte
         if board
         else ""
     )
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}<p>{html.escape(LEGEND.replace('`', ''))}</p>{board_html}</body></html>"
+    items = "".join(f"<li>{html.escape(line.removeprefix('- '))}</li>" for line in missing)
+    missing_html = (
+        f"<h2>{NOT_RUN_TITLE}</h2><p>{html.escape(NOT_RUN_NOTE.replace('`', ''))}</p><ul>{items}</ul>"
+        if missing
+        else ""
+    )
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}<p>{html.escape(LEGEND.replace('`', ''))}</p>{missing_html}{board_html}</body></html>"
 
 
 def _css(cell: str) -> str:
