@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.grading import class_report
-from cs336_systems.grading.worker.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU
+from cs336_systems.grading.shared.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU
 
 pytestmark = pytest.mark.usefixtures("suite_self_check")
 TRITON, PYTORCH = ATTENTION_HOOKS["triton"], ATTENTION_HOOKS["pytorch"]

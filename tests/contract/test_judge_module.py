@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from cs336_systems.grading import judging, keywords
+from cs336_systems.grading import gradescope, judging, keywords
 from cs336_systems.grading.probe import probe
 from cs336_systems.grading.shared.cases import CASES
 from cs336_systems.grading.summary import Recorder
@@ -108,12 +108,18 @@ class _StandIn:
 
 
 def test_a_judging_that_raises_fails_its_case_and_the_run_goes_on() -> None:
+    """The case stays in the report as one the grader could not grade: dropping it would shrink the
+    repository's maximum and hide the grader's bug from the student's results."""
     first, second, third = list(CASES.values())[:3]
     judged, marks = judging.Judged(Recorder(1, "adapters.py")), []
     judging.judge_cases(_StandIn(second.id), [first, second, third], judged, marks.append)
     assert marks == [".", "F", "."] and judged.finished
-    assert list(judged.recorder.cases) == [first.id, third.id]
-    assert "a bug in the judge" in judged.crashed[second.id]
+    assert list(judged.recorder.cases) == [first.id, second.id, third.id]
+    entry = judged.recorder.cases[second.id]
+    assert (entry["status"], entry["kind"]) == ("error", "grader-raised")
+    assert "a bug in the judge" in entry["message"] and "a bug in the judge" in judged.crashed[second.id]
+    doc = gradescope.results(judged.recorder.report(), gradescope.load_points(None))
+    assert any(t["name"] == "grader failed" for t in doc["tests"])
     assert judging.status_of(judged, external=False) == judging.FAILURES
 
 

@@ -289,28 +289,6 @@ def test_an_observer_that_never_reached_the_worker_is_not_the_codes_fault() -> N
     assert parse(NCU_CSV).connected
 
 
-def test_observed_runs_take_turns(tmp_path: Path) -> None:
-    """Two observers side by side starve each other: the second waits for the first's lock."""
-    import threading
-    import time
-
-    spans: list[tuple[float, float]] = []
-
-    def observe() -> None:
-        with leaderboard._one_observer_at_a_time(tmp_path / ".observer.lock"):
-            start = time.monotonic()
-            time.sleep(0.3)
-            spans.append((start, time.monotonic()))
-
-    threads = [threading.Thread(target=observe) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    (_a_start, a_end), (b_start, _b_end) = sorted(spans)
-    assert b_start >= a_end - 0.01, spans
-
-
 def test_the_course_figure_is_the_mean_of_do_bench_and_a_malformed_record_is_not_ranked() -> None:
     from cs336_systems.grading.judge import provenance
     from cs336_systems.grading.worker.timing import course_figure

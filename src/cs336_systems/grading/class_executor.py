@@ -41,6 +41,7 @@ from cs336_systems.harness.executor import (
     run_jobs,
 )
 
+from . import observer_turn
 from .classroom import (
     _start,
     anchor_command,
@@ -103,11 +104,7 @@ class ProcessJob:
             become_subreaper()  # what the grading process leaves behind comes here, and is killed
             started = time.monotonic()
             job = _start(self.name, self.cmd, env, self.log, None, self.out)
-            try:
-                code: int | str = job.proc.wait(timeout=self.timeout_s)
-            except subprocess.TimeoutExpired:
-                stop(job.proc)
-                code = "timeout"
+            code = _wait(job.proc, self.timeout_s, self.out)
             kill_descendants()
         return {
             "code": code,
@@ -116,6 +113,18 @@ class ProcessJob:
             "gpus": env.get("CUDA_VISIBLE_DEVICES"),
             "gpu": _gpu_model(self.out / "leaderboard.json"),
         }
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, out: Path) -> int | str:
+    """The job's exit status, or ``"timeout"`` once it ran ``timeout_s`` beyond its waits for this host's
+    observer (``observer_turn``): a repository is not stopped for time spent behind another's."""
+    started = time.monotonic()
+    while (code := proc.poll()) is None:
+        if time.monotonic() - started > timeout_s + observer_turn.waited_s(out):
+            stop(proc)
+            return "timeout"
+        time.sleep(0.5)
+    return code
 
 
 def _gpu_model(leaderboard: Path) -> str | None:

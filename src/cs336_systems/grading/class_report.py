@@ -25,7 +25,7 @@ from typing import Any
 
 from .judge.standing import finite_positive, order
 from .probe import ALL_HOOKS
-from .worker.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
+from .shared.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 
 def _load(path: Path) -> Any:

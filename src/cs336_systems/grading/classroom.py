@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import gradescope
+from . import gradescope, observer_turn
 from .roots import GradingSetupError
 from .sandbox import become_subreaper, kill_descendants
 from .settings import PROTECT_ENV, protected_from_env
@@ -178,7 +178,7 @@ class ClassRun:
     def _finished(self, job: Running, outcomes: dict[str, str]) -> bool:
         elapsed = time.monotonic() - job.started
         code = job.proc.poll()
-        if code is None and elapsed > self.timeout:
+        if code is None and elapsed > self.timeout + observer_turn.waited_s(job.out):
             stop(job.proc)
             code = "timeout"
         if code is None:

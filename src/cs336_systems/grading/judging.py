@@ -33,7 +33,7 @@ from .session import WORKER_TIMEOUT_S, Grader, check_loads, default_jobs, run_se
 from .settings import adapters_from_env, loaded_before, mark_loaded
 from .shared.cases import FAMILIES, Case, of_family
 from .summary import STATUSES, Recorder, case_entry, exit_status, render
-from .verdict import ERROR, FAILED, PASSED, SKIPPED
+from .verdict import ERROR, FAILED, GRADER_RAISED, PASSED, SKIPPED, Verdict
 
 OK, FAILURES, INTERRUPTED, USAGE_ERROR, NONE_SELECTED = 0, 1, 2, 4, 5
 DEFAULT_ADAPTERS = SUITE_ROOT / "tests" / "adapters.py"  # the suite's own hooks, in a checkout
@@ -130,14 +130,17 @@ class Judged:
 
 
 def _judge_one(grader: Grader, case: Case, judged: Judged) -> str:
-    """Judge ``case`` and record it; its mark. A judging that raises is a bug of the grader: as pytest
-    did with the case's test, it fails this case alone (no entry in the report) and the run goes on."""
+    """Judge ``case`` and record it; its mark. A judging that raises is a bug of the grader: the case is
+    recorded as one the grader could not grade (so the repository's results show a visible "grader
+    failed" and keep the case's points in its maximum, rather than losing the case) and the run goes on."""
     try:
         verdict = grader.verdict(case)
-    except Exception:
+    except Exception as exc:
         judged.crashed[case.id] = traceback.format_exc()
-        return "F"
+        verdict = Verdict.error(GRADER_RAISED, f"the grader raised {type(exc).__name__}: {exc}"[:2000])
     judged.recorder.add(case_entry(case, verdict, grader.worker_seconds(case.id)))
+    if case.id in judged.crashed:
+        return "F"
     return MARKS[verdict.status]
 
 
@@ -166,7 +169,7 @@ def _failures(judged: Judged) -> list[str]:
     """Each failed or ungradable case with its message, as pytest's report listed them."""
     lines = []
     for case in judged.recorder.cases.values():
-        if case["status"] in (FAILED, ERROR):
+        if case["status"] in (FAILED, ERROR) and case["id"] not in judged.crashed:
             head, *rest = (case["message"] or "(no message)").splitlines()
             lines.append(f"{case['status'].upper()} {case['id']}: {head}")
             lines += [f"    {line}" for line in rest]
@@ -178,8 +181,6 @@ def _failures(judged: Judged) -> list[str]:
 def _totals(judged: Judged, deselected: int, seconds: float) -> str:
     counts = Counter(c["status"] for c in judged.recorder.cases.values())
     parts = [f"{counts[s]} {s}" for s in STATUSES if counts[s]]
-    if judged.crashed:
-        parts.append(f"{len(judged.crashed)} crashed")
     if deselected:
         parts.append(f"{deselected} deselected")
     return f"{', '.join(parts) or 'no case graded'} in {seconds:.2f}s"

@@ -9,14 +9,12 @@ way. Where each number of a row comes from: ``docs/grading.md``, "The leaderboar
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import observer_turn
 from .exchange import text
 from .judge import clock, standing
 from .observer import Observed, command, ncu_path, parse
@@ -55,11 +53,13 @@ def row(
     compile: bool = True,
     dtype: str = LEADERBOARD_CASE.dtype,
     lock: Path | None = None,
+    wait_record: Path | None = None,
 ) -> dict[str, Any]:
     """The row of one repository; ``report`` is its grade (the course tier's verdicts). ``keep_times``
     keeps the course figure's every do_bench time (the benches' rows record them). ``lock``: a file the
     observed runs of one machine take in turn (concurrent ncu sessions starve each other: on 2 x H200,
-    one of two side by side saw nothing and the other waited past its limit)."""
+    one of two side by side saw nothing and the other waited past its limit); ``wait_record``: where the
+    wait for that turn is recorded, for the class run to add to the repository's time limit."""
     import torch
 
     plan = plan or clock.ClockPlan()
@@ -78,7 +78,7 @@ def row(
     ncu = ncu_path() if observe and device == "cuda" else None
     note = None if ncu else "no observer on this machine (ncu)"
     if ncu:
-        with _one_observer_at_a_time(lock):
+        with observer_turn.turn(lock, wait_record):
             seen, evidence.observed_iterations, why = _observed(roots, ncu, shape, device)
         if why:
             evidence.clock_problem = "; ".join(filter(None, [evidence.clock_problem, why]))
@@ -186,19 +186,6 @@ def _clock_run(
         if why := clock.verify(rec.get("fingerprints"), round_, shape, torch.device(device), dtype):
             return got, talk, why
     return got, talk, None
-
-
-@contextlib.contextmanager
-def _one_observer_at_a_time(lock: Path | None) -> Iterator[None]:
-    if lock is None:
-        yield
-        return
-    with lock.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _job_trouble(got: Any) -> str:

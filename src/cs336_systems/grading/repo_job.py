@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import course_tests, gradescope
+from . import course_tests, gradescope, observer_turn
 from .exchange import text
 from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
@@ -79,6 +79,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     failure or a case that cannot be graded, 2 the repository cannot be graded at all)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "grade.json").unlink(missing_ok=True)  # only this run's judge may leave one
+    (out / observer_turn.WAIT_FILE).unlink(missing_ok=True)  # this run's waits alone extend its limit
     points = gradescope.load_points(opts.points)
     try:
         adapters = adapters_of(target.expanduser().resolve())
@@ -128,9 +129,7 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         )
     if opts.bench:
         started = time.monotonic()
-        report["leaderboard"] = _leaderboard_or_why_not(
-            roots, adapters, report, out.parent / ".observer.lock"
-        )
+        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report, out)
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
@@ -174,7 +173,7 @@ def _load_failure(report: dict) -> str | None:
     return None
 
 
-def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict, lock: Path) -> dict[str, Any]:
+def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict, out: Path) -> dict[str, Any]:
     import torch
 
     from . import leaderboard
@@ -189,7 +188,8 @@ def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict, l
             "ranked": False,
             "unranked_because": "not timed",
         }
-    return leaderboard.row(roots, report, lock=lock)
+    lock, record = observer_turn.lock_path(out.parent), out / observer_turn.WAIT_FILE
+    return leaderboard.row(roots, report, lock=lock, wait_record=record)
 
 
 def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from .shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, UNFINISHED_HERE
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
+GRADER_RAISED = "grader-raised"  # an error kind: the judging itself raised (a bug of the grader)
 SKIP_KINDS = (NOT_IMPLEMENTED, NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)
 MAX_MISSES = 12
 
@@ -18,7 +19,9 @@ MAX_MISSES = 12
 class Verdict:
     status: str
     message: str = ""
-    kind: str = ""  # a skip kind, or an error kind (load, refused, missing-dependency, cannot-grade)
+    kind: str = (
+        ""  # a skip kind, or an error kind (load, refused, missing-dependency, cannot-grade, grader-raised)
+    )
 
     @staticmethod
     def passed() -> Verdict:

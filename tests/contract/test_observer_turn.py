@@ -1,0 +1,60 @@
+"""Observed runs of one host take turns (two Nsight Compute sessions side by side starve each other), and
+a repository's time limit does not count its wait for that turn: a class run stops a job only once it
+has run its limit beyond what it spent behind another repository's observation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from cs336_systems.grading import observer_turn
+from cs336_systems.grading.class_executor import _wait
+
+
+def test_a_second_observer_waits_and_its_wait_is_recorded(tmp_path: Path) -> None:
+    lock = observer_turn.lock_path(tmp_path)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    got: list[float] = []
+
+    def waiter() -> None:
+        with observer_turn.turn(lock, second / observer_turn.WAIT_FILE):
+            got.append(time.monotonic())
+
+    with observer_turn.turn(lock, first / observer_turn.WAIT_FILE):
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(1.0)
+        assert not got, "the second observer ran while the first held the turn"
+        assert "since" in json.loads((second / observer_turn.WAIT_FILE).read_text())
+        assert observer_turn.waited_s(second) >= 0.9
+        released = time.monotonic()
+    thread.join(10)
+    assert got and got[0] >= released
+    after = json.loads((second / observer_turn.WAIT_FILE).read_text())
+    assert "since" not in after and 0.9 <= after["waited_s"] < 10
+    assert observer_turn.waited_s(first) < 0.5  # the first never waited
+
+
+def test_the_wait_for_the_observer_extends_a_jobs_limit(tmp_path: Path) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(2.5)"]
+    assert _wait(subprocess.Popen(sleeper), 1.0, tmp_path) == "timeout"
+    (tmp_path / observer_turn.WAIT_FILE).write_text(json.dumps({"waited_s": 5.0}))
+    assert _wait(subprocess.Popen(sleeper), 1.0, tmp_path) == 0
+
+
+def test_an_unreadable_record_extends_nothing(tmp_path: Path) -> None:
+    (tmp_path / observer_turn.WAIT_FILE).write_text("{not json")
+    assert observer_turn.waited_s(tmp_path) == 0.0
+    assert observer_turn.waited_s(tmp_path / "absent") == 0.0
+
+
+def test_the_lock_is_per_host(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(observer_turn.platform, "node", lambda: "node-a")
+    a = observer_turn.lock_path(tmp_path)
+    monkeypatch.setattr(observer_turn.platform, "node", lambda: "node-b")
+    assert observer_turn.lock_path(tmp_path) != a
