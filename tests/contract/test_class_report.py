@@ -83,3 +83,17 @@ def test_the_dash_of_a_group_a_repository_was_not_graded_in_is_explained(tmp_pat
     legend = next(ln for ln in md.splitlines() if ln.startswith("`-`"))
     assert "`—`" in legend and "edition" in legend and "earlier run" in legend, legend
     assert legend in printed
+
+
+def test_adapters_files_of_one_repository_are_told_apart(tmp_path: Path) -> None:
+    """A fixture's variants (``tests/adapters_<variant>.py`` of one repository) graded as a class get a
+    row each, named by their variant; a repository and its ``adapters.py`` keep the repository's name."""
+    from cs336_systems.grading.classroom import repositories
+
+    tests = tmp_path / "fixture" / "tests"
+    tests.mkdir(parents=True)
+    for name in ("adapters.py", "adapters_wrong.py", "adapters_timer.py"):
+        (tests / name).write_text("")
+    names = repositories([tests / "adapters.py", tests / "adapters_wrong.py", tests / "adapters_timer.py"])
+    assert list(names) == ["fixture", "fixture-wrong", "fixture-timer"]
+    assert list(repositories([tmp_path / "fixture"])) == ["fixture"]
