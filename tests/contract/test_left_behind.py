@@ -92,9 +92,9 @@ def test_class_run_in_namespaces(tmp_path: Path) -> None:
     cmd += ["--tiers", "course", "--", *JUDGE_ARGS]
     run = subprocess.run(cmd, cwd=ROOT, env=_env(marker), capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    repo = out / "adversary"
+    repo = out / "adversary-left_behind"  # a variant of the fixture: named by its adapters file
     texts = _settled([out / "class.md", repo / "grade.json", repo / "results.json"])
-    assert "| adversary | 0 / 5 | FAIL |" in texts[out / "class.md"], texts[out / "class.md"]
+    assert "| adversary-left_behind | 0 / 5 | FAIL |" in texts[out / "class.md"], texts[out / "class.md"]
     assert json.loads(texts[repo / "grade.json"])["isolation"]["isolation"] == "namespaces"
     _check_results(json.loads(texts[repo / "results.json"]))
     assert not alive(marker), "a process the graded code left is still running"
