@@ -29,6 +29,10 @@ from cs336_systems.distributed.fsdp import FSDP, is_sharded_layer
 from . import adapters
 from .helpers.course_layers import Embedding, Linear, RMSNorm
 
+# One xdist group (tox runs `--dist loadgroup`): the module runs in one worker, which makes its
+# fixture's spawns (one per world size) once rather than once per worker.
+pytestmark = pytest.mark.xdist_group("test_fsdp")
+
 VOCAB, D, HIDDEN, BATCH, SEQ, STEPS = 19, 8, 13, 12, 5, 3  # 19 and 13 divide by neither 2 nor 3
 
 

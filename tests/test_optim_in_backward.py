@@ -23,6 +23,10 @@ from cs336_systems.kernels.checks import INTERPRET
 
 from .helpers.course_layers import Embedding, Linear, RMSNorm
 
+# One xdist group (tox runs `--dist loadgroup`): the module runs in one worker, which makes its
+# fixture's spawn once rather than once per worker.
+pytestmark = pytest.mark.xdist_group("test_optim_in_backward")
+
 VOCAB, D, HIDDEN, BATCH, SEQ, STEPS = 19, 8, 13, 4, 5, 3
 
 

@@ -24,7 +24,9 @@ VARYING = {"mean_ms", "std_ms", "median_ms", "load_avg_1m", "rounds_spread", "fi
 VARYING |= {"tokens_per_s", "tflops", "mfu", "matmul_tflops", "job"}
 # Five pytest runs in all (the plain one, four jobs), each importing torch: about 1.5 min on two quiet
 # cores, over 5 on two cores at a load of 8; the module fixture counts against the first test's limit.
-pytestmark = pytest.mark.timeout(900)
+# One xdist group (tox runs `--dist loadgroup`): the module runs in one worker, which makes its
+# fixture's five pytest runs once rather than once per worker.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("test_sweep")]
 
 
 def _env() -> dict[str, str]:

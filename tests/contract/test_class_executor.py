@@ -19,7 +19,9 @@ from cs336_systems.harness.executor import GpuClaimError, claim_gpus
 
 from .grading_run import ROOT, STUDENTS, clean_env
 
-pytestmark = [pytest.mark.timeout(500)]
+# One xdist group (tox runs `--dist loadgroup`): the module runs in one worker, which makes its
+# fixture's two class runs once rather than once per worker.
+pytestmark = [pytest.mark.timeout(500), pytest.mark.xdist_group("test_class_executor")]
 # --jobs 3: the executor runs as many jobs at once as the one-machine run has slots.
 COMMON = ["--tiers", "course", "--timeout", "300", "--seed", "11", "--jobs", "3"]
 PYTORCH_COURSE = ["--", "-k", "course-pytorch"]  # one quick case per repository

@@ -20,7 +20,13 @@ from cs336_systems.grading import gradescope
 
 from .grading_run import ROOT, STUDENTS, clean_env
 
-pytestmark = [pytest.mark.timeout(400), pytest.mark.usefixtures("suite_self_check")]
+# One xdist group (tox runs `--dist loadgroup`): the module runs in one worker, which makes its
+# fixture's class run once rather than once per worker.
+pytestmark = [
+    pytest.mark.timeout(400),
+    pytest.mark.usefixtures("suite_self_check"),
+    pytest.mark.xdist_group("test_class_grading"),
+]
 PYTORCH_COURSE = "course-pytorch"  # one quick case per repository
 
 
