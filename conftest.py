@@ -20,6 +20,7 @@ import os
 import shlex
 from glob import glob
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -38,7 +39,9 @@ from cs336_systems.distributed.launch import find_free_port, spawn
 from cs336_systems.grading.pytest_plugin import requested_adapters, unimplemented
 from cs336_systems.grading.sandbox import become_subreaper, descendants, kill_descendants
 from cs336_systems.harness import adapters as adapters_hooks
-from cs336_systems.model import PRESETS, ModelConfig
+
+if TYPE_CHECKING:  # the model package imports torch._dynamo (1.4 s): a fixture's first use imports it
+    from cs336_systems.model import ModelConfig
 
 
 def cuda_count() -> int:
@@ -117,11 +120,15 @@ def pristine_triton_language(monkeypatch):
 
 @pytest.fixture(scope="session")
 def presets() -> dict[str, ModelConfig]:
+    from cs336_systems.model import PRESETS
+
     return PRESETS
 
 
 @pytest.fixture(scope="session")
 def tiny_config() -> ModelConfig:
+    from cs336_systems.model import PRESETS
+
     return PRESETS["tiny"]
 
 
