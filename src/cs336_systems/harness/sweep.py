@@ -96,9 +96,9 @@ class BenchCase(submitit.helpers.Checkpointable):
     """One job: ``pytest NODE_ID --benchmark-json=...``. Checkpointable: where Slurm preempts the job,
     submitit requeues this same call (the case starts over; a half-timed case has nothing to keep).
 
-    ``local_gpus``: on one machine, claim ``gpus`` of this many GPUs (locks in ``lock_dir``) and show the
-    case only those, so that cases side by side never time on one GPU (submitit's ``LocalExecutor``
-    gives every job the same first GPUs); ``0``: the GPUs the scheduler gave."""
+    ``local``: on one machine, the case claims ``local.per_job`` of its ``local.total`` GPUs (locks in
+    ``local.lock_dir``) and sees only those, so that cases side by side never time on one GPU (submitit's
+    ``LocalExecutor`` gives every job the same first GPUs); ``None``: the GPUs the scheduler gave."""
 
     def __init__(
         self,
