@@ -127,12 +127,22 @@ def test_case_folders_are_distinct() -> None:
     assert "/" not in slug("b.py::t[a/b]")
 
 
-def test_cases_side_by_side_each_claim_their_own_gpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("visible", "expected"), [(None, ["0", "1"]), ("5,7", ["5", "7"])])
+def test_cases_side_by_side_each_claim_their_own_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str | None, expected: list[str]
+) -> None:
     """On one machine submitit gives every job the same first GPUs: two cases running at once must each
-    see a GPU of their own, or the sweep times two cases on one GPU."""
+    see a GPU of their own, or the sweep times two cases on one GPU. Under ``CUDA_VISIBLE_DEVICES=5,7`` they
+    are GPUs 5 and 7: a child told "0" would time on GPU 0, outside what the sweep was given."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cs336_systems.harness.sweep import BenchCase, LocalGpus
+    from cs336_systems.harness.executor import LocalGpus
+    from cs336_systems.harness.sweep import BenchCase
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
 
     # A stand-in interpreter: records the GPUs it was shown, holds them a moment, writes no JSON.
     fake = tmp_path / "python"
@@ -149,5 +159,5 @@ def test_cases_side_by_side_each_claim_their_own_gpu(tmp_path: Path) -> None:
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda case: case(), cases))
     seen = sorted((tmp_path / f"c{i}" / "bench.json.gpus").read_text().strip() for i in range(2))
-    assert seen == ["0", "1"], seen
-    assert sorted(r["gpus"] for r in results) == ["0", "1"]
+    assert seen == expected, seen
+    assert sorted(r["gpus"] for r in results) == expected

@@ -135,3 +135,51 @@ def test_one_repository_through_slurm(slurm, tmp_path: Path) -> None:
     assert [r[:2] for r in rows[1:]] == [["src_layout", "5"]], rows
     sbatch = {ln for s in (out / "jobs").glob("*_submission.sh") for ln in s.read_text().splitlines()}
     assert "#SBATCH --partition=debug" in sbatch and "#SBATCH --cpus-per-task=1" in sbatch, sorted(sbatch)
+
+
+def test_a_one_machine_scheduler_names_gpus_among_those_it_sees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cs336_systems.grading.classroom import repo_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert repo_env(tmp_path, 1, 1)["CUDA_VISIBLE_DEVICES"] == "3"  # "1" would be another user's GPU
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert repo_env(tmp_path, 1, 1)["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+@pytest.mark.parametrize("anchors_fail", [False, True])
+def test_on_one_machine_the_anchors_join_the_class_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anchors_fail: bool
+) -> None:
+    """The anchors job is the last of the one queue, so it starts on the first GPU a repository frees;
+    run after the class, its whole time was added to the class's. A model it did not time (here: its job
+    failed) is timed after the class."""
+    from cs336_systems.grading import class_executor
+    from cs336_systems.grading.class_executor import ANCHORS, ClassJobs, run_class
+    from cs336_systems.grading.repo_job import RepoOptions
+    from cs336_systems.harness.executor import ExecutorConfig, Outcome
+
+    queues: list[list[str]] = []
+
+    def run_jobs(config, calls, on_submit=None, log=print):  # what each job would have returned
+        queues.append(list(calls))
+        ends = {}
+        for key, call in calls.items():
+            if key == ANCHORS:
+                rows = [{"name": "suite", "gpu": "Fake GPU"}]
+                (call.out / "gpu0.json").write_text(json.dumps({"rows": rows}))
+                ends[key] = Outcome("1", "done", result={"code": int(anchors_fail)})
+            else:
+                ends[key] = Outcome(
+                    "2", "done", result={"code": 0, "elapsed": 1.0, "host": "h", "gpu": "Fake GPU"}
+                )
+        return ends
+
+    monkeypatch.setattr(class_executor, "run_jobs", run_jobs)
+    out = tmp_path / "out"
+    config = ExecutorConfig(kind="local", folder=out / "jobs", gpus_per_job=1, parallelism=2)
+    repos = {"a": STUDENTS / "src_layout", "b": STUDENTS / "crashes"}
+    run_class(ClassJobs(repos, out, RepoOptions(bench=True), config, local_gpus=2), say=lambda line: None)
+    assert queues[0] == ["a", "b", ANCHORS], queues
+    assert queues[1:] == ([["Fake GPU"]] if anchors_fail else []), queues

@@ -23,6 +23,7 @@ from cs336_systems.cli.common import Parser, check_outputs
 from cs336_systems.harness.executor import (
     ExecutorConfig,
     ExecutorError,
+    LocalGpus,
     add_executor_options,
     config_from_args,
     describe,
@@ -31,7 +32,6 @@ from cs336_systems.harness.executor import (
 )
 from cs336_systems.harness.sweep import (
     BenchCase,
-    LocalGpus,
     SweepError,
     case_files,
     collect,

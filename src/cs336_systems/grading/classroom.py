@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cs336_systems.harness.executor import visible_devices
+
 from . import gradescope, observer_turn
 from .roots import GradingSetupError
 from .sandbox import become_subreaper, kill_descendants
@@ -130,7 +132,7 @@ class ClassRun:
     def _anchor(self, gpu: int) -> Running:
         out = self.out / "anchors"
         out.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible_devices([gpu]))
         cmd = anchor_command(out / f"gpu{gpu}.json")
         return _start(f"anchors (gpu {gpu})", cmd, env, out / f"gpu{gpu}.log", gpu, out)
 
@@ -232,7 +234,7 @@ def repo_env(out_root: Path, threads: int, gpu: int | None) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env[PROTECT_ENV] = os.pathsep.join([*protected_from_env(), str(out_root.resolve())])
     if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices([gpu])  # GPU ``gpu`` of those this process sees
     return env
 
 

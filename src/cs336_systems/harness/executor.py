@@ -162,6 +162,38 @@ def claim_gpus(folder: Path, total: int, wanted: int, poll_s: float = 1.0) -> It
             f.close()
 
 
+def visible_devices(indices: Sequence[int], environ: Mapping[str, str] = os.environ) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a child shown the GPUs at ``indices`` of those this process sees. A
+    child reads the variable afresh, not relative to its parent's: under ``CUDA_VISIBLE_DEVICES=2,3``
+    index 0 is GPU 2, and a child told "0" would time on GPU 0, another user's."""
+    if "CUDA_VISIBLE_DEVICES" not in environ:
+        return ",".join(map(str, indices))
+    seen = [d.strip() for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    return ",".join(seen[i] for i in indices)
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """One machine's GPUs, shared by the jobs that run side by side on it (submitit's ``LocalExecutor``
+    shows every job the same first GPUs): each job claims ``per_job`` of the ``total`` this process sees,
+    through lock files in ``lock_dir``."""
+
+    lock_dir: Path
+    total: int
+    per_job: int
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[str]:
+        """``CUDA_VISIBLE_DEVICES`` naming ``per_job`` GPUs no other job holds, held until the block ends."""
+        with claim_gpus(self.lock_dir, self.total, self.per_job) as held:
+            yield visible_devices(held)
+
+
+def gpu_claim(local: LocalGpus | None) -> contextlib.AbstractContextManager[str | None]:
+    """``local``'s claim, or ``None`` (the GPUs the scheduler gave) where the jobs do not share a machine's."""
+    return local.claim() if local else contextlib.nullcontext(None)
+
+
 def local_gpu_count() -> int:
     """This machine's GPUs without importing torch: ``CUDA_VISIBLE_DEVICES`` where set, else
     ``nvidia-smi -L``'s lines (0 where there is no ``nvidia-smi``)."""

@@ -16,7 +16,6 @@ No torch here: the sweep's own process only collects, submits and merges.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ from typing import Any
 
 import submitit
 
-from .executor import claim_gpus
+from .executor import LocalGpus, gpu_claim
 
 FAILED_GROUP = "sweep: jobs that failed"
 TAIL = 1500  # characters of a failed run's output kept as its error
@@ -96,9 +95,8 @@ class BenchCase(submitit.helpers.Checkpointable):
     """One job: ``pytest NODE_ID --benchmark-json=...``. Checkpointable: where Slurm preempts the job,
     submitit requeues this same call (the case starts over; a half-timed case has nothing to keep).
 
-    ``local``: on one machine, the case claims ``local.per_job`` of its ``local.total`` GPUs (locks in
-    ``local.lock_dir``) and sees only those, so that cases side by side never time on one GPU (submitit's
-    ``LocalExecutor`` gives every job the same first GPUs); ``None``: the GPUs the scheduler gave."""
+    ``local``: on one machine, the GPUs the case claims and sees (:class:`~.executor.LocalGpus`), so that
+    cases side by side never time on one GPU; ``None``: the GPUs the scheduler gave."""
 
     def __init__(
         self,
@@ -119,15 +117,8 @@ class BenchCase(submitit.helpers.Checkpointable):
         self.bench_json.parent.mkdir(parents=True, exist_ok=True)
         cmd = [self.python, "-m", "pytest", self.node_id, "-q", "-p", "no:cacheprovider"]
         cmd += [f"--benchmark-json={self.bench_json}", *self.extra]
-        claim = (
-            claim_gpus(self.local.lock_dir, self.local.total, self.local.per_job)
-            if self.local
-            else contextlib.nullcontext([])
-        )
-        with claim as gpus:
-            env = dict(os.environ)
-            if gpus:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        with gpu_claim(self.local) as devices:
+            env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": devices} if devices else {}))
             try:
                 run = subprocess.run(
                     cmd, cwd=self.cwd, capture_output=True, text=True, timeout=self.timeout_s, env=env
@@ -143,15 +134,6 @@ class BenchCase(submitit.helpers.Checkpointable):
             "host": _host(),
             "gpus": env.get("CUDA_VISIBLE_DEVICES"),
         }
-
-
-@dataclass(frozen=True)
-class LocalGpus:
-    """One machine's GPUs, shared by the cases that run side by side on it."""
-
-    lock_dir: Path
-    total: int
-    per_job: int
 
 
 def _host() -> str:
