@@ -208,6 +208,19 @@ def test_device_time_on_cpu_uses_host_clock() -> None:
     assert all(grads_seen[-result["do_bench_reps"] :])
 
 
+def test_launch_time_on_cpu_times_each_call_with_its_grads_reset() -> None:
+    x = torch.ones(4, requires_grad=True)
+    calls = []
+
+    def step() -> None:
+        assert x.grad is None, "launch_time must reset grad_to_none before each call"
+        x.sum().backward()
+        calls.append(1)
+
+    ms = timing.launch_time(step, torch.device("cpu"), reps=7, grad_to_none=[x])
+    assert isinstance(ms, float) and ms > 0 and len(calls) == 7
+
+
 def test_rounds_for_is_bounded() -> None:
     assert timing.rounds_for(0.001) == 20
     assert timing.rounds_for(10.0) == 10
