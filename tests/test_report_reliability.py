@@ -83,6 +83,35 @@ def test_shares_of_an_unreliable_step_are_not_printed(tmp_path: Path) -> None:
     assert "25.0%" in _cells(report.build_tables(quiet)[0])
 
 
+# ---- a host-bound GPU row -----------------------------------------------------------------------------
+
+
+def test_host_bound_is_launch_at_least_do_bench() -> None:
+    assert contention.host_bound({"launch_ms": 0.05, "do_bench_ms": 0.02})
+    assert contention.host_bound({"launch_ms": 0.02, "do_bench_ms": 0.02})  # the device idles as often
+    assert not contention.host_bound({"launch_ms": 0.01, "do_bench_ms": 0.02})
+    assert not contention.host_bound({"do_bench_ms": 0.02})  # rows written before launch_ms
+    assert not contention.host_bound({"launch_ms": 0.05})
+    assert not contention.host_bound({"launch_ms": 0.05, "do_bench_ms": 0.0})
+
+
+def test_a_host_bound_gpu_row_is_judged_by_the_load_like_a_cpu_row(tmp_path: Path) -> None:
+    """A GPU row's device time is the host's issue rate when the host issues slower than the device
+    runs: the host's load moves it as it moves a CPU row's."""
+    busy = {"load_avg_1m": 100.0, "cpu_cores": 32.0, "rounds_spread": 0.18, "rounds_n": 10.0}
+    device_bound = {"device_name": GPU, "do_bench_ms": 0.5, "launch_ms": 0.05, **busy}
+    issue_bound = {**device_bound, "do_bench_ms": 0.03}
+    assert contention.row_verdict(device_bound) is None
+    assert contention.row_verdict(issue_bound) == "load average 100 on 32 cores, host-bound"
+    # the report's verdict is the same one
+    rows = [
+        _bench(f"t[{i}]", "flash_sweep", {}, extra, GPU)
+        for i, extra in enumerate((device_bound, issue_bound))
+    ]
+    _, records = report.load([_write(tmp_path / "r.json", rows)])
+    assert [unreliable(r) for r in records] == [None, "load average 100 on 32 cores, host-bound"]
+
+
 # ---- --compare ---------------------------------------------------------------------------------------
 
 

@@ -435,7 +435,8 @@ def unreliable(record: Record) -> str | None:
     tables, ``--compare``, the plots and the prose, and no ratio is derived from it."""
     if is_interpreted(record):
         return INTERPRETER_NOTE
-    reasons = contention_reasons(record.values, host_timed(record.device if record.device_named else ""))
+    device = record.device if record.device_named else ""
+    reasons = contention_reasons(record.values, host_timed(device, record.values))
     return "; ".join(reasons) or None
 
 
