@@ -56,6 +56,7 @@ VALUE_LABELS = {
     "median_ms": "median (ms)",
     "do_bench_ms": "do_bench median (ms)",
     "graph_ms": "CUDA-graph replay (ms)",
+    "launch_ms": "host issue (ms)",  # profiling.timing.launch_time: at least do_bench's, the row is host-bound
     "ratio_to_best_sdpa": "ours / best SDPA",
     "fwd_ms": "fwd (ms)",
     "bwd_ms": "bwd (ms)",
