@@ -19,6 +19,10 @@ pytorch_compiled, flash_triton, sdpa_flash, sdpa_cudnn, sdpa_efficient}.
   number, with ``do_bench_p20_ms`` / ``do_bench_p80_ms`` / ``do_bench_min_ms`` / ``do_bench_reps``,
   ``flops`` and ``tflops`` (forward 4·seq²·d·batch·heads, halved for causal; bwd 2.5x, fwd_bwd 3.5x).
   do_bench warm-up / rep default to 10 / 50 ms (CS336_DO_BENCH_WARMUP_MS, CS336_DO_BENCH_REP_MS).
+- On CUDA, ``launch_ms`` is the host's time to issue one call (``launch_time``) and ``host_bound`` says
+  it is at least ``do_bench_ms``: then the events timed the host's issue rate, which moves with the
+  host's load (rows.contention judges such rows by it); fwd and fwd_bwd also carry ``graph_ms``, the
+  device time alone (CUDA-graph replay, as in attention shapes below).
 - pytest-benchmark's own statistics come from 3-20 further host-timed, synchronized reps of the same
   pass (about 100 ms of work; ``run_benchmark``), so ``--benchmark-compare`` and regression gates have
   data; they include launch + synchronize overhead (~tens of us) that do_bench's events do not.
@@ -107,9 +111,11 @@ from cs336_systems.profiling.timing import (
     graph_time,
     interleaved_device_time,
     is_oom,
+    launch_time,
     paired_ratio,
     rounds_for,
 )
+from cs336_systems.rows.contention import host_bound
 from cs336_systems.rows.schema import tag
 
 D11_SEQS = tuple(2**i for i in range(7, 17))  # 128 .. 65536
@@ -312,6 +318,11 @@ def test_flash_sweep(
                 grad_to_none=step.grads,
             )
             info.update(timing, tflops=tflops(info["flops"], timing["do_bench_ms"]))
+            if device.type == "cuda":  # did do_bench's events time the device, or the host's issue rate?
+                reps = rounds_for(timing["do_bench_ms"])
+                info["launch_ms"] = launch_time(step, device, reps=reps, grad_to_none=step.grads)
+                info["host_bound"] = host_bound(info)
+                info.update(_graph_ms(impl, step) if pass_ in GRAPHED_PASSES else {})
             if impl == "flash_triton":  # what ran, per pass
                 info.update(flash.launched_info((D11_BATCH, seq, seq, d, True, as_dtype(dtype))))
             times = run_benchmark(

@@ -208,6 +208,19 @@ def test_device_time_on_cpu_uses_host_clock() -> None:
     assert all(grads_seen[-result["do_bench_reps"] :])
 
 
+def test_launch_time_on_cpu_times_each_call_with_its_grads_reset() -> None:
+    x = torch.ones(4, requires_grad=True)
+    calls = []
+
+    def step() -> None:
+        assert x.grad is None, "launch_time must reset grad_to_none before each call"
+        x.sum().backward()
+        calls.append(1)
+
+    ms = timing.launch_time(step, torch.device("cpu"), reps=7, grad_to_none=[x])
+    assert isinstance(ms, float) and ms > 0 and len(calls) == 7
+
+
 def test_rounds_for_is_bounded() -> None:
     assert timing.rounds_for(0.001) == 20
     assert timing.rounds_for(10.0) == 10
@@ -231,8 +244,13 @@ def test_record_not_run_makes_a_row() -> None:
 # ------------------------------------------------------------------------------- the benches on CPU
 
 
-def test_bench_cpu_variants_run(tmp_path: Path) -> None:
-    """The CPU-capable cases of both bench files run and write the rows the tables need."""
+BENCH_RUN = pytest.mark.xdist_group("bench_cpu_variants")  # one worker runs the benches once for both tests
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The CPU-capable cases of both bench files, run once: their JSON and their row log."""
+    tmp_path = tmp_path_factory.mktemp("bench_cpu_variants")
     out_json, out_jsonl = tmp_path / "out.json", tmp_path / "rows.jsonl"
     # One thread: the suite runs with -n 2 on 2 cores, and oversubscribed OpenMP threads crawl.
     env = dict(
@@ -261,13 +279,24 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out_json, out_jsonl
 
+
+def _d11_rows(out_json: Path) -> dict[tuple[str, str, str], dict]:
     rows = json.loads(out_json.read_text())["benchmarks"]
-    d6 = [r["extra_info"] for r in rows if r["group"].startswith("D6/D7a")]
-    d11 = {
+    return {
         (i["impl"], i["dtype"], i["pass_"]): i
         for i in (r["extra_info"] for r in rows if r["group"] == "D11 flash sweep")
     }
+
+
+@BENCH_RUN
+def test_bench_cpu_variants_run(bench_run: tuple[Path, Path]) -> None:
+    """The CPU-capable cases of both bench files run and write the rows the tables need."""
+    out_json, out_jsonl = bench_run
+    rows = json.loads(out_json.read_text())["benchmarks"]
+    d6 = [r["extra_info"] for r in rows if r["group"].startswith("D6/D7a")]
+    d11 = _d11_rows(out_json)
     assert len(d6) == 1 and d6[0]["status"] == "ok" and d6[0]["passes"] == 5
     assert d6[0]["fwd_ms"] > 0 and d6[0]["bwd_ms"] > 0 and d6[0]["deliverable"] == "D6"
     assert len(d11) == 5 * 3 * 2 - 3  # 5 impls x 3 passes x 2 dtypes, no compiled bf16
@@ -285,6 +314,8 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
             assert info["flops"] == expected_flops
             assert info["tflops"] == pytest.approx(flops.tflops(expected_flops, info["do_bench_ms"]))
             assert info["mean_ms"] > 0  # pytest-benchmark rounds ran too
+        if not torch.cuda.is_available():  # a CPU row is host-timed already: no issue time, no graph
+            assert not {"launch_ms", "host_bound", "graph_ms", "graph_error"} & set(info), info
     _check_shapes_rows(
         [r["extra_info"] for r in rows if r["extra_info"].get("group_key") == "attention_shapes"]
     )
@@ -295,6 +326,23 @@ def test_bench_cpu_variants_run(tmp_path: Path) -> None:
     _, from_json = report.load([out_json])
     assert sorted(r.name for r in from_log) == sorted(r.name for r in from_json)
     assert any(t.group == "D11 flash sweep" for t in report.build_tables(from_log))
+
+
+@BENCH_RUN
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="launch_ms and graph_ms are CUDA rows' (no GPU here)"
+)
+def test_d11_cuda_rows_say_whether_they_are_host_bound(bench_run: tuple[Path, Path]) -> None:
+    """D11's CUDA rows carry the host's issue time, the verdict drawn from it, and (fwd, fwd_bwd) the
+    device time alone from a CUDA graph; bwd cannot be captured (a retained forward)."""
+    timed = {key: info for key, info in _d11_rows(bench_run[0]).items() if info["status"] == "ok"}
+    assert timed
+    for (impl, dtype, pass_), info in timed.items():
+        assert info["launch_ms"] > 0 and info["host_bound"] == (info["launch_ms"] >= info["do_bench_ms"])
+        if pass_ == "bwd":
+            assert "graph_ms" not in info and "graph_error" not in info
+        else:
+            assert info.get("graph_ms", 0) > 0, (impl, dtype, pass_, info.get("graph_error"))
 
 
 def _check_shapes_rows(rows: list[dict]) -> None:

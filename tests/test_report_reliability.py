@@ -83,6 +83,35 @@ def test_shares_of_an_unreliable_step_are_not_printed(tmp_path: Path) -> None:
     assert "25.0%" in _cells(report.build_tables(quiet)[0])
 
 
+# ---- a host-bound GPU row -----------------------------------------------------------------------------
+
+
+def test_host_bound_is_launch_at_least_do_bench() -> None:
+    assert contention.host_bound({"launch_ms": 0.05, "do_bench_ms": 0.02})
+    assert contention.host_bound({"launch_ms": 0.02, "do_bench_ms": 0.02})  # the device idles as often
+    assert not contention.host_bound({"launch_ms": 0.01, "do_bench_ms": 0.02})
+    assert not contention.host_bound({"do_bench_ms": 0.02})  # rows written before launch_ms
+    assert not contention.host_bound({"launch_ms": 0.05})
+    assert not contention.host_bound({"launch_ms": 0.05, "do_bench_ms": 0.0})
+
+
+def test_a_host_bound_gpu_row_is_judged_by_the_load_like_a_cpu_row(tmp_path: Path) -> None:
+    """A GPU row's device time is the host's issue rate when the host issues slower than the device
+    runs: the host's load moves it as it moves a CPU row's."""
+    busy = {"load_avg_1m": 100.0, "cpu_cores": 32.0, "rounds_spread": 0.18, "rounds_n": 10.0}
+    device_bound = {"device_name": GPU, "do_bench_ms": 0.5, "launch_ms": 0.05, **busy}
+    issue_bound = {**device_bound, "do_bench_ms": 0.03}
+    assert contention.row_verdict(device_bound) is None
+    assert contention.row_verdict(issue_bound) == "load average 100 on 32 cores, host-bound"
+    # the report's verdict is the same one
+    rows = [
+        _bench(f"t[{i}]", "flash_sweep", {}, extra, GPU)
+        for i, extra in enumerate((device_bound, issue_bound))
+    ]
+    _, records = report.load([_write(tmp_path / "r.json", rows)])
+    assert [unreliable(r) for r in records] == [None, "load average 100 on 32 cores, host-bound"]
+
+
 # ---- --compare ---------------------------------------------------------------------------------------
 
 
@@ -106,10 +135,11 @@ def test_compare_names_interpreted_rows_and_hides_unreliable_figures(tmp_path: P
     rows = {
         line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ") and " | " in line
     }
-    assert rows["test_flash[triton]"].endswith("| interpreted | interpreted | interpreted |"), rows
+    # the last column, within noise, is "—": these rows state no do_bench band, and a verdict's is the load's
+    assert rows["test_flash[triton]"].endswith("| interpreted | interpreted | interpreted | — |"), rows
     assert "900" not in text and "31.50" not in text and "3×" not in text
     assert rows["test_model[tiny]"].endswith(
-        "| 10.50 | unreliable | unreliable (B: load average 6.33 on 2 cores) |"
+        "| 10.50 | unreliable | unreliable (B: load average 6.33 on 2 cores) | — |"
     )
     assert "1 of them timed under contention" in text and "1 of them interpreted" in text
     assert "not run in either: 1 rows (test_fused[cuda])" in text and "test_fused[cuda] |" not in text
@@ -118,6 +148,45 @@ def test_compare_names_interpreted_rows_and_hides_unreliable_figures(tmp_path: P
     assert "900 (interpreted)" in shown
     a, b = _compare_runs(tmp_path, TIGHT_LOADED)  # rounds that agree are a result at any load
     assert "| 10.50 | 31.50 | 3× |" in compare_runs(a, b)
+
+
+def _sweep(name: str, ms: float, band: tuple[float, float], **more: float) -> dict:
+    """A D11 CUDA row: do_bench's median and its p20–p80 band, on a quiet host."""
+    extra = {"do_bench_ms": ms, "do_bench_p20_ms": band[0], "do_bench_p80_ms": band[1], **QUIET, **more}
+    return _bench(f"test_flash_sweep[{name}]", "flash_sweep", {"impl": name}, extra, GPU)
+
+
+def test_compare_says_whether_two_runs_agree_within_their_noise(tmp_path: Path) -> None:
+    a = [
+        _sweep("close", 1.0, (0.9, 1.1)),
+        _sweep("apart", 1.0, (0.9, 1.1)),
+        _sweep("graphed", 0.03, (0.02, 0.04), launch_ms=0.05, graph_ms=0.010),
+        _sweep("issue", 0.5, (0.4, 0.6), launch_ms=0.05),
+        _bench("test_model[tiny]", "model", {"size": "tiny"}, {"mean_ms": 10.5, **QUIET}),
+        _sweep("spread", 1.0, (0.9, 1.1)),
+    ]
+    b = [
+        _sweep("close", 1.05, (1.0, 1.2)),  # bands overlap
+        _sweep("apart", 1.5, (1.4, 1.6)),  # they do not
+        _sweep("graphed", 0.06, (0.05, 0.07), launch_ms=0.08, graph_ms=0.0102),  # host-bound both sides
+        _sweep("issue", 0.04, (0.03, 0.05), launch_ms=0.05),  # host-bound in B only, no graph
+        a[4],  # no band
+        _sweep("spread", 1.0, (0.9, 1.1), rounds_spread=0.4),  # bands overlap, but the rounds are no result
+    ]
+    text = compare_runs(_write(tmp_path / "a.json", a), _write(tmp_path / "b.json", b))
+    cells = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")][2:]  # past the header
+    noise = {row[1]: row[-1] for row in cells}
+    assert noise == {
+        "test_flash_sweep[close]": "yes |",
+        "test_flash_sweep[apart]": "no |",
+        "test_flash_sweep[graphed]": "host-bound; graph 1.02× |",
+        "test_flash_sweep[issue]": "host-bound |",
+        "test_model[tiny]": "— |",
+        "test_flash_sweep[spread]": "— |",
+    }, text
+    assert "| B / A | within noise |" in text
+    assert "6 paired rows, 1 of them timed under contention" in text
+    assert "; 1 within noise (p20–p80 bands overlap), 1 outside noise, 2 host-bound" in text
 
 
 # ---- D25: C and W of one machine ----------------------------------------------------------------------

@@ -3,6 +3,8 @@
 Device work is asynchronous, so every timed step ends with a device synchronize (handout 1.1.3):
 the host clock then measures the step on the device, launch overhead included. Warm-up steps run
 before timing so compilation, autotuning and allocator growth stay out of the numbers.
+:func:`launch_time` times the other side: the host's issue of one call, to tell a device time that
+measured the device from one that measured the host.
 """
 
 from __future__ import annotations
@@ -230,6 +232,27 @@ def graph_time(fn: Callable[[], Any], *, rep_ms: float, grad_to_none: Sequence[t
         return float(
             do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=list(grad_to_none), return_mode="median")
         )
+
+
+def launch_time(
+    fn: Callable[[], Any], device: torch.device, *, reps: int = 20, grad_to_none: Sequence[torch.Tensor] = ()
+) -> float:
+    """Median host ms to issue one call of ``fn`` without waiting for the device (the queue drained
+    before each call, grads of ``grad_to_none`` reset outside the timed region, gc paused). A call
+    whose issue takes longer than its device time leaves the device idle between calls, so a device
+    timer (do_bench's CUDA events) then measures the host's issue rate, which moves with the host's
+    load. Call it warm (after do_bench): first-call compiles would count. On a CPU, the whole call."""
+    times = []
+    with gc_paused():
+        for _ in range(reps):
+            for t in grad_to_none:
+                t.grad = None
+            synchronize(device)  # an empty queue: the issue neither waits on nor overlaps earlier work
+            start = timeit.default_timer()
+            fn()
+            times.append((timeit.default_timer() - start) * 1e3)
+    synchronize(device)
+    return statistics.median(times)
 
 
 def rounds_for(ms: float, budget_ms: float = 100.0, lo: int = 3, hi: int = 20) -> int:

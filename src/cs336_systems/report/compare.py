@@ -5,9 +5,13 @@ A name alone does not identify a row: D2's warm-up study and its model table bot
 
 pytest-benchmark's own ``pytest-benchmark compare A B`` lists rows per group without pairing them;
 ``--group-by=name`` (or ``fullname``) pairs them there. This mode pairs rows of any two results files
-the report reads and prints one Markdown table: name, time in A, time in B, B / A. A row's verdict
+the report reads and prints one Markdown table: name, time in A, time in B, B / A, and whether the
+two agree within their stated noise (do_bench's p20–p80 bands overlap: "yes" / "no"). A row's verdict
 holds here as in the tables: an unreliable or interpreted time shows as its mark (its figure only with
-``show_unreliable``, marked), and no ratio is derived from it.
+``show_unreliable``, marked), and no ratio or noise verdict is derived from it. A host-bound side
+(rows.contention.host_bound) timed the host's issue rate, not the case: its noise cell says
+"host-bound", with the ratio of the two CUDA-graph replays (``graph_ms``: device time alone, which
+the host's load does not move, so it stands even beside such a verdict) where both sides have one.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from cs336_systems.report.load import STATS_MEAN, Record, load, unreliable
 from cs336_systems.report.tables import _not_run, format_number
-from cs336_systems.rows.contention import INTERPRETER_NOTE, verdict_label
+from cs336_systems.rows.contention import INTERPRETER_NOTE, host_bound, verdict_label
 
 NAMES_SHOWN = 10  # rows named in the "not run in either" line; the rest are counted
 
@@ -57,6 +61,9 @@ def _cell(r: Record, show: bool) -> str:
 class _Counts:
     contended: int = 0
     interpreted: int = 0
+    within_noise: int = 0
+    outside_noise: int = 0
+    host_bound: int = 0
     not_run: list[str] = field(default_factory=list)
 
 
@@ -76,12 +83,45 @@ def _ratio(ra: Record, rb: Record, show: bool, counts: _Counts) -> str:
     return f"{shown}unreliable ({'; '.join(f'{side}: {w}' for side, w in verdicts)})"
 
 
+def _bands_overlap(ra: Record, rb: Record) -> bool | None:
+    """Whether the two sides' do_bench p20–p80 bands overlap (None: a side states no band)."""
+    bands = [(r.values.get("do_bench_p20_ms"), r.values.get("do_bench_p80_ms")) for r in (ra, rb)]
+    if any(lo is None or hi is None for lo, hi in bands):
+        return None
+    (lo_a, hi_a), (lo_b, hi_b) = bands
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
+def _noise(ra: Record, rb: Record, counts: _Counts) -> str:
+    """Whether A and B agree within their stated noise; "host-bound" when either side's time is the
+    host's issue rate (whose bands measured the host), with the CUDA-graph ratio where both have one."""
+    if not all(_ran(r) and not r.oom for r in (ra, rb)):
+        return "—"
+    if any(host_bound(r.values) for r in (ra, rb)):
+        counts.host_bound += 1
+        ga, gb = ra.values.get("graph_ms"), rb.values.get("graph_ms")
+        return f"host-bound; graph {gb / ga:.3g}×" if ga and gb else "host-bound"
+    overlap = _bands_overlap(ra, rb)
+    if overlap is None or unreliable(ra) or unreliable(rb):  # a verdict's bands measured the load
+        return "—"
+    if overlap:
+        counts.within_noise += 1
+        return "yes"
+    counts.outside_noise += 1
+    return "no"
+
+
 def _head(a: str | Path, b: str | Path, paired: int, counts: _Counts) -> str:
     head = f"A = {a}, B = {b}: {paired} paired rows"
     if counts.contended:
         head += f", {counts.contended} of them timed under contention (no ratio: rerun on a quiet machine)"
     if counts.interpreted:
         head += f", {counts.interpreted} of them interpreted (no ratio: a Triton kernel timed on a CPU)"
+    if counts.within_noise or counts.outside_noise or counts.host_bound:
+        head += (
+            f"; {counts.within_noise} within noise (p20–p80 bands overlap), {counts.outside_noise} outside"
+            f" noise, {counts.host_bound} host-bound (a device time that measured the host's issue rate)"
+        )
     return head
 
 
@@ -91,7 +131,10 @@ def compare_runs(a: str | Path, b: str | Path, show_unreliable: bool = False) ->
     _, rows_a = load([a])
     _, rows_b = load([b])
     by_key_b = {pair_key(r): r for r in rows_b}
-    lines = ["| group | name | A (ms) | B (ms) | B / A |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| group | name | A (ms) | B (ms) | B / A | within noise |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     paired, counts = set(), _Counts()
     for ra in rows_a:
         rb = by_key_b.get(pair_key(ra))
@@ -102,8 +145,8 @@ def compare_runs(a: str | Path, b: str | Path, show_unreliable: bool = False) ->
             counts.not_run.append(ra.name)
             continue
         cells = [_cell(r, show_unreliable) for r in (ra, rb)]
-        ratio = _ratio(ra, rb, show_unreliable, counts)
-        lines.append(f"| {ra.group} | {ra.name} | {cells[0]} | {cells[1]} | {ratio} |")
+        ratio, noise = _ratio(ra, rb, show_unreliable, counts), _noise(ra, rb, counts)
+        lines.append(f"| {ra.group} | {ra.name} | {cells[0]} | {cells[1]} | {ratio} | {noise} |")
     out = [_head(a, b, len(paired), counts), "", *lines]
     if counts.interpreted:
         out += ["", f"interpreted: {INTERPRETER_NOTE}."]

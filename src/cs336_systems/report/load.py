@@ -56,6 +56,7 @@ VALUE_LABELS = {
     "median_ms": "median (ms)",
     "do_bench_ms": "do_bench median (ms)",
     "graph_ms": "CUDA-graph replay (ms)",
+    "launch_ms": "host issue (ms)",  # profiling.timing.launch_time: at least do_bench's, the row is host-bound
     "ratio_to_best_sdpa": "ours / best SDPA",
     "fwd_ms": "fwd (ms)",
     "bwd_ms": "bwd (ms)",
@@ -435,7 +436,8 @@ def unreliable(record: Record) -> str | None:
     tables, ``--compare``, the plots and the prose, and no ratio is derived from it."""
     if is_interpreted(record):
         return INTERPRETER_NOTE
-    reasons = contention_reasons(record.values, host_timed(record.device if record.device_named else ""))
+    device = record.device if record.device_named else ""
+    reasons = contention_reasons(record.values, host_timed(device, record.values))
     return "; ".join(reasons) or None
 
 

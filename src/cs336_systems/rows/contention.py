@@ -12,6 +12,8 @@ all of a busy machine's output (issue 51). Rounds spread beyond ``SPREAD`` are n
 between, or with too few rounds to tell, the load average decides: on a shared CPU a whole run can
 read slower evenly, which only the load shows. An MFU above 100% is impossible, so the rate it
 divides by (the matmul rate, measured separately) and the step's time saw different loads.
+A GPU row whose call took the host longer to issue than the device to run (``host_bound``) is judged
+by the load like a CPU row: its device time is the host's issue rate.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
+from typing import TypeGuard
 
 LOAD_PER_CORE = 1.5  # runnable processes per core (1-minute average) above which a CPU row is unreliable
 SPREAD = 0.25  # median absolute deviation / median of the rounds above which a row is unreliable
@@ -73,7 +76,9 @@ def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
     load, cores = values.get("load_avg_1m"), values.get("cpu_cores")
     loaded = on_cpu and load is not None and cores and load / cores > LOAD_PER_CORE
     if loaded and not rounds_agree(values):
-        reasons.append(f"load average {load:.3g} on {cores:g} cores")
+        reasons.append(
+            f"load average {load:.3g} on {cores:g} cores" + (", host-bound" if host_bound(values) else "")
+        )
     spread = values.get("rounds_spread")
     if spread is not None and not math.isnan(spread) and spread > SPREAD:
         reasons.append(f"rounds spread ±{spread:.0%}")
@@ -145,12 +150,25 @@ def verdict_label(why: str) -> str:
     return "interpreted" if why == INTERPRETER_NOTE else "unreliable"
 
 
-def host_timed(device_name: str) -> bool:
-    """Whether the host's load bears on a row's time: a CPU row, or a row that names no device. The
-    grader's own rows (bench_grading) time whole processes by the host's wall clock and name no device:
-    read as GPU rows, one round at a load of 6.33 on 2 cores printed as a result."""
+def _positive(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def host_bound(values: Mapping[str, object]) -> bool:
+    """Whether issuing one call (``launch_ms``: profiling.timing.launch_time) took the host at least as
+    long as the device took to run it (``do_bench_ms``): the device then waited on the host between
+    calls, and its timer measured the host's issue rate. Rows without launch_ms: False."""
+    launch, device = values.get("launch_ms"), values.get("do_bench_ms")
+    return _positive(launch) and _positive(device) and launch >= device
+
+
+def host_timed(device_name: str, values: Mapping[str, object]) -> bool:
+    """Whether the host's load bears on a row's time: a CPU row, a row that names no device, or a
+    host-bound GPU row (its figure is the host's issue rate: :func:`host_bound`). The grader's own rows
+    (bench_grading) time whole processes by the host's wall clock and name no device: read as GPU rows,
+    one round at a load of 6.33 on 2 cores printed as a result."""
     name = device_name.strip().lower()
-    return not name or name.startswith("cpu")
+    return not name or name.startswith("cpu") or host_bound(values)
 
 
 def row_verdict(extra_info: Mapping[str, object], params: Mapping[str, object] | None = None) -> str | None:
@@ -162,4 +180,4 @@ def row_verdict(extra_info: Mapping[str, object], params: Mapping[str, object] |
     numbers = {
         k: float(v) for k, v in extra_info.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    return "; ".join(contention_reasons(numbers, host_timed(device))) or None
+    return "; ".join(contention_reasons(numbers, host_timed(device, numbers))) or None
