@@ -151,7 +151,8 @@ def test_cases_side_by_side_each_claim_their_own_gpu(
         'echo "$CUDA_VISIBLE_DEVICES" > "$out.gpus"; sleep 1\n'
     )
     fake.chmod(0o755)
-    local = LocalGpus(tmp_path / "locks", total=2, per_job=1)
+    local = LocalGpus.seen(tmp_path / "locks", total=2, per_job=1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what submitit shows every job: not the GPUs above
     cases = [
         BenchCase(f"b.py::t[{i}]", tmp_path / f"c{i}" / "bench.json", str(fake), tmp_path, [], 30, local)
         for i in range(2)

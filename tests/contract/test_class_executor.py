@@ -183,3 +183,18 @@ def test_on_one_machine_the_anchors_join_the_class_queue(
     run_class(ClassJobs(repos, out, RepoOptions(bench=True), config, local_gpus=2), say=lambda line: None)
     assert queues[0] == ["a", "b", ANCHORS], queues
     assert queues[1:] == ([["Fake GPU"]] if anchors_fail else []), queues
+
+
+def _raises() -> None:
+    raise ValueError("tuple index out of range")
+
+
+def test_a_job_that_raises_names_its_error(tmp_path: Path) -> None:
+    """The outcome names the exception and the job's log (submitit's message ends with its log paths,
+    and the error once shown was only those)."""
+    from cs336_systems.harness.executor import ExecutorConfig, run_jobs
+
+    config = ExecutorConfig(kind="local", folder=tmp_path / "jobs", poll_s=0.2)
+    (end,) = run_jobs(config, {"job": _raises}, log=lambda line: None).values()
+    assert end.state == "failed", end
+    assert "ValueError: tuple index out of range" in end.error and "_log.err" in end.error, end.error

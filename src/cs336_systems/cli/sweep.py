@@ -98,7 +98,7 @@ def _local_gpus(config: ExecutorConfig) -> LocalGpus | None:
     scheduler hands them out)."""
     if config.resolved_kind() != "local" or not config.gpus_per_job:
         return None
-    local = LocalGpus(config.folder, local_gpu_count(), config.gpus_per_job)
+    local = LocalGpus.seen(config.folder, local_gpu_count(), config.gpus_per_job)
     if local.per_job > local.total:
         raise ExecutorError(f"--gpus-per-job {local.per_job}: this machine has {local.total} GPU(s)")
     return local

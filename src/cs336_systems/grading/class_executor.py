@@ -194,7 +194,7 @@ def _local_gpus(jobs: ClassJobs) -> LocalGpus | None:
     config = jobs.config
     if config.resolved_kind() != "local" or not (jobs.local_gpus and config.gpus_per_job):
         return None
-    return LocalGpus(jobs.out / "jobs", jobs.local_gpus, config.gpus_per_job)
+    return LocalGpus.seen(jobs.out / "jobs", jobs.local_gpus, config.gpus_per_job)
 
 
 def _anchors_folder(jobs: ClassJobs) -> Path:

@@ -175,18 +175,28 @@ def visible_devices(indices: Sequence[int], environ: Mapping[str, str] = os.envi
 @dataclass(frozen=True)
 class LocalGpus:
     """One machine's GPUs, shared by the jobs that run side by side on it (submitit's ``LocalExecutor``
-    shows every job the same first GPUs): each job claims ``per_job`` of the ``total`` this process sees,
-    through lock files in ``lock_dir``."""
+    shows every job the same first GPUs): each job claims ``per_job`` of ``devices`` through lock files in
+    ``lock_dir``. ``devices`` are named as the submitting process sees them (:meth:`seen`): inside a job,
+    ``CUDA_VISIBLE_DEVICES`` is submitit's ("0", "0,1"...), not the user's."""
 
     lock_dir: Path
-    total: int
+    devices: tuple[str, ...]
     per_job: int
+
+    @classmethod
+    def seen(cls, lock_dir: Path, total: int, per_job: int) -> LocalGpus:
+        """The ``total`` GPUs this process sees, named for a child's ``CUDA_VISIBLE_DEVICES``."""
+        return cls(lock_dir, tuple(visible_devices(range(total)).split(",")) if total else (), per_job)
+
+    @property
+    def total(self) -> int:
+        return len(self.devices)
 
     @contextlib.contextmanager
     def claim(self) -> Iterator[str]:
         """``CUDA_VISIBLE_DEVICES`` naming ``per_job`` GPUs no other job holds, held until the block ends."""
         with claim_gpus(self.lock_dir, self.total, self.per_job) as held:
-            yield visible_devices(held)
+            yield ",".join(self.devices[i] for i in held)
 
 
 def gpu_claim(local: LocalGpus | None) -> contextlib.AbstractContextManager[str | None]:
@@ -229,10 +239,21 @@ def _outcome(job: submitit.Job) -> Outcome:
     exc = job.exception()
     if exc is None:
         return Outcome(job.job_id, "done", result=job.result())
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    # submitit's message carries the job's stderr; its last lines say what went wrong.
-    error = " | ".join(lines[-3:])[-600:] or type(exc).__name__
-    return Outcome(job.job_id, "failed", error=f"{job.state}: {error}")
+    return Outcome(job.job_id, "failed", error=f"{job.state}: {job_error(str(exc))}")
+
+
+LOGS_NOTE = "You can check full logs"  # where submitit's message turns from the error to its log paths
+
+
+def job_error(message: str) -> str:
+    """One line from submitit's message on a failed job: the error's own last line (a traceback's
+    exception, or the last line of a killed job's stderr), and the job's error log. The message ends
+    with the log paths, so its last lines alone named only where to look."""
+    body, _, logs = message.partition(LOGS_NOTE)
+    lines = [line.strip() for line in body.splitlines() if line.strip().strip("-")]
+    error = lines[-1][-600:] if lines else "no error message"
+    paths = [line.strip(" -") for line in logs.splitlines() if line.strip().endswith(".err")]
+    return error + (f" (log: {paths[0]})" if paths else "")
 
 
 def run_jobs(
