@@ -164,6 +164,7 @@ def test_compare_says_whether_two_runs_agree_within_their_noise(tmp_path: Path) 
         _sweep("issue", 0.5, (0.4, 0.6), launch_ms=0.05),
         _bench("test_model[tiny]", "model", {"size": "tiny"}, {"mean_ms": 10.5, **QUIET}),
         _sweep("spread", 1.0, (0.9, 1.1)),
+        _sweep("near", 1.0, (0.999, 1.001)),
     ]
     b = [
         _sweep("close", 1.05, (1.0, 1.2)),  # bands overlap
@@ -172,6 +173,7 @@ def test_compare_says_whether_two_runs_agree_within_their_noise(tmp_path: Path) 
         _sweep("issue", 0.04, (0.03, 0.05), launch_ms=0.05),  # host-bound in B only, no graph
         a[4],  # no band
         _sweep("spread", 1.0, (0.9, 1.1), rounds_spread=0.4),  # bands overlap, but the rounds are no result
+        _sweep("near", 1.015, (1.014, 1.016)),  # tight bands apart, 1.5%: two processes differ by this much
     ]
     text = compare_runs(_write(tmp_path / "a.json", a), _write(tmp_path / "b.json", b))
     cells = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")][2:]  # past the header
@@ -183,10 +185,14 @@ def test_compare_says_whether_two_runs_agree_within_their_noise(tmp_path: Path) 
         "test_flash_sweep[issue]": "host-bound |",
         "test_model[tiny]": "— |",
         "test_flash_sweep[spread]": "— |",
+        "test_flash_sweep[near]": "run to run |",
     }, text
     assert "| B / A | within noise |" in text
-    assert "6 paired rows, 1 of them timed under contention" in text
-    assert "; 1 within noise (p20–p80 bands overlap), 1 outside noise, 2 host-bound" in text
+    assert "7 paired rows, 1 of them timed under contention" in text
+    assert (
+        "; 1 within noise (p20–p80 bands overlap), 1 within 2% (run to run), 1 outside both, 2 host-bound"
+        in text
+    )
 
 
 # ---- D25: C and W of one machine ----------------------------------------------------------------------
