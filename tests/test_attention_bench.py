@@ -328,6 +328,10 @@ def test_bench_cpu_variants_run(bench_run: tuple[Path, Path]) -> None:
     assert any(t.group == "D11 flash sweep" for t in report.build_tables(from_log))
 
 
+# Captured in CUDA graphs in the D11 run on 4 x H200 of 2026-11-28 (docs/results/sweep/h200x4-d11-plain.json).
+GRAPHED_ON_H200 = ("flash_triton", "sdpa_flash", "sdpa_cudnn")
+
+
 @BENCH_RUN
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="launch_ms and graph_ms are CUDA rows' (no GPU here)"
@@ -341,8 +345,10 @@ def test_d11_cuda_rows_say_whether_they_are_host_bound(bench_run: tuple[Path, Pa
         assert info["launch_ms"] > 0 and info["host_bound"] == (info["launch_ms"] >= info["do_bench_ms"])
         if pass_ == "bwd":
             assert "graph_ms" not in info and "graph_error" not in info
-        else:
+        elif impl in GRAPHED_ON_H200:
             assert info.get("graph_ms", 0) > 0, (impl, dtype, pass_, info.get("graph_error"))
+        else:  # plain and compiled PyTorch: a capture that fails is a finding the row names
+            assert info.get("graph_ms", 0) > 0 or info.get("graph_error"), (impl, dtype, pass_)
 
 
 def _check_shapes_rows(rows: list[dict]) -> None:
