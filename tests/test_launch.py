@@ -205,9 +205,9 @@ def test_the_store_is_the_parents_on_a_port_it_holds() -> None:
     """No free-port pick to race: the parent binds port 0 and holds it while the ranks run."""
     import socket
 
-    from cs336_systems.distributed.launch import _host_store
+    from cs336_systems.distributed.launch import host_store
 
-    store = _host_store(2, 10.0)
+    store = host_store(2, 10.0)
     with socket.socket() as s, pytest.raises(OSError):
         s.bind(("127.0.0.1", store.port))
     del store

@@ -183,3 +183,15 @@ def test_an_unknown_worker_user_is_one_line(tmp_path: Path) -> None:
     assert (tmp_path / "failure.txt").read_text().strip() == (
         "cannot grade: --worker-user no-such-user-here: no such user on this machine"
     )
+
+
+def test_a_failure_in_a_network_errors_words_stays_the_codes() -> None:
+    """An attention that raises "Connection reset by peer" on an idle machine: retried once (a reset can
+    be the machine's), then failed with its message, not left out of the score."""
+    roots = discover(STUDENTS / "adversary" / "tests" / "adapters_blames_network.py")
+    grader = Grader(roots, probe(roots.adapters), 1, timeout=60, machine=Machine(lambda: 0.5, cores=2))
+    verdict = grader.verdict(CASES[HANG])
+    assert verdict.status == FAILED and "Connection reset by peer" in verdict.message, verdict
+    busy = Grader(roots, probe(roots.adapters), 1, timeout=60, machine=Machine(lambda: 9.0, cores=2))
+    verdict = busy.verdict(CASES[HANG])  # a busy machine's reset stays the machine's
+    assert verdict.status == SKIPPED and verdict.kind == UNFINISHED_HERE, verdict

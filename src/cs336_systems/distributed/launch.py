@@ -110,7 +110,7 @@ def _collective_threads() -> list[str]:
     return sorted(names)
 
 
-def _host_store(world_size: int, timeout: float) -> dist.TCPStore:
+def host_store(world_size: int, timeout: float) -> dist.TCPStore:
     """The rendezvous store, bound here on a port the OS picks, alive until the run is over."""
     return dist.TCPStore(
         "127.0.0.1",
@@ -138,7 +138,7 @@ def spawn(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = mp.get_context("spawn")
-    store = _host_store(world_size, timeout + startup_grace)
+    store = host_store(world_size, timeout + startup_grace)
     with tempfile.TemporaryDirectory(prefix="cs336-ranks-") as out_dir:
         procs = [
             ctx.Process(

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from cs336_systems.distributed.launch import find_free_port
+from cs336_systems.distributed.launch import host_store
 
 from .exchange import Untrusted, read_payload, text
 from .roots import SUITE_PACKAGE, SUITE_ROOT, StudentRoots, grader_pythonpath, suite_paths
@@ -84,6 +84,7 @@ class Machine:
 
 
 LOST_CONNECTION = ("Connection reset by peer", "Connection closed by peer")
+STORE_GRACE_S = 60.0  # the store outlives the job's limit by the ranks' start and teardown
 
 
 @dataclass
@@ -114,6 +115,8 @@ def _env(rank: int, world_size: int, port: int, task: str) -> dict:
         MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
+    if world_size > 1:
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the store is the runner's: every rank is a client
     if task == "cases":
         # The cases' CPU work is small operators, in ranks and jobs side by side: one thread each rather
         # than a thread per core in every one of them (timing workers keep the machine's setting).
@@ -189,7 +192,12 @@ def _run_in(job: Job, folder: Path) -> Collected:
     # The suite's tree is never the worker's to write, whoever started the grading.
     sandbox = dataclasses.replace(job.sandbox, protect=(*job.sandbox.protect, SUITE_ROOT))
     cmd = sandbox.wrap(plain, writable=[folder / "out"])
-    port = find_free_port()
+    # The rendezvous store is the parent's, on a port the OS picks and kept bound for the whole job (as
+    # distributed.launch does): a port found free here and bound later by rank 0 was, about one class run
+    # in six, taken in between by another job's connection (EADDRINUSE), a failure of the machine that
+    # read as the code's. A single process starts no group.
+    store = host_store(job.world_size, job.timeout + STORE_GRACE_S) if job.world_size > 1 else None
+    port = store.port if store is not None else 0
     procs = []
     for rank in range(job.world_size):
         log = (folder / f"rank{rank}.log").open("w")
@@ -204,6 +212,7 @@ def _run_in(job: Job, folder: Path) -> Collected:
         )
     talk = _Conversation(job, folder, procs) if job.conversation else None
     timed_out = _watch(procs, job.timeout)
+    del store  # every rank is gone
     codes = [returncode(p.returncode, sandbox.uses_namespaces()) for p in procs]
     got = _collect(job, folder, token, codes, timed_out)
     got.conversation = talk.result() if talk else None
@@ -321,9 +330,9 @@ class CaseRuns:
             timeout=self.timeout,
         )
         got = run(job)
-        if self._unfinished(got):
-            got = run(job)  # once more: the machine may have been busy for a while only
-            if why := self._unfinished(got):
+        if self._unfinished(got, again=False):
+            got = run(job)  # once more: the machine may have been busy, or a connection reset, once only
+            if why := self._unfinished(got, again=True):
                 for case_id in batch:
                     self.done[case_id] = Outcome(unfinished=f"could not grade here: {why}")
                 return
@@ -343,14 +352,19 @@ class CaseRuns:
         for case_id in [c for c in batch if c not in self.done]:
             self._run([case_id], world_size, make_inputs, retry_alone=False)
 
-    def _unfinished(self, got: Collected) -> str | None:
-        """Why this machine, not the code, failed the job: its time limit reached under a load far above
-        the cores, or a rank's connection reset. A time limit on an idle machine is the code's."""
+    def _unfinished(self, got: Collected, again: bool) -> str | None:
+        """Why this machine, not the code, may have failed the job: its time limit reached under a load
+        far above the cores, or a rank's connection reset (on a first run; ``again``, a reset is the
+        machine's only on a busy machine). A time limit on an idle machine is the code's, and so is a
+        reset that a quiet machine repeats: the words are the graded process's to print, and taking
+        them at their word left any failing case out of the score."""
         if got.timed_out and (busy := self.machine.busy()):
             return f"{got.job_problem} at {busy}"
         if got.lost_connection():
-            busy = self.machine.busy() or f"load {self.machine.load():.1f} on {self.machine.cores} cores"
-            return f"a rank lost its connection to its peers ({busy})"
+            busy = self.machine.busy()
+            if not again:
+                return f"a rank lost its connection to its peers ({busy or 'once'})"
+            return f"a rank lost its connection to its peers ({busy})" if busy else None
         return None
 
 
