@@ -198,3 +198,26 @@ def test_a_job_that_raises_names_its_error(tmp_path: Path) -> None:
     (end,) = run_jobs(config, {"job": _raises}, log=lambda line: None).values()
     assert end.state == "failed", end
     assert "ValueError: tuple index out of range" in end.error and "_log.err" in end.error, end.error
+
+
+def test_local_jobs_share_the_machines_cores_with_or_without_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from cs336_systems.grading import class_executor
+    from cs336_systems.grading.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.repo_job import RepoOptions
+    from cs336_systems.harness.executor import ExecutorConfig, Outcome
+
+    threads: list[int | None] = []
+
+    def run_jobs(config, calls, on_submit=None, log=print):
+        threads.extend(call.threads for call in calls.values())
+        return {k: Outcome("1", "done", result={"code": 0, "elapsed": 1.0, "host": "h"}) for k in calls}
+
+    monkeypatch.setattr(class_executor, "run_jobs", run_jobs)
+    config = ExecutorConfig(kind="local", folder=tmp_path / "jobs", parallelism=2)
+    repos = {"a": STUDENTS / "src_layout"}
+    run_class(ClassJobs(repos, tmp_path / "out", RepoOptions(), config), say=lambda line: None)
+    assert threads == [max(1, (os.cpu_count() or 2) // 2)], threads

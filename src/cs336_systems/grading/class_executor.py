@@ -138,7 +138,7 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
 
     On one machine the anchors job joins the queue last, so it starts on the first GPU a repository
     frees, beside the last repositories (as the one-machine scheduler does); timed after the class it
-    added its whole time to the class's (about 90 s of 585 s for six repositories on 2 x H200). A GPU
+    added its whole time to the class's (about 80 s on an H200). A GPU
     model it did not time, and every model on Slurm, is timed after the class (:func:`_time_anchors`)."""
     todo = {n: p for n, p in jobs.repos.items() if jobs.force or not up_to_date(p, jobs.out / n)}
     outcomes = {
@@ -153,7 +153,8 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     config = jobs.config
     local = _local_gpus(jobs)
     # On one machine the jobs share its cores; on Slurm each has the CPUs it was given.
-    threads = max(1, (os.cpu_count() or 2) // config.parallelism) if local else None
+    one_machine = config.resolved_kind() == "local"
+    threads = max(1, (os.cpu_count() or 2) // config.parallelism) if one_machine else None
     timeout_s = min(jobs.timeout, config.time_min * 60 - 30)
     calls = {}
     for name, target in todo.items():
