@@ -143,27 +143,18 @@ for stage in "$@"; do
       python3 -m cs336_systems.cli.leaderboard --json "$OUT/leaderboard-course.json" 2>&1 | tail -3 ;;
     grade)  # each repository in $GRADE_REPOS (or folders of them) graded side by side, one GPU each, course +
       # leaderboard tiers and the leaderboard row the course's way (anchors: the suite's kernel and cuDNN per GPU model);
-      # with COURSE_TESTS (a course release's tests/, or a folder of releases by version) the course's tests too
+      # with COURSE_TESTS (a course release's tests/, or a folder of releases by version) the course's tests too;
+      # with GRADE_EXECUTOR=local through submitit's local executor (run both on one host to compare them)
       timeout "${GRADE_TIMEOUT:-540}" python3 -m cs336_systems.cli.grade ${GRADE_REPOS:-} --out "$OUT/class" \
         --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --timeout 420 \
+        ${GRADE_EXECUTOR:+--executor "$GRADE_EXECUTOR" --gpus-per-job 1} \
         ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} > "$OUT/class.log" 2>&1
       echo "grade rc=$?"; grep -v "cases done\|loading its code" "$OUT/class.log" | tail -30 ;;
-    grade-executor)  # the `grade` stage's class through submitit's local executor, one GPU per job: run it after
-      # `grade` on the same host (two calls) to compare the two schedulers' verdicts, ranks and times
-      timeout "${GRADE_TIMEOUT:-540}" python3 -m cs336_systems.cli.grade ${GRADE_REPOS:-} --out "$OUT/class-executor" \
-        --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --timeout 420 --executor local --gpus-per-job 1 \
-        > "$OUT/class-executor.log" 2>&1
-      echo "grade-executor rc=$?"; grep -v "cases done\|loading its code\|^jobs:" "$OUT/class-executor.log" | tail -30 ;;
-    sweep-d11)  # D11 (d 64, bf16, seq 1024 and 16384; ours, SDPA flash, cuDNN) in one pytest process on GPU 0, then as
-      # sweep jobs, one per GPU; `report --compare` of the two (~3 min on 4 GPUs)
-      sel=(bench/bench_flash.py --only d=64 --only dtype=bf16 --only seq=1024,16384)
-      k='test_flash_sweep and (flash_triton or sdpa_flash or sdpa_cudnn)'
-      CUDA_VISIBLE_DEVICES=0 "${BENCH[@]}" "${sel[@]}" -k "$k" --benchmark-json="$OUT/d11-plain.json" 2>&1 | tail -2
-      gpus=$(nvidia-smi -L | wc -l)
-      python3 -m cs336_systems.cli.sweep "${sel[@]}" -k "$k" --out "$OUT/d11-sweep" --executor local \
-        --gpus-per-job 1 --parallelism "$gpus" --time-min 4 2>&1 | tail -2
-      python3 -m cs336_systems.report --compare "$OUT/d11-plain.json" "$OUT/d11-sweep/sweep.json" \
-        | tee "$OUT/d11-compare.md" | head -1 ;;
+    sweep-d11)  # D11 (d 64, bf16, seq 1024, 16384) in one pytest process on GPU 0, then as sweep jobs, one per GPU; compared
+      sel=(bench/bench_flash.py --only d=64 --only dtype=bf16 --only seq=1024,16384 -k 'test_flash_sweep and (flash_triton or sdpa_flash or sdpa_cudnn)')
+      CUDA_VISIBLE_DEVICES=0 "${BENCH[@]}" "${sel[@]}" --benchmark-json="$OUT/d11-plain.json" 2>&1 | tail -2
+      python3 -m cs336_systems.cli.sweep "${sel[@]}" --out "$OUT/d11-sweep" --executor local --gpus-per-job 1 --parallelism "$(nvidia-smi -L | wc -l)" 2>&1 | tail -2
+      python3 -m cs336_systems.report --compare "$OUT/d11-plain.json" "$OUT/d11-sweep/sweep.json" | tee "$OUT/d11-compare.md" | head -1 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
