@@ -153,7 +153,7 @@ for stage in "$@"; do
     sweep-d11)  # D11 (d 64, bf16, seq 1024, 16384) in one pytest process on GPU 0, then as sweep jobs, one per GPU; compared
       sel=(bench/bench_flash.py --only d=64 --only dtype=bf16 --only seq=1024,16384 -k 'test_flash_sweep and (flash_triton or sdpa_flash or sdpa_cudnn)')
       CUDA_VISIBLE_DEVICES=0 "${BENCH[@]}" "${sel[@]}" --benchmark-json="$OUT/d11-plain.json" 2>&1 | tail -2
-      python3 -m cs336_systems.cli.sweep "${sel[@]}" --out "$OUT/d11-sweep" --executor local --gpus-per-job 1 --parallelism "$(nvidia-smi -L | wc -l)" 2>&1 | tail -2
+      python3 -m cs336_systems.cli.sweep "${sel[@]}" --out "$OUT/d11-sweep" --executor local --gpus-per-job 1 --parallelism "$(nvidia-smi -L | wc -l)" --time-min 4 2>&1 | tail -2
       python3 -m cs336_systems.report --compare "$OUT/d11-plain.json" "$OUT/d11-sweep/sweep.json" | tee "$OUT/d11-compare.md" | head -1 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
