@@ -184,7 +184,7 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     timed = _anchors_outcome(anchors, 0, here, say) if anchors and here else set()
     untimed = {model: host for model, host in seen.items() if model not in timed}
     if jobs.options.bench and untimed:
-        _time_anchors(jobs, anchors or _anchors_folder(jobs), untimed, threads, say)
+        _time_anchors(jobs, anchors or _anchors_folder(jobs), untimed, threads, local, say)
     many = "repository" if len(todo) == 1 else "repositories"
     say(f"{len(todo)} {many} graded as jobs in {time.monotonic() - started:.0f} s")
     return outcomes
@@ -230,10 +230,15 @@ def _anchors_outcome(folder: Path, i: int, end: Outcome, say: Callable[[str], No
 
 
 def _time_anchors(
-    jobs: ClassJobs, folder: Path, models: dict[str, str], threads: int | None, say: Callable[[str], None]
+    jobs: ClassJobs,
+    folder: Path,
+    models: dict[str, str],
+    threads: int | None,
+    local: LocalGpus | None,
+    say: Callable[[str], None],
 ) -> None:
     """One anchors job per GPU model in ``models`` (model -> a node that ran it), on that node, into
-    ``folder/gpu<i>.json`` after those already there."""
+    ``folder/gpu<i>.json`` after those already there; ``local``: the class's claim on this machine's GPUs."""
     first = len(list(folder.glob("gpu*.json")))
     for i, (model, host) in enumerate(sorted(models.items()), start=first):
         config = dataclasses.replace(
@@ -242,7 +247,7 @@ def _time_anchors(
             parallelism=1,
             slurm_params={**jobs.config.slurm_params, "nodelist": host},
         )
-        call = _anchors_job(jobs, folder, i, config.time_min * 60 - 30, threads, _local_gpus(jobs))
+        call = _anchors_job(jobs, folder, i, config.time_min * 60 - 30, threads, local)
         say(f"[anchors] timing the suite's kernel and cuDNN on {model} ({host})")
         (end,) = run_jobs(config, {model: call}, log=say).values()
         _anchors_outcome(folder, i, end, say)
