@@ -9,6 +9,8 @@
   run as when the grader is root (``sandbox``).
 - ``CS336_GRADE_ISOLATION``: ``subreaper`` starts the workers without namespaces even where they work
   (a machine where they get in the way of the GPU's drivers); passed on to the judge like the others.
+- ``CS336_GRADE_NETWORK``: set by ``repo_job`` when it made a network of its own (``network``): that
+  namespace's name, so that its judge can say so (a record naming another namespace says nothing).
 - ``CS336_COURSE_TESTS_PORT``: set for a run of the course's tests (``course_tests``): the port its process
   groups use instead of the course's fixed 12390, so that runs side by side do not collide.
 """
@@ -24,6 +26,7 @@ COURSE_PORT_ENV = "CS336_COURSE_TESTS_PORT"
 PROTECT_ENV = "CS336_GRADE_PROTECT"
 WORKER_USER_ENV = "CS336_GRADE_WORKER_USER"
 ISOLATION_ENV = "CS336_GRADE_ISOLATION"
+NETWORK_ENV = "CS336_GRADE_NETWORK"
 
 
 def adapters_from_env() -> str | None:
@@ -57,3 +60,14 @@ def worker_user_from_env() -> str | None:
 
 def namespaces_wanted() -> bool:
     return os.environ.get(ISOLATION_ENV, "") != "subreaper"
+
+
+def network_from_env() -> str | None:
+    return os.environ.get(NETWORK_ENV) or None
+
+
+def set_network(namespace: str | None) -> None:
+    if namespace is None:
+        os.environ.pop(NETWORK_ENV, None)
+    else:
+        os.environ[NETWORK_ENV] = namespace
