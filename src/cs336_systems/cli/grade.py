@@ -230,9 +230,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say_isolation(args: argparse.Namespace) -> None:
+    from cs336_systems.grading import network
     from cs336_systems.grading.sandbox import Sandbox, describe
 
-    print(describe(dataclasses.replace(Sandbox.from_env(), worker_user=args.worker_user).isolation()))
+    sandbox = Sandbox.from_env()  # each repository's job makes its own network: as it will be there
+    sandbox = dataclasses.replace(
+        sandbox, worker_user=args.worker_user, network=network.expected(sandbox.namespaces)
+    )
+    print(describe(sandbox.isolation()))
 
 
 def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alone: bool = False):

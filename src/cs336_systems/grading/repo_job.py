@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import course_tests, gradescope, observer_turn
-from .exchange import text
+# No import here may start a thread (torch's does: ``course_tests``, ``exchange`` are imported where
+# used): ``main`` first moves this process to a network of its own, which must be its only thread.
+from . import gradescope, network, observer_turn
 from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import become_subreaper, kill_descendants
-from .settings import LOADED_ENV, PROTECT_ENV, WORKER_USER_ENV, protected_from_env
+from .settings import LOADED_ENV, PROTECT_ENV, WORKER_USER_ENV, namespaces_wanted, protected_from_env
 from .shared.cases import TRITON_HOOK
 
 
@@ -116,6 +117,8 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
         (out / "grade.json").unlink()
         return _failed(out, points, f"cannot grade {roots.adapters}: {why}", syntax_problem(adapters) is None)
     if opts.course_tests:
+        from . import course_tests
+
         given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
         started = time.monotonic()
         try:
@@ -200,6 +203,8 @@ def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:
 
 
 def _last_line(log: Path) -> str:
+    from .exchange import text
+
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     return text(
         next(
@@ -210,6 +215,9 @@ def _last_line(log: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First, while this is the process's only thread: the judge, its stores and workers, the course's
+    # tests and the leaderboard all start below, on this repository's network alone.
+    network.isolate(namespaces_wanted())
     p = argparse.ArgumentParser(prog="python -m cs336_systems.grading.repo_job", description=__doc__)
     p.add_argument("target", type=Path)
     p.add_argument("--out", type=Path, required=True)

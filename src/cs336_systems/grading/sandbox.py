@@ -8,8 +8,10 @@ before any result file is written. Where the machine allows (root, or unprivileg
 util-linux's ``unshare`` and ``setpriv``), each worker also starts in PID and mount namespaces of its own
 (``Sandbox.wrap``): it sees only its own processes (not the grader's command lines), the grader's folders
 are read-only there except the job's ``out/``, it holds no capability to undo that, and when its first
-process exits the kernel kills everything left in it. The network namespace is shared: ranks talk over
-loopback TCP. Elsewhere the subreapers alone hold (``isolation()`` says which).
+process exits the kernel kills everything left in it; elsewhere the subreapers alone hold. And each
+repository's ``repo_job`` runs on a network of its own with only loopback (``network.py``): its ranks
+talk over loopback TCP there, and no other repository's ports are reachable. ``isolation()`` says which
+of these the machine gave.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import network as net
 from .settings import namespaces_wanted, protected_from_env, worker_user_from_env
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -110,6 +113,7 @@ class Sandbox:
     protect: tuple[Path, ...] = ()
     worker_user: str | None = None
     namespaces: bool = True  # False: subreapers only, even where namespaces work
+    network: str | None = None  # "own" or "shared"; None: as this process has it (``network.here``)
 
     @staticmethod
     def from_env() -> Sandbox:
@@ -125,9 +129,15 @@ class Sandbox:
             "capabilities; every process it leaves behind is killed with it"
             if kind == NAMESPACES
             else "every process the graded code leaves behind is killed before any result is written "
-            "(no namespaces here: needs root or unprivileged user namespaces, and util-linux)"
+            "(no PID and mount namespaces here: needs root or unprivileged user namespaces, and util-linux)"
         )
-        return {"isolation": kind, "covers": covers, "worker_user": self._user()}
+        network = self.network or net.here()
+        covers += (
+            "; the repository on a network of its own, loopback only: no other repository's ports"
+            if network == net.OWN
+            else "; the network is shared: other repositories' ports can be reached"
+        )
+        return {"isolation": kind, "network": network, "covers": covers, "worker_user": self._user()}
 
     def uses_namespaces(self) -> bool:
         return self.namespaces and namespaces_work()
@@ -192,7 +202,8 @@ def _unshare() -> list[str]:
 def describe(isolation: dict) -> str:
     """One line for the CLI: which isolation the graded code had."""
     user = f", as user {isolation['worker_user']}" if isolation.get("worker_user") else ""
-    return f"isolation: {isolation['isolation']}{user} ({isolation['covers']})"
+    network = f", {isolation['network']} network" if isolation.get("network") else ""
+    return f"isolation: {isolation['isolation']}{network}{user} ({isolation['covers']})"
 
 
 @functools.cache
