@@ -76,6 +76,7 @@ def test_repository_job_with_subreapers_alone(tmp_path: Path) -> None:
     texts = _settled([out / "grade.json", out / "results.json"])
     report = json.loads(texts[out / "grade.json"])
     assert report["isolation"]["isolation"] == "subreaper", report.get("isolation")
+    assert report["isolation"]["network"] == "shared", report["isolation"]  # no namespace of any kind
     assert report["hooks"][HOOK]["verdict"] == "FAIL", report["hooks"][HOOK]
     _check_results(json.loads(texts[out / "results.json"]))
     assert not alive(marker), "a process the graded code left is still running"
@@ -95,7 +96,8 @@ def test_class_run_in_namespaces(tmp_path: Path) -> None:
     repo = out / "adversary-left_behind"  # an adapters file other than adapters.py: its stem names it
     texts = _settled([out / "class.md", repo / "grade.json", repo / "results.json"])
     assert "| adversary-left_behind | 0 / 5 | FAIL |" in texts[out / "class.md"], texts[out / "class.md"]
-    assert json.loads(texts[repo / "grade.json"])["isolation"]["isolation"] == "namespaces"
+    isolation = json.loads(texts[repo / "grade.json"])["isolation"]
+    assert isolation["isolation"] == "namespaces" and isolation["network"] == "own", isolation
     _check_results(json.loads(texts[repo / "results.json"]))
     assert not alive(marker), "a process the graded code left is still running"
 
