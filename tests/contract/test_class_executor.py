@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.grading import gradescope
-from cs336_systems.harness.executor import GpuClaimError, claim_gpus
+from cs336_systems.harness.executor import ExecutorConfig, GpuClaimError, claim_gpus
 
 from .grading_run import ROOT, STUDENTS, clean_env
 
@@ -221,3 +221,14 @@ def test_local_jobs_share_the_machines_cores_with_or_without_gpus(
     repos = {"a": STUDENTS / "src_layout"}
     run_class(ClassJobs(repos, tmp_path / "out", RepoOptions(), config), say=lambda line: None)
     assert threads == [max(1, (os.cpu_count() or 2) // 2)], threads
+
+
+def test_local_jobs_are_looked_at_as_often_as_the_one_machine_scheduler_looks(monkeypatch) -> None:
+    """A job that ended is seen, and the next one started, at the next look: at 2 s (Slurm's cadence, one
+    sacct a look) a class of three ran 3-4 s longer than the one-machine scheduler's 0.5 s."""
+    from cs336_systems.grading import classroom
+
+    assert ExecutorConfig(kind="local").poll_interval() <= classroom.POLL_S
+    assert ExecutorConfig(kind="local", poll_s=0.2).poll_interval() == 0.2
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # sbatch "installed"
+    assert ExecutorConfig(kind="slurm").poll_interval() == 2.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -136,6 +137,21 @@ def test_a_class_run_times_the_anchors_once_per_model_of_gpu(tmp_path: Path, mon
     assert sorted(models[g] for g in anchors) == ["H100", "H200"], spawned
     assert [n for n, _ in spawned if n.startswith("r")] == list(repos)
     assert spawned.index(next(s for s in spawned if s[0].startswith("anchors"))) >= len(models)
+
+
+def test_an_anchors_jobs_progress_says_what_it_does(tmp_path: Path) -> None:
+    """It grades no case: "loading its code and starting its first workers" every 15 s read as stuck."""
+    run = ClassRun({}, tmp_path / "out", RepoOptions(bench=True), gpus=1)
+    run.log = open(tmp_path / "log", "w")  # noqa: SIM115 - closed with the test's folder
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not run._finished(Running("anchors (gpu 0)", proc, time.monotonic(), 0, tmp_path), {})
+    finally:
+        proc.kill()
+        proc.wait()
+    run.log.close()
+    line = (tmp_path / "log").read_text()
+    assert "timing the suite's kernel and cuDNN" in line and "loading its code" not in line, line
 
 
 def test_the_plan_skips_what_cannot_run_here() -> None:

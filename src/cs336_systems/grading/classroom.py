@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch
     from .repo_job import RepoOptions
 
 
+POLL_S = 0.5  # seconds between two looks at the running jobs
+ANCHORS_WORK = "timing the suite's kernel and cuDNN"  # an anchors job's progress line (it grades no case)
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
 
 
@@ -166,7 +168,7 @@ class ClassRun:
                 elif slot is not None and models[slot] in anchors:
                     anchors.remove(models[slot])
                     running.append(self._anchor(slot))
-            time.sleep(0.5)
+            time.sleep(POLL_S)
             done = [job for job in running if self._finished(job, outcomes)]
             for job in done:
                 running.remove(job)
@@ -186,7 +188,12 @@ class ClassRun:
         if code is None:
             if time.monotonic() - job.progress_at > 15:
                 job.progress_at = time.monotonic()
-                self._say(f"[{job.name}] {_progress_line(job.out / 'progress.jsonl')}, {elapsed:.0f} s")
+                doing = (
+                    ANCHORS_WORK
+                    if job.name.startswith("anchors")
+                    else _progress_line(job.out / "progress.jsonl")
+                )
+                self._say(f"[{job.name}] {doing}, {elapsed:.0f} s")
             return False
         if job.name.startswith("anchors"):
             return True
