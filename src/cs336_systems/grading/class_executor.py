@@ -46,6 +46,7 @@ from . import observer_turn
 from .classroom import (
     _start,
     anchor_command,
+    anchors_folder,
     job_outcome,
     prepare_repo,
     record_failure,
@@ -161,7 +162,7 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
         out, options = prepare_repo(jobs.out, name, jobs.options)
         cmd = repo_command(target, out, options)
         calls[name] = ProcessJob(name, cmd, jobs.out, out, out / "job.log", timeout_s, threads, local)
-    anchors = _anchors_folder(jobs) if jobs.options.bench and local else None
+    anchors = anchors_folder(jobs.out) if jobs.options.bench and local else None
     if anchors is not None:
         calls[ANCHORS] = _anchors_job(jobs, anchors, 0, config.time_min * 60 - 30, threads, local)
     say(f"grade: {describe(config, list(calls))}")
@@ -184,7 +185,7 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     timed = _anchors_outcome(anchors, 0, here, say) if anchors and here else set()
     untimed = {model: host for model, host in seen.items() if model not in timed}
     if jobs.options.bench and untimed:
-        _time_anchors(jobs, anchors or _anchors_folder(jobs), untimed, threads, local, say)
+        _time_anchors(jobs, anchors or anchors_folder(jobs.out), untimed, threads, local, say)
     many = "repository" if len(todo) == 1 else "repositories"
     say(f"{len(todo)} {many} graded as jobs in {time.monotonic() - started:.0f} s")
     return outcomes
@@ -196,16 +197,6 @@ def _local_gpus(jobs: ClassJobs) -> LocalGpus | None:
     if config.resolved_kind() != "local" or not (jobs.local_gpus and config.gpus_per_job):
         return None
     return LocalGpus.seen(jobs.out / "jobs", jobs.local_gpus, config.gpus_per_job)
-
-
-def _anchors_folder(jobs: ClassJobs) -> Path:
-    """``OUT/anchors``, an earlier run's anchors (perhaps of other GPU models) removed: the report reads
-    every ``gpu<i>.json`` there."""
-    folder = jobs.out / "anchors"
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("gpu*"):
-        stale.unlink()
-    return folder
 
 
 def _anchors_job(

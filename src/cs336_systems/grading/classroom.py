@@ -152,8 +152,8 @@ class ClassRun:
         threads = max(1, (os.cpu_count() or 2) // len(free))
         models = self.gpu_models or ["gpu"] * self.gpus
         anchors = sorted(set(models)) if self.options.bench and todo and self.gpus else []
-        for stale in (self.out / "anchors").glob("gpu*") if anchors else ():
-            stale.unlink()  # an earlier run's, perhaps of other GPUs: the report reads every one
+        if anchors:
+            anchors_folder(self.out)
         running: list[Running] = []
         become_subreaper()  # what a job that died left behind comes here, and is killed below
         started = time.monotonic()
@@ -185,17 +185,14 @@ class ClassRun:
         if code is None and elapsed > self.timeout + observer_turn.waited_s(job.out):
             stop(job.proc)
             code = "timeout"
+        anchors = job.name.startswith("anchors")  # grades no case: neither progress lines nor an outcome
         if code is None:
             if time.monotonic() - job.progress_at > 15:
                 job.progress_at = time.monotonic()
-                doing = (
-                    ANCHORS_WORK
-                    if job.name.startswith("anchors")
-                    else _progress_line(job.out / "progress.jsonl")
-                )
+                doing = ANCHORS_WORK if anchors else _progress_line(job.out / "progress.jsonl")
                 self._say(f"[{job.name}] {doing}, {elapsed:.0f} s")
             return False
-        if job.name.startswith("anchors"):
+        if anchors:
             return True
         self.codes[job.name] = code
         outcomes[job.name] = self._outcome(job, code, elapsed)
@@ -207,6 +204,16 @@ class ClassRun:
 
     def _say(self, line: str) -> None:
         print(line, file=self.log, flush=True)
+
+
+def anchors_folder(out_root: Path) -> Path:
+    """``OUT/anchors``, an earlier run's anchors (perhaps of other GPU models) removed: the class report
+    reads every ``gpu<i>.json`` there."""
+    folder = out_root / "anchors"
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("gpu*"):
+        stale.unlink()
+    return folder
 
 
 def prepare_repo(out_root: Path, name: str, options: RepoOptions) -> tuple[Path, Path]:
