@@ -137,15 +137,13 @@ def test_one_repository_through_slurm(slurm, tmp_path: Path) -> None:
     assert "#SBATCH --partition=debug" in sbatch and "#SBATCH --cpus-per-task=1" in sbatch, sorted(sbatch)
 
 
-def test_a_one_machine_scheduler_names_gpus_among_those_it_sees(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_one_machine_scheduler_names_gpus_among_those_it_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     from cs336_systems.grading.classroom import repo_env
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert repo_env(tmp_path, 1, 1)["CUDA_VISIBLE_DEVICES"] == "3"  # "1" would be another user's GPU
+    assert repo_env(1, 1, [])["CUDA_VISIBLE_DEVICES"] == "3"  # "1" would be another user's GPU
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert repo_env(tmp_path, 1, 1)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert repo_env(1, 1, [])["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 @pytest.mark.parametrize("anchors_fail", [False, True])

@@ -1,5 +1,5 @@
 """The sandbox's parts, each alone and fast: a subreaper finds and kills a detached grandchild; a worker in
-namespaces cannot write a protected folder (only its ``out/``), sees none of the grader's processes, and
+namespaces writes only its scratch (``out/``, a private ``/tmp`` and ``/dev/shm``), sees none of the grader's processes, and
 leaves nothing behind; a class run's time limit stops what left the job's process group; a regrade
 whose job dies before writing never keeps the previous ``results.json``; a worker time limit reached on
 an overloaded machine (a stand-in load reading) is "could not grade here", one on an idle one a failure."""
@@ -24,7 +24,7 @@ from cs336_systems.grading.probe import probe
 from cs336_systems.grading.repo_job import RepoOptions, grade_repo
 from cs336_systems.grading.roots import discover
 from cs336_systems.grading.runner import Machine
-from cs336_systems.grading.sandbox import Sandbox, namespaces_work
+from cs336_systems.grading.sandbox import JobFolder, Sandbox, namespaces_work
 from cs336_systems.grading.session import Grader
 from cs336_systems.grading.shared.cases import CASES, UNFINISHED_HERE
 from cs336_systems.grading.verdict import FAILED, SKIPPED, Verdict
@@ -68,24 +68,32 @@ def test_a_subreaper_kills_a_detached_grandchild() -> None:
 @pytest.mark.skipif(
     not namespaces_work(), reason="needs root or unprivileged user namespaces, and util-linux"
 )
-def test_a_worker_in_namespaces_writes_only_its_out(tmp_path: Path) -> None:
+def test_a_worker_in_namespaces_writes_only_its_scratch(tmp_path: Path) -> None:
     marker = f"inside-{uuid.uuid4().hex}"
-    (tmp_path / "out").mkdir()
+    job = JobFolder.make(tmp_path)
+    outside = ROOT / "tests" / "data" / f".forged-{marker}"  # the suite's tree, outside any /tmp
     script = (
-        f"touch {tmp_path}/forged; touch {tmp_path}/out/record; {_detach(marker, tmp_path / 'out' / 'up')}; "
-        f"ls /proc | grep -c '^[0-9]' > {tmp_path}/out/processes; "
-        f"for i in $(seq 50); do [ -e {tmp_path}/out/up ] && break; sleep 0.1; done; "
-        f"mount -o remount,bind,rw {tmp_path} 2>/dev/null; touch {tmp_path}/forged-after-remount"
+        f"touch {job.path}/forged {outside}; touch {job.out}/record /tmp/{marker} /dev/shm/{marker}; "
+        f"{_detach(marker, job.out / 'up')}; ls /proc | grep -c '^[0-9]' > {job.out}/processes; "
+        f"for i in $(seq 50); do [ -e {job.out}/up ] && break; sleep 0.1; done; "
+        f"mount -o remount,bind,rw / 2>/dev/null; touch {outside}"
     )
-    cmd = Sandbox(protect=(tmp_path,)).wrap(["sh", "-c", script], writable=[tmp_path / "out"])
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert (tmp_path / "out" / "record").exists(), run.stderr
-    assert not (tmp_path / "forged").exists(), "a protected folder was written"
-    assert not (tmp_path / "forged-after-remount").exists(), "the worker could undo the read-only mount"
-    seen = int((tmp_path / "out" / "processes").read_text())
-    assert seen < 10, f"the worker sees {seen} processes: the grader's are visible"
-    assert (tmp_path / "out" / "up").exists(), "the detached process did not start"
-    assert not alive(marker), "a process the worker left outlived it"
+    try:
+        cmd = Sandbox(scratch=tmp_path / "scratch").wrap(["sh", "-c", script], job, [], job.path)
+        (tmp_path / "scratch").mkdir()
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert (job.out / "record").exists(), run.stderr
+        assert not (job.path / "forged").exists(), "the job's own folder was written"
+        assert not outside.exists(), "the suite's tree was written (or the read-only mount undone)"
+        assert (job.tmp / marker).exists() and not (Path("/tmp") / marker).exists(), "/tmp is not private"
+        assert (job.shm / marker).exists() and not (Path("/dev/shm") / marker).exists(), "/dev/shm is shared"
+        seen = int((job.out / "processes").read_text())
+        assert seen < 10, f"the worker sees {seen} processes: the grader's are visible"
+        assert (job.out / "up").exists(), "the detached process did not start"
+        assert not alive(marker), "a process the worker left outlived it"
+    finally:
+        outside.unlink(missing_ok=True)
+        job.remove()
 
 
 def test_a_time_limit_stops_what_left_the_process_group() -> None:
@@ -167,11 +175,12 @@ def test_a_hang_on_an_idle_machine_stays_the_codes() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a worker user applies when the grader is root")
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "subreaper"])
-def test_workers_run_as_the_worker_user_without_capabilities(namespaces: bool) -> None:
+def test_workers_run_as_the_worker_user_without_capabilities(namespaces: bool, tmp_path: Path) -> None:
     if namespaces and not namespaces_work():
         pytest.skip("no namespaces on this machine")
-    cmd = Sandbox(worker_user="nobody", namespaces=namespaces).wrap(
-        ["sh", "-c", "id -u; grep CapEff /proc/self/status"], writable=[]
+    job = JobFolder.make(tmp_path)
+    cmd = Sandbox(worker_user="nobody", namespaces=namespaces, scratch=tmp_path).wrap(
+        ["sh", "-c", "id -u; grep CapEff /proc/self/status"], job, [], job.path
     )
     said = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.split()
     assert said == [str(pwd.getpwnam("nobody").pw_uid), "CapEff:", "0000000000000000"], said

@@ -26,7 +26,9 @@ through submitit on this machine), with the sweep's executor options (``--partit
 
 Exit status, one repository: 0 when its course tier passes (or is skipped), 1 on a course failure or a
 case that cannot be graded, 2 when it cannot be graded at all. A class: 0 when every repository was
-graded (whatever the students' results), 1 when grading failed for one.
+graded (whatever the students' results), 1 when grading failed for one, 2 when it did not start (the
+graded code could write a neighbour or the grading environment here, and ``--accept-shared-writes`` was
+not given).
 """
 
 from __future__ import annotations
@@ -129,6 +131,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run the graded code as this unprivileged user (when grading as root, e.g. on Gradescope)",
     )
+    p.add_argument(
+        "--accept-shared-writes",
+        action="store_true",
+        help="grade a class even where the graded code can write its neighbours' trees or the grading "
+        "environment (no mount namespaces here): one repository's code can then change another's grade",
+    )
     add_executor_options(p)
     # Without --executor a class is today's one-machine scheduler (classroom.ClassRun); the defaults
     # left unset here are filled in for a class (class_executor.config_for_class).
@@ -161,6 +169,7 @@ def _options(args: argparse.Namespace):
         roots=(args.repo_root, args.package_root, args.basics_root),
         judge_args=tuple(args.judge_args),
         worker_user=args.worker_user,
+        timeout_s=args.timeout,
     )
 
 
@@ -240,6 +249,35 @@ def _say_isolation(args: argparse.Namespace) -> None:
     print(describe(sandbox.isolation()))
 
 
+def _walls_hold(args: argparse.Namespace, repos: dict[str, Path], out: Path) -> bool:
+    """Probe the walls as the first repository's workers will have them (``walls.py``) and say so once;
+    False (after one line) when a class would run where one repository's code can write another's tree
+    or the grading environment, and the TA has not accepted that risk by name."""
+    from cs336_systems.grading import walls
+    from cs336_systems.grading.classroom import neighbours
+    from cs336_systems.grading.sandbox import Sandbox
+
+    first = next(iter(repos))
+    sandbox = dataclasses.replace(
+        Sandbox.from_env(), worker_user=args.worker_user, hidden=tuple(neighbours(repos, first))
+    )
+    found = walls.probe(sandbox, walls.places(list(sandbox.hidden), [out]))
+    print(walls.describe(found))
+    holes = walls.holes(found)
+    if not holes or args.accept_shared_writes:
+        return True
+    if len(repos) == 1:
+        print(f"warning: the graded code can write {', '.join(holes)}", file=sys.stderr)
+        return True
+    print(
+        f"{PROG}: not grading a class here: the graded code can write {', '.join(holes)} (no mount "
+        "namespaces: needs root or unprivileged user namespaces, and util-linux's unshare and setpriv); "
+        "--accept-shared-writes grades anyway, knowing one repository's code can change another's grade",
+        file=sys.stderr,
+    )
+    return False
+
+
 def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alone: bool = False):
     """The job machinery of a class; ``alone``: one repository with the whole machine (every core and
     every GPU visible to it, as the graded code's multi-rank cases may use them; no anchors)."""
@@ -285,6 +323,10 @@ def grade_one(args: argparse.Namespace, repos: dict[str, Path]) -> int:
         from cs336_systems.grading.sandbox import describe
 
         print(describe(report["isolation"]))
+    if report.get("walls"):
+        from cs336_systems.grading.walls import describe as walls_line
+
+        print(walls_line(report["walls"]))
     _print_report(report, summary)
     return code if isinstance(code, int) else 2
 
@@ -330,6 +372,8 @@ def grade_class(args: argparse.Namespace, repos: dict[str, Path]) -> int:
 
     out = (args.out or SUITE_ROOT / "runs" / "grades").resolve()
     _say_isolation(args)
+    if not _walls_hold(args, repos, out):
+        return 2
     if args.executor:
         try:
             outcomes = _executor_run(args, repos, out)

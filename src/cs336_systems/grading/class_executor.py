@@ -42,12 +42,14 @@ from cs336_systems.harness.executor import (
     run_jobs,
 )
 
-from . import observer_turn
+from . import observer_turn, walls
 from .classroom import (
     _start,
     anchor_command,
     anchors_folder,
+    distrust,
     job_outcome,
+    neighbours,
     prepare_repo,
     record_failure,
     repo_command,
@@ -90,11 +92,14 @@ class ProcessJob:
     timeout_s: float
     threads: int | None = None
     local: LocalGpus | None = None
+    hidden: tuple[Path, ...] = ()  # the class's other repositories (its workers see none of them)
+    watched: tuple[Path, ...] = ()  # what must not change while it runs (``walls.Tripwire``)
 
     def __call__(self) -> dict[str, Any]:
         threads = self.threads or len(os.sched_getaffinity(0))
+        wire = walls.Tripwire(list(self.watched)) if self.watched else None
         with gpu_claim(self.local) as devices:
-            env = repo_env(self.out_root, threads, None)
+            env = repo_env(threads, None, list(self.hidden))
             if devices:
                 env["CUDA_VISIBLE_DEVICES"] = devices
             become_subreaper()  # what the grading process leaves behind comes here, and is killed
@@ -103,6 +108,7 @@ class ProcessJob:
             code = _wait(job.proc, self.timeout_s, self.out)
             kill_descendants()
         return {
+            "changed": wire.changed()[:20] if wire else [],
             "code": code,
             "elapsed": time.monotonic() - started,
             "host": platform.node(),
@@ -159,9 +165,12 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     timeout_s = min(jobs.timeout, config.time_min * 60 - 30)
     calls = {}
     for name, target in todo.items():
-        out, options = prepare_repo(jobs.out, name, jobs.options)
+        out, options = prepare_repo(jobs.out, name, dataclasses.replace(jobs.options, timeout_s=timeout_s))
         cmd = repo_command(target, out, options)
-        calls[name] = ProcessJob(name, cmd, jobs.out, out, out / "job.log", timeout_s, threads, local)
+        hidden, watched = tuple(neighbours(jobs.repos, name)), tuple(walls.watched(list(jobs.repos.values())))
+        calls[name] = ProcessJob(
+            name, cmd, jobs.out, out, out / "job.log", timeout_s, threads, local, hidden, watched
+        )
     anchors = anchors_folder(jobs.out) if jobs.options.bench and local else None
     if anchors is not None:
         calls[ANCHORS] = _anchors_job(jobs, anchors, 0, config.time_min * 60 - 30, threads, local)
@@ -174,6 +183,9 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
         out = jobs.out / name
         if end.error is not None:
             outcomes[name] = record_failure(out, f"job {end.job_id} failed: {end.error}", jobs.options.points)
+        elif changed := end.result.get("changed"):
+            wrote = changed[0] + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+            outcomes[name] = distrust(out, f"could not be trusted: wrote {wrote}", jobs.options.points)
         else:
             result = end.result
             outcomes[name] = job_outcome(

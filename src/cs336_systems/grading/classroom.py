@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 from cs336_systems.harness.executor import visible_devices
 
-from . import gradescope, observer_turn
+from . import gradescope, observer_turn, walls
 from .roots import GradingSetupError
 from .sandbox import become_subreaper, kill_descendants
-from .settings import PROTECT_ENV, protected_from_env
+from .settings import HIDE_ENV
 
 if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch is imported
     from .repo_job import RepoOptions
@@ -128,7 +128,7 @@ class ClassRun:
 
     def _spawn(self, name: str, target: Path, gpu: int | None, threads: int) -> Running:
         out, options = prepare_repo(self.out, name, self.options)
-        env = repo_env(self.out, threads, gpu)
+        env = repo_env(threads, gpu, neighbours(self.repos, name))
         return _start(name, repo_command(target, out, options), env, out / "job.log", gpu, out)
 
     def _anchor(self, gpu: int) -> Running:
@@ -156,6 +156,7 @@ class ClassRun:
             anchors_folder(self.out)
         running: list[Running] = []
         become_subreaper()  # what a job that died left behind comes here, and is killed below
+        wire = walls.Tripwire(walls.watched(list(self.repos.values()))) if todo else None
         started = time.monotonic()
         while todo or running or anchors:
             # Students first; the first GPU of each model with no student left times the anchors.
@@ -175,6 +176,9 @@ class ClassRun:
                 free.append(job.gpu)
             if done:  # orphans re-parented here; the running jobs' trees are theirs
                 kill_descendants(keep=frozenset(j.proc.pid for j in running))
+            if done and wire and (changed := wire.changed()):
+                self._distrust(changed, done, running, [n for n, _ in todo], outcomes)
+                break
         many = "repository" if len(self.repos) == 1 else "repositories"
         self._say(f"{len(self.repos)} {many} in {time.monotonic() - started:.0f} s")
         return outcomes
@@ -198,6 +202,29 @@ class ClassRun:
         outcomes[job.name] = self._outcome(job, code, elapsed)
         self._say(f"[{job.name}] {outcomes[job.name]}")
         return True
+
+    def _distrust(
+        self,
+        changed: list[str],
+        done: list[Running],
+        running: list[Running],
+        waiting: list[str],
+        outcomes: dict,
+    ) -> None:
+        """Some graded code wrote outside its scratch: the repositories that ran meanwhile cannot be
+        trusted, the others are not graded on a changed environment; the class stops here."""
+        wrote = changed[0] + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+        ran = [j for j in [*done, *running] if not j.name.startswith("anchors")]
+        for job in running:
+            stop(job.proc)
+        for job in ran:
+            outcomes[job.name] = distrust(
+                job.out, f"could not be trusted: wrote {wrote}", self.options.points
+            )
+        for name in waiting:
+            outcomes[name] = f"grading failed: not graded, the class stopped ({wrote} changed)"
+        names = ", ".join(j.name for j in ran)
+        self._say(f"class stopped: {wrote} changed while {names} ran; no repository is graded on it")
 
     def _outcome(self, job: Running, code: int | str, elapsed: float) -> str:
         return job_outcome(job.out, code, elapsed, self.timeout, self.options.points)
@@ -242,11 +269,18 @@ def anchor_command(json_path: Path) -> list[str]:
     return [sys.executable, "-m", "cs336_systems.grading.leaderboard", "--json", str(json_path)]
 
 
-def repo_env(out_root: Path, threads: int, gpu: int | None) -> dict[str, str]:
-    """The grading process's environment: its threads, the class folder protected from the graded
-    code, and its GPU (``None``: the one this process was given, e.g. by Slurm)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    env[PROTECT_ENV] = os.pathsep.join([*protected_from_env(), str(out_root.resolve())])
+def neighbours(repos: dict[str, Path], name: str) -> list[Path]:
+    """The folders of every other repository of the class (its workers see none of them)."""
+    own = set(walls.trees(repos[name])) if name in repos else set()
+    return [p for n, target in repos.items() if n != name for p in walls.trees(target) if p not in own]
+
+
+def repo_env(threads: int, gpu: int | None, hidden: list[Path]) -> dict[str, str]:
+    """The grading process's environment: its threads, the class's other repositories (hidden from its
+    workers), no bytecode written (the tripwire reads any new ``.pyc`` as graded code's), and its GPU
+    (``None``: the one this process was given, e.g. by Slurm)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONDONTWRITEBYTECODE="1")
+    env[HIDE_ENV] = os.pathsep.join(str(p) for p in hidden)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices([gpu])  # GPU ``gpu`` of those this process sees
     return env
@@ -266,6 +300,13 @@ def job_outcome(out: Path, code: int | str, elapsed: float, timeout: float, poin
     if failure.is_file():
         return f"grading failed: {failure.read_text().strip()}"
     return f"graded in {elapsed:.0f} s (exit {code})"
+
+
+def distrust(out: Path, why: str, points: Path | None) -> str:
+    """A repository graded while something wrote outside the walls: no score of it stands."""
+    gradescope.write(out / "results.json", gradescope.results(None, gradescope.load_points(points), why))
+    (out / "failure.txt").write_text(why + "\n")
+    return f"grading failed: {why}"
 
 
 def record_failure(out: Path, why: str, points: Path | None) -> str:

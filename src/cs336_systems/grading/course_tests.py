@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -29,6 +28,7 @@ from cs336_systems.distributed.launch import find_free_port
 
 from .probe import ALL_HOOKS
 from .roots import GradingSetupError, StudentRoots, grader_pythonpath
+from .sandbox import JobFolder, Sandbox, jobs_parent, walls_message
 from .settings import COURSE_PORT_ENV
 from .shared.cases import CASES
 
@@ -107,11 +107,11 @@ def _place(roots: StudentRoots, release: Path | None, folder: Path) -> Path:
 
 def run(roots: StudentRoots, release: Path | None = None, timeout: float = 900.0) -> dict[str, dict]:
     """Per hook group: the course tests' counts (passed / failed / skipped) and the failing tests."""
-    tmp_root = Path(tempfile.mkdtemp(prefix="cs336-course-tests-"))
+    job = JobFolder.make(jobs_parent(), prefix="course-tests-")
     try:
-        return _run(roots, _place(roots, release, tmp_root / "root"), tmp_root, timeout)
+        return _run(roots, _place(roots, release, job.path / "root"), job, timeout)
     finally:
-        shutil.rmtree(tmp_root, ignore_errors=True)
+        job.remove()
 
 
 def _groups_of(tests: Path) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
@@ -132,15 +132,35 @@ def _env(roots: StudentRoots, dist: Path) -> dict[str, str]:
     return env
 
 
-def _run(roots: StudentRoots, where: Path, tmp: Path, timeout: float) -> dict[str, dict]:
+def _run(roots: StudentRoots, where: Path, job: JobFolder, timeout: float) -> dict[str, dict]:
+    """The tests in the graded code's sandbox, as a worker runs (they are the student's code too): they
+    write only their JUnit report, their ``/tmp`` and the repository's scratch."""
     of_module, of_function = _groups_of(where / "tests")
-    _metadata(roots, tmp / "dist")
-    junit = tmp / "junit.xml"
+    _metadata(roots, job.path / "dist")
+    junit = job.out / "junit.xml"
     cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += [f"--junitxml={junit}", "-p", "no:randomly"]
-    subprocess.run(
-        cmd, cwd=where, env=_env(roots, tmp / "dist"), capture_output=True, text=True, timeout=timeout
-    )
+    sandbox = Sandbox.from_env()
+    sandbox.prepare(job)
+    read_end, write_end = os.pipe()
+    wrapped = sandbox.wrap(cmd, job, roots.folders(), where, ready_fd=write_end)
+    env = _env(roots, job.path / "dist") | sandbox.env(job)
+    try:
+        subprocess.run(
+            wrapped,
+            cwd=where,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            pass_fds=(write_end,),
+        )
+    except subprocess.TimeoutExpired:
+        pass  # the tests that finished are in the report
+    finally:
+        os.close(write_end)
+    if (said := walls_message(read_end)) not in (None, "ok"):
+        raise GradingSetupError(f"the course tests could not run in the grader's sandbox: {said}")
     groups: dict[str, dict] = {}
     for case in ET.parse(junit).getroot().iter("testcase") if junit.is_file() else []:
         module = (case.get("classname") or "").split(".")[-1]

@@ -9,8 +9,10 @@ way. Where each number of a row comes from: ``docs/grading.md``, "The leaderboar
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from .roots import SUITE_ROOT, StudentRoots, discover
 from .sandbox import jobs_parent
 from .shared.cases import LEADERBOARD_CASE, TRITON_HOOK
 
+TIMED_SHARE = 0.6  # of a row's time budget, for the timed run (compile, the course's do_bench, two rounds)
 PROTOCOL = "torch.compile(apply) (eager where compiling fails); parent's clock over verified iterations"
 REFERENCES = {
     "suite kernel": SUITE_ROOT / "tests" / "adapters.py",
@@ -54,15 +57,20 @@ def row(
     dtype: str = LEADERBOARD_CASE.dtype,
     lock: Path | None = None,
     wait_record: Path | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """The row of one repository; ``report`` is its grade (the course tier's verdicts). ``keep_times``
     keeps the course figure's every do_bench time (the benches' rows record them). ``lock``: a file the
     observed runs of one machine take in turn (concurrent ncu sessions starve each other: on 2 x H200,
     one of two side by side saw nothing and the other waited past its limit); ``wait_record``: where the
-    wait for that turn is recorded, for the class run to add to the repository's time limit."""
+    wait for that turn is recorded, for the class run to add to the repository's time limit.
+    ``budget_s``: what is left of the repository's time limit for the row (None: the clock's own
+    limits): the timed run takes at most ``TIMED_SHARE`` of it and the observed run the rest, so that a
+    run the repository's limit would have stopped ends the row with a reason instead."""
     import torch
 
-    plan = plan or clock.ClockPlan()
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
+    plan = within(plan or clock.ClockPlan(), budget_s * TIMED_SHARE if budget_s is not None else None)
     shape = shape or LEADERBOARD_CASE.shape  # another shape: a stand-in workload (the CPU's tests)
     timed, ms, problem = _timed(roots, plan, shape, device, compile, dtype)
     result = timed.get("result") or {}
@@ -78,8 +86,11 @@ def row(
     ncu = ncu_path() if observe and device == "cuda" else None
     note = None if ncu else "no observer on this machine (ncu)"
     if ncu:
+        # What was left when the turn was asked for: the wait for it is not the repository's time (the
+        # class run extends its limit by the wait).
+        left = deadline - time.monotonic() if deadline is not None else None
         with observer_turn.turn(lock, wait_record):
-            seen, evidence.observed_iterations, why = _observed(roots, ncu, shape, device)
+            seen, evidence.observed_iterations, why = _observed(roots, ncu, shape, device, left)
         if why:
             evidence.clock_problem = "; ".join(filter(None, [evidence.clock_problem, why]))
         if seen is not None and not seen.connected:
@@ -129,11 +140,18 @@ def _timed(
     return out, None if why or talk is None else clock.per_iteration_ms(talk), why
 
 
+def within(plan: clock.ClockPlan, seconds: float | None) -> clock.ClockPlan:
+    """``plan`` with its waits cut so that its whole job (``2 x wait_s``) fits ``seconds``."""
+    if seconds is None:
+        return plan
+    return dataclasses.replace(plan, wait_s=max(1.0, min(plan.wait_s, seconds / 2)))
+
+
 def _observed(
-    roots: StudentRoots, ncu: str, shape: tuple[int, int, int], device: str
+    roots: StudentRoots, ncu: str, shape: tuple[int, int, int], device: str, seconds: float | None = None
 ) -> tuple[Observed | None, int, str | None]:
     """One round under ncu, verified like a timed one: the kernels it ran and their GPU time."""
-    plan = clock.ClockPlan(rounds=1)
+    plan = within(clock.ClockPlan(rounds=1), seconds)
     # the observer's report lives beside the job folders, which the grader's sandbox keeps read-only to
     # the graded code
     folder = Path(tempfile.mkdtemp(prefix="observed-", dir=jobs_parent()))

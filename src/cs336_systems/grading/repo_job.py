@@ -11,11 +11,15 @@ observed from outside where the machine can, and whether it may be ranked (``lea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +30,11 @@ from . import gradescope, network, observer_turn
 from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import become_subreaper, kill_descendants
-from .settings import LOADED_ENV, PROTECT_ENV, WORKER_USER_ENV, namespaces_wanted, protected_from_env
+from .settings import LOADED_ENV, SCRATCH_ENV, WORKER_USER_ENV, namespaces_wanted
 from .shared.cases import TRITON_HOOK
+
+RESERVE_S = 30.0  # of a repository's time limit, kept for writing its results and stopping what it left
+MIN_ROW_S = 60.0  # a leaderboard row needs at least this (a compile, the course's do_bench, the rounds)
 
 
 @dataclass
@@ -41,6 +48,7 @@ class RepoOptions:
     roots: tuple[Path | None, Path | None, Path | None] = (None, None, None)  # repo, package, basics
     judge_args: tuple[str, ...] = ()  # more arguments of the judge: the case selection, -k EXPR
     worker_user: str | None = None  # run the graded code as this user when grading as root
+    timeout_s: float | None = None  # the repository's whole time limit (``--timeout``); inner limits fit it
 
 
 def adapters_of(target: Path) -> Path:
@@ -94,10 +102,18 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     become_subreaper()
     if why := syntax_problem(roots.adapters):  # no worker started for a file that cannot load
         return _failed(out, points, f"cannot grade: {why}", parses=False)
-    started = time.monotonic()
+    with repository_sandbox(opts):
+        return _grade(roots, adapters, out, opts, points)
+
+
+def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, points: dict) -> int:
+    """The judge, then the course tests and the leaderboard where asked: ``grade.json`` and
+    ``results.json``; the exit status as ``grade_repo``'s."""
+    began = started = time.monotonic()
+    held = walls_here(out)
     # No load check of its own before the cases: every job loads the file, and one that cannot makes
     # every case an error of kind "load" (read back below), without a process start on the way.
-    env = {**os.environ, LOADED_ENV: str(roots.adapters), **sandbox_env(out, opts)}
+    env = {**os.environ, LOADED_ENV: str(roots.adapters)}
     with (out / "contract.log").open("w") as log:
         code = subprocess.call(
             contract_command(adapters, opts, out),
@@ -131,11 +147,13 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
             report["course_tests"], report["groups"], report["cases"]
         )
     if opts.bench:
+        budget = opts.timeout_s - (time.monotonic() - began) - RESERVE_S if opts.timeout_s else None
         started = time.monotonic()
-        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report, out)
+        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report, out, budget)
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
+    report["walls"] = held
     reap()  # the course tests and the bench ran the graded code too
     (out / "grade.json").write_text(json.dumps(report, indent=2))
     gradescope.write(out / "results.json", gradescope.results(report, points))
@@ -144,12 +162,33 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     return exit_status(report, not roots.self_grade, code)
 
 
-def sandbox_env(out: Path, opts: RepoOptions) -> dict[str, str]:
-    """What the judge passes on to its workers' sandbox: this output folder (and the class folder a
-    class run gave) read-only to them, and the user they run as."""
-    protect = [*protected_from_env(), str(out.resolve())]
-    env = {PROTECT_ENV: os.pathsep.join(protect)}
-    return env | ({WORKER_USER_ENV: opts.worker_user} if opts.worker_user else {})
+@contextlib.contextmanager
+def repository_sandbox(opts: RepoOptions) -> Iterator[Path]:
+    """The sandbox of everything that runs this repository's code, here and in the judge it starts (the
+    judge's workers, the course tests, the leaderboard): the user they run as, and this repository's
+    scratch (its ``HOME`` and compile caches), never another repository's nor the anchors'. Removed
+    with its job."""
+    folder = Path(tempfile.mkdtemp(prefix="cs336-repo-"))
+    folder.chmod(0o711)  # a worker user reaches its own folders inside, and lists nothing
+    os.environ[SCRATCH_ENV] = str(folder)
+    if opts.worker_user:
+        os.environ[WORKER_USER_ENV] = opts.worker_user
+    try:
+        yield folder
+    finally:
+        os.environ.pop(SCRATCH_ENV, None)
+        os.environ.pop(WORKER_USER_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def walls_here(out: Path) -> dict[str, str]:
+    """What a worker of this repository can write, probed as it starts (``walls.py``): the class's
+    other repositories, the grading environment, the suite, the results, the grader's home and caches."""
+    from . import walls
+    from .sandbox import Sandbox
+
+    sandbox = Sandbox.from_env()
+    return walls.probe(sandbox, walls.places(list(sandbox.hidden), [out, out.parent]))
 
 
 def user_exists(name: str) -> None:
@@ -176,7 +215,9 @@ def _load_failure(report: dict) -> str | None:
     return None
 
 
-def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict, out: Path) -> dict[str, Any]:
+def _leaderboard_or_why_not(
+    roots: StudentRoots, adapters: Path, report: dict, out: Path, budget_s: float | None
+) -> dict[str, Any]:
     import torch
 
     from . import leaderboard
@@ -191,8 +232,11 @@ def _leaderboard_or_why_not(roots: StudentRoots, adapters: Path, report: dict, o
             "ranked": False,
             "unranked_because": "not timed",
         }
+    if budget_s is not None and budget_s < MIN_ROW_S:
+        why = f"not timed: {max(0.0, budget_s):.0f} s of the repository's time limit were left for it"
+        return {"error": why, "ranked": False, "unranked_because": "not timed"}
     lock, record = observer_turn.lock_path(out.parent), out / observer_turn.WAIT_FILE
-    return leaderboard.row(roots, report, lock=lock, wait_record=record)
+    return leaderboard.row(roots, report, lock=lock, wait_record=record, budget_s=budget_s)
 
 
 def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:

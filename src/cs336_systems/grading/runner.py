@@ -12,15 +12,12 @@ size in one job (ranks cost seconds to start) and reruns alone each case a crash
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +30,8 @@ import torch
 from cs336_systems.distributed.launch import host_store
 
 from .exchange import Untrusted, read_payload, text
-from .roots import SUITE_PACKAGE, SUITE_ROOT, StudentRoots, grader_pythonpath, suite_paths
-from .sandbox import Sandbox, jobs_parent, returncode
+from .roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
+from .sandbox import JobFolder, Sandbox, jobs_parent, returncode, walls_message
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
 EXIT_MEANING = {
@@ -97,6 +94,7 @@ class Collected:
     job_problem: str | None = None
     conversation: Any = None  # what ``Job.conversation`` returned
     timed_out: bool = False
+    walls_problem: str | None = None  # the sandbox could not be built: the code never ran
 
     def lost_connection(self) -> bool:
         """A rank lost to a connection reset (a peer's socket gone under it, not a wrong answer)."""
@@ -158,19 +156,18 @@ def _watch(procs: list[subprocess.Popen], timeout: float) -> bool:
 
 
 def run(job: Job) -> Collected:
-    folder = Path(tempfile.mkdtemp(prefix="job-", dir=jobs_parent()))
+    folder = JobFolder.make(jobs_parent())
     try:
         return _run_in(job, folder)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        folder.remove()
 
 
-def _run_in(job: Job, folder: Path) -> Collected:
+def _run_in(job: Job, folder: JobFolder) -> Collected:
     token = secrets.token_hex(16)
-    (folder / "inputs").mkdir()
-    (folder / "out").mkdir()
+    (folder.path / "inputs").mkdir()
     for case_id, inputs in job.inputs.items():
-        torch.save(inputs, folder / "inputs" / f"{case_id}.pt")
+        torch.save(inputs, folder.path / "inputs" / f"{case_id}.pt")
     spec = {
         "token": token,
         "paths": job.roots.paths(),
@@ -183,38 +180,43 @@ def _run_in(job: Job, folder: Path) -> Collected:
         "cases": job.cases,
         "args": job.args,
         "backend": job.backend,
-        "inputs": str(folder / "inputs"),
-        "out": str(folder / "out"),
+        "inputs": str(folder.path / "inputs"),
+        "out": str(folder.out),
     }
-    (folder / "job.json").write_text(json.dumps(spec))
+    (folder.path / "job.json").write_text(json.dumps(spec))
     job.sandbox.prepare(folder)
-    plain = [sys.executable, str(WORKER), str(folder / "job.json")]
-    # The suite's tree is never the worker's to write, whoever started the grading.
-    sandbox = dataclasses.replace(job.sandbox, protect=(*job.sandbox.protect, SUITE_ROOT))
-    cmd = sandbox.wrap(plain, writable=[folder / "out"])
+    plain = [sys.executable, str(WORKER), str(folder.path / "job.json")]
+    keep = [job.roots.adapters.parent, *job.roots.folders()]
     # The rendezvous store is the parent's, on a port the OS picks and kept bound for the whole job (as
     # distributed.launch does): a port found free here and bound later by rank 0 was, about one class run
     # in six, taken in between by another job's connection (EADDRINUSE), a failure of the machine that
     # read as the code's. A single process starts no group.
     store = host_store(job.world_size, job.timeout + STORE_GRACE_S) if job.world_size > 1 else None
     port = store.port if store is not None else 0
-    procs = []
+    procs, pipes = [], []
     for rank in range(job.world_size):
-        log = (folder / f"rank{rank}.log").open("w")
+        read_end, write_end = os.pipe()  # the walls' "ok" (or why not), written before the code starts
+        pipes.append(read_end)
+        cmd = job.sandbox.wrap(plain, folder, keep, job.roots.repo_root, ready_fd=write_end)
+        log = (folder.path / f"rank{rank}.log").open("w")
         procs.append(
             subprocess.Popen(
                 [*job.prefix, *cmd],
                 cwd=job.roots.repo_root,
-                env=_env(rank, job.world_size, port, job.task),
+                env=_env(rank, job.world_size, port, job.task) | job.sandbox.env(folder),
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                pass_fds=(write_end,),
             )
         )
-    talk = _Conversation(job, folder, procs) if job.conversation else None
+        os.close(write_end)
+    talk = _Conversation(job, folder.path, procs) if job.conversation else None
     timed_out = _watch(procs, job.timeout)
     del store  # every rank is gone
-    codes = [returncode(p.returncode, sandbox.uses_namespaces()) for p in procs]
-    got = _collect(job, folder, token, codes, timed_out)
+    codes = [returncode(p.returncode, job.sandbox.uses_namespaces()) for p in procs]
+    got = _collect(job, folder.path, token, codes, timed_out)
+    said = [walls_message(r) for r in pipes]
+    got.walls_problem = next((m for m in said if m is not None and m != "ok"), None)
     got.conversation = talk.result() if talk else None
     return got
 
@@ -357,7 +359,10 @@ class CaseRuns:
         far above the cores, or a rank's connection reset (on a first run; ``again``, a reset is the
         machine's only on a busy machine). A time limit on an idle machine is the code's, and so is a
         reset that a quiet machine repeats: the words are the graded process's to print, and taking
-        them at their word left any failing case out of the score."""
+        them at their word left any failing case out of the score. Walls that could not be built are
+        the machine's: the code never ran (only the walls' own pipe says so)."""
+        if got.walls_problem:
+            return got.walls_problem
         if got.timed_out and (busy := self.machine.busy()):
             return f"{got.job_problem} at {busy}"
         if got.lost_connection():

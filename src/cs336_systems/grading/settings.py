@@ -4,9 +4,12 @@
 - ``CS336_GRADE_LOADED``, ``CS336_GRADE_SEED``: set by the run itself, so that its pytest-xdist workers
   neither load the adapters file again nor draw another seed (and by a class run's ``repo_job``, whose
   jobs each load the file anyway). Workers of the graded code never see them.
-- ``CS336_GRADE_PROTECT``, ``CS336_GRADE_WORKER_USER``: set by ``repo_job`` (and a class run) for its judge:
-  the folders no worker may write (``os.pathsep``-separated: the output folders), and the user the workers
-  run as when the grader is root (``sandbox``).
+- ``CS336_GRADE_HIDE``: set by a class run for each repository's job: the class's other repositories
+  (``os.pathsep``-separated), which its workers do not see at all (``sandbox``).
+- ``CS336_GRADE_SCRATCH``: set by ``repo_job`` for everything of one repository that runs its code (the
+  judge's workers, the course tests, the leaderboard): that repository's ``HOME`` and compile caches.
+- ``CS336_GRADE_WORKER_USER``: set by ``repo_job`` for its judge: the user the workers run as when the
+  grader is root (``sandbox``).
 - ``CS336_GRADE_ISOLATION``: ``subreaper`` starts the workers without namespaces even where they work
   (a machine where they get in the way of the GPU's drivers); passed on to the judge like the others.
 - ``CS336_GRADE_NETWORK``: set by ``repo_job`` when it made a network of its own (``network``): that
@@ -23,7 +26,8 @@ ADAPTERS_ENV = "CS336_ADAPTERS"
 LOADED_ENV = "CS336_GRADE_LOADED"
 SEED_ENV = "CS336_GRADE_SEED"
 COURSE_PORT_ENV = "CS336_COURSE_TESTS_PORT"
-PROTECT_ENV = "CS336_GRADE_PROTECT"
+HIDE_ENV = "CS336_GRADE_HIDE"
+SCRATCH_ENV = "CS336_GRADE_SCRATCH"
 WORKER_USER_ENV = "CS336_GRADE_WORKER_USER"
 ISOLATION_ENV = "CS336_GRADE_ISOLATION"
 NETWORK_ENV = "CS336_GRADE_NETWORK"
@@ -50,8 +54,12 @@ def share_seed(seed: int) -> None:
     os.environ[SEED_ENV] = str(seed)
 
 
-def protected_from_env() -> list[str]:
-    return [p for p in os.environ.get(PROTECT_ENV, "").split(os.pathsep) if p]
+def hidden_from_env() -> list[str]:
+    return [p for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
+
+
+def scratch_from_env() -> str | None:
+    return os.environ.get(SCRATCH_ENV) or None
 
 
 def worker_user_from_env() -> str | None:

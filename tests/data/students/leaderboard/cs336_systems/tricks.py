@@ -2,6 +2,7 @@
 attention. Written for the suite's grading tests; each must end up with no rank, naming what happened."""
 
 import math
+import os
 import typing
 
 import torch
@@ -159,3 +160,34 @@ class MatmulsBehindToken(torch.autograd.Function):
     def backward(ctx, d_o):
         leaves, o = ctx.graph
         return (*torch.autograd.grad(o, leaves, d_o), None)
+
+
+def _watched() -> bool:
+    """Whether anything observes this process: Nsight's injection (its environment, its library in the
+    process's maps) or torch's profiler."""
+    if any(k.startswith(("NV_NSIGHT", "NV_COMPUTE_PROFILER")) for k in os.environ):
+        return True
+    try:
+        with open("/proc/self/maps") as f:
+            if "Injection" in f.read():
+                return True
+    except OSError:
+        pass
+    enabled = getattr(torch._C._autograd, "_profiler_enabled", None)
+    return bool(enabled and enabled())
+
+
+class OwnKernelOnlyWhenWatched(torch.autograd.Function):
+    """The honest kernel whenever something observes the process (the course tier's profiler, the
+    leaderboard's Nsight Compute), torch's SDPA behind a token kernel otherwise (the timed run)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        ctx.watched = _watched()
+        impl = flash.FlashAttention if ctx.watched else BorrowedBehindToken
+        return impl.forward(ctx, q, k, v, is_causal)
+
+    @staticmethod
+    def backward(ctx, d_o):
+        impl = flash.FlashAttention if ctx.watched else BorrowedBehindToken
+        return impl.backward(ctx, d_o)
