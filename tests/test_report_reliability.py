@@ -232,3 +232,53 @@ def test_d25_never_mixes_machines_for_c_and_w() -> None:
     assert (hw.c, hw.w) == (0.5e12, 0.291e9)  # a CPU's answer from a CPU's figures
     hw = R.hardware([_matmul(GPU, 787.5)])
     assert (hw.c, hw.w) == (R.DEFAULT_C, R.DEFAULT_W) and "no W: no D13 rows" in hw.c_source
+
+
+# ---- a stddev above its mean (issue 73) ----------------------------------------------------------------
+
+# The issue's D11 row: 20 host-timed rounds, their median absolute deviation 5% of the median (rounds
+# that agree, a result at any load), one far-off round making the shown mean ± std "0.798 ± 2.791".
+SCATTERED_ROUNDS = {
+    **LOADED,
+    "rounds_spread": 0.05,
+    "rounds_n": 20.0,
+    "mean_ms": 0.798,
+    "std_ms": 2.791,
+    "median_ms": 0.237,
+    "do_bench_ms": 0.4,
+}
+
+
+def test_a_mean_its_stddev_dwarfs_is_no_result(tmp_path: Path) -> None:
+    assert contention.rounds_agree(SCATTERED_ROUNDS)  # what let it through before
+    cpu = _bench("test_flash_sweep[pytorch-bwd]", "flash_sweep", {"impl": "pytorch"}, SCATTERED_ROUNDS)
+    assert "stddev 3.5× their mean" in (contention.row_verdict(cpu["extra_info"]) or "")
+    # on a GPU, do_bench's device time is the result: it stands, the host-timed mean ± std does not
+    gpu = _bench("test_flash_sweep[gpu-bwd]", "flash_sweep", {"impl": "gpu"}, SCATTERED_ROUNDS, GPU)
+    assert contention.row_verdict(gpu["extra_info"]) is None
+    _, records = report.load([_write(tmp_path / "r.json", [cpu, gpu])])
+    assert "stddev 3.5× their mean" in (unreliable(records[0]) or "") and unreliable(records[1]) is None
+    (table,) = report.build_tables(records)
+    cells = dict(zip(table.long["impl"], table.long["mean ± std (ms)"], strict=True))
+    assert cells == {"gpu": "unreliable [1]", "pytorch": "unreliable [1]"}, cells  # one reason, one note
+    do_bench = dict(zip(table.long["impl"], table.long["do_bench median (ms)"], strict=True))
+    assert do_bench == {"gpu": "0.4", "pytorch": "unreliable [1]"}
+    assert len(table.footnotes) == 1 and "stddev 3.5× their mean" in table.footnotes[0]
+    assert "0.798 ± 2.791" not in _cells(table)
+    shown = report.build_tables(records, show_unreliable=True)[0]
+    assert "0.798 ± 2.791 (unreliable [1])" in _cells(shown)
+
+
+def test_a_cold_start_measured_on_purpose_keeps_its_spread(tmp_path: Path) -> None:
+    """D2's warm-up study: no warm-up, the first round the slowest; the spread is what it measures."""
+    cold = {"mean_ms": 812.0, "std_ms": 1500.0, "first_ms": 5000.0, "max_ms": 5000.0, **QUIET}
+    rows = [
+        _bench(f"test_warmup[{w}]", "warmup", {"warmup": w}, cold)
+        for w in (0, 5)  # with 5 warm-ups the slow round was a disturbance, not the cold start
+    ]
+    assert contention.row_verdict({**cold, "warmup": 0}) is None
+    assert contention.row_verdict({**cold, "warmup": 5}) is not None
+    _, records = report.load([_write(tmp_path / "r.json", rows)])
+    assert [unreliable(r) is None for r in records] == [True, False]
+    (table,) = report.build_tables(records)
+    assert "812 ± 1,500" in _cells(table) and "unreliable [1]" in _cells(table)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.report.load import VALUE_LABELS, Record, is_interpreted, numeric, rows_of, unreliable
+from cs336_systems.report.load import VALUE_LABELS, Record, figure_verdict, is_interpreted, numeric, rows_of
 from cs336_systems.report.tables import _header, format_param
 from cs336_systems.units import GIB, MIB, parse_size
 
@@ -91,7 +91,7 @@ def _point(r: Record, x: float | None, key: str) -> Point | None:
     """The row as a point, flagged when its timing is unreliable; None when it is no figure."""
     if x is None or key not in r.values or is_interpreted(r):
         return None
-    return (x, r.values[key], unreliable(r) is not None)
+    return (x, r.values[key], figure_verdict(r, key) is not None)
 
 
 def _save(fig: Any, path: Path) -> Path | None:

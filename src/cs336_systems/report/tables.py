@@ -19,6 +19,7 @@ from cs336_systems.report.load import (
     VALUE_LABELS,
     Record,
     _std_key,
+    figure_verdict,
     is_interpreted,
     unreliable,
 )
@@ -223,12 +224,15 @@ def _mark_ratio_sources(records: list[Record]) -> None:
 
 def _verdict(record: Record, key: str) -> str | None:
     """Why this cell's figure is no result: the row's own verdict, for a ratio its sources', for a
-    host-timed figure of a do_bench row the disagreement of its two timers (its do_bench figure stands)."""
+    host-timed figure of a do_bench row the disagreement of its two timers (its do_bench figure stands),
+    for a ``mean ± std`` a stddev above its mean (load.figure_verdict)."""
     if not _timed(key):
         return None
     if why := unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None):
         return why
-    return timers_disagree(record.values) if key in HOST_TIMER_KEYS else None
+    if key in HOST_TIMER_KEYS and (why := timers_disagree(record.values)):
+        return why
+    return figure_verdict(record, key)
 
 
 def _unreliable_note(why: str) -> str:
@@ -237,22 +241,26 @@ def _unreliable_note(why: str) -> str:
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
 
 
+def _in_column_order(keys: list[str]) -> list[str]:
+    order = {k: i for i, k in enumerate(VALUE_LABELS)}
+    return sorted(keys, key=lambda k: (order.get(k, len(order)), k))
+
+
 def footnotes(records: list[Record]) -> list[str]:
     """The texts the cells of these rows point to, in order of first use: each reason a case did not
-    run, and each reason a timing is unreliable, once (cell ``[n]`` is entry n - 1)."""
+    run, and each reason a figure is no result, once (cell ``[n]`` is entry n - 1). Read off the cells'
+    own verdicts (``_verdict``), so no footnote is left that no cell points to."""
     notes: dict[str, None] = {}
     for r in records:
         not_run = _not_run(r)
         if r.oom:
             continue
-        if not_run is not None and not_run[1]:
-            notes[not_run[1]] = None
-        elif not_run is None and (why := unreliable(r)):
-            notes[_unreliable_note(why)] = None
-        elif not_run is None and r.ratio_caveat and any(_is_ratio(k) for k in r.values):
-            notes[_unreliable_note(r.ratio_caveat)] = None
-        if not_run is None and (why := timers_disagree(r.values)) and not unreliable(r):
-            notes[_unreliable_note(why)] = None
+        if not_run is not None:
+            notes.update({not_run[1]: None} if not_run[1] else {})
+            continue
+        for key in _in_column_order(list(r.values)):
+            if why := _verdict(r, key):
+                notes[_unreliable_note(why)] = None
     return list(notes)
 
 
