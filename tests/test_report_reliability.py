@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems import report
+from cs336_systems.report import tables
 from cs336_systems.report.compare import compare_runs
 from cs336_systems.report.load import unreliable
 from cs336_systems.rows import contention
@@ -282,3 +283,33 @@ def test_a_cold_start_measured_on_purpose_keeps_its_spread(tmp_path: Path) -> No
     assert [unreliable(r) is None for r in records] == [True, False]
     (table,) = report.build_tables(records)
     assert "812 ± 1,500" in _cells(table) and "unreliable [1]" in _cells(table)
+
+
+def test_one_reason_is_one_footnote_whatever_its_figures(tmp_path: Path) -> None:
+    """Issue 73: rows timed at load 3.21, 3.45 and 3.1 gave footnotes [1]-[3] that read alike."""
+    loose = {"cpu_cores": 2.0, "rounds_spread": 0.18, "rounds_n": 10.0, "mean_ms": 5.0, "std_ms": 0.5}
+    loads = {"a": 3.21, "b": 3.45, "c": 3.1}
+    rows = [
+        _bench(f"test_model[{n}]", "model", {"size": n}, {**loose, "load_avg_1m": load})
+        for n, load in loads.items()
+    ]
+    spread = {**QUIET, "mean_ms": 5.0, "std_ms": 0.5}
+    rows += [
+        _bench(f"test_model[{n}]", "model", {"size": n}, {**spread, "rounds_spread": s})
+        for n, s in (("d", 0.3), ("e", 0.95))
+    ]
+    _, records = report.load([_write(tmp_path / "r.json", rows)])
+    (table,) = report.build_tables(records)
+    assert table.footnotes == [
+        "unreliable timing: load average 3.1–3.45 on 2 cores; the figure measures the machine's load, not the case",
+        "unreliable timing: rounds spread ±30–95%; the figure measures the machine's load, not the case",
+    ]
+    cells = dict(zip(table.long["size"], table.long["mean ± std (ms)"], strict=True))
+    assert cells == {"a": "unreliable [1]", "b": "unreliable [1]", "c": "unreliable [1]"} | {
+        "d": "unreliable [2]",
+        "e": "unreliable [2]",
+    }
+    # notes naming rows keep their text: a ratio's source is a row, its digits no measurement
+    assert tables._note_shape("ratio not derived: t[d16]'s timing") != tables._note_shape(
+        "ratio not derived: t[d32]'s timing"
+    )

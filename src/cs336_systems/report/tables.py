@@ -246,22 +246,52 @@ def _in_column_order(keys: list[str]) -> list[str]:
     return sorted(keys, key=lambda k: (order.get(k, len(order)), k))
 
 
+# A figure in a note, or the range that merged notes give it ("3.2", "1,500", "2.9–4.1").
+_FIGURE = re.compile(r"\d+(?:[.,]\d+)*(?:–\d+(?:[.,]\d+)*)?")
+_MERGED = "unreliable timing: "  # the notes of one verdict whose figures vary row by row
+
+
+def _note_shape(note: str) -> str:
+    """What a note says, its figures aside: rows timed at load 3.21, 3.45 and 2.9 gave three footnotes
+    that read alike (issue 73); one shape is one footnote. Other notes name rows or backends, whose
+    digits are no measurement, and keep their own text."""
+    return _FIGURE.sub("#", note) if note.startswith(_MERGED) else note
+
+
+def _merged(notes: list[str]) -> str:
+    """One note standing for ``notes`` (of one shape): each figure that differs becomes its range."""
+    figures = [_FIGURE.findall(n) for n in notes]
+    between = _FIGURE.split(notes[0])
+    out = [between[0]]
+    for i, text in enumerate(between[1:]):
+        seen = sorted({f[i] for f in figures}, key=lambda v: float(v.replace(",", "")))
+        out += [seen[0] if len(seen) == 1 else f"{seen[0]}–{seen[-1]}", text]
+    return "".join(out)
+
+
+def note_number(notes: list[str], note: str) -> int:
+    """The ``[n]`` of ``note`` among ``footnotes(...)``: the footnote of its shape."""
+    return [_note_shape(n) for n in notes].index(_note_shape(note)) + 1
+
+
 def footnotes(records: list[Record]) -> list[str]:
     """The texts the cells of these rows point to, in order of first use: each reason a case did not
-    run, and each reason a figure is no result, once (cell ``[n]`` is entry n - 1). Read off the cells'
-    own verdicts (``_verdict``), so no footnote is left that no cell points to."""
-    notes: dict[str, None] = {}
+    run, and each reason a figure is no result, once (cell ``[n]`` is entry n - 1, ``note_number``).
+    Read off the cells' own verdicts (``_verdict``), so no footnote is left that no cell points to;
+    notes that differ only in their figures are one footnote giving their range."""
+    notes: dict[str, list[str]] = {}
     for r in records:
         not_run = _not_run(r)
         if r.oom:
             continue
         if not_run is not None:
-            notes.update({not_run[1]: None} if not_run[1] else {})
+            notes.update({not_run[1]: [not_run[1]]} if not_run[1] else {})
             continue
         for key in _in_column_order(list(r.values)):
             if why := _verdict(r, key):
-                notes[_unreliable_note(why)] = None
-    return list(notes)
+                note = _unreliable_note(why)
+                notes.setdefault(_note_shape(note), []).append(note)
+    return [_merged(same) for same in notes.values()]
 
 
 TEXT_CELL_MAX = 120  # a C++ kernel name runs to 900 characters; a table cell shows its start
@@ -280,13 +310,13 @@ def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str
     if not_run is not None and key not in record.texts:
         # every cell says it did not run; the reason once, as a footnote under the table
         label, reason = not_run
-        return f"{label} [{notes.index(reason) + 1}]" if reason else label
+        return f"{label} [{note_number(notes, reason)}]" if reason else label
     if key in record.texts:
         return short_text(record.texts[key])
     if key not in record.values:
         return MISSING
     why = _verdict(record, key)
-    mark = f"{verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
+    mark = f"{verdict_label(why)} [{note_number(notes, _unreliable_note(why))}]" if why else ""
     if mark and not show:
         return mark
     text = format_number(key, record.values[key])
