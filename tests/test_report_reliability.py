@@ -313,3 +313,44 @@ def test_one_reason_is_one_footnote_whatever_its_figures(tmp_path: Path) -> None
     assert tables._note_shape("ratio not derived: t[d16]'s timing") != tables._note_shape(
         "ratio not derived: t[d32]'s timing"
     )
+
+
+# ---- a run on a busy machine: said once, not cell by cell (issue 73) -----------------------------------
+
+
+def _busy_run(tmp_path: Path, load: float) -> str:
+    """A tiny-model table of six rows at ``load`` (rounds between TIGHT and SPREAD: the load decides)
+    and one quiet all-reduce row, through ``write_report``; the writeup's text."""
+    facts = {"load_avg_1m": load, "cpu_cores": 2.0, "rounds_spread": 0.18, "rounds_n": 10.0}
+    rows = [
+        _bench(
+            f"test_model[tiny-{dtype}-{mode}]",
+            "model",
+            {"size": "tiny", "dtype": dtype, "mode": mode},
+            {"mean_ms": 12.5, "std_ms": 1.0, "model_flops": 2e8, **facts},
+        )
+        for dtype in ("fp32", "bf16")
+        for mode in ("fwd", "fwd_bwd", "train")
+    ]
+    quiet = {"mean_ms": 3.25, "std_ms": 0.1, **QUIET}
+    rows.append(_bench("test_allreduce[x]", "allreduce", {"world_size": 2, "nbytes": "1MB"}, quiet))
+    out = tmp_path / f"report-{load}"
+    report.write_report([_write(tmp_path / f"r-{load}.json", rows)], out)
+    return (out / "writeup.md").read_text()
+
+
+def test_a_busy_run_says_so_once_and_folds_the_tables_it_emptied(tmp_path: Path) -> None:
+    text = _busy_run(tmp_path, 6.33)
+    summary = [line for line in text.splitlines() if "timed on a busy machine" in line]
+    assert len(summary) == 1, summary
+    assert "6 of the 7 rows that ran" in summary[0] and "load average 6.33 on 2 cores" in summary[0]
+    assert "OMP_NUM_THREADS=1 tox -e bench" in summary[0] and "--show-unreliable" in summary[0]
+    # the model table and its D4 view (by dtype): one line each, no cell of marks; the untimed column stays
+    assert "| unreliable [1]" not in text and text.count("No timing in this table is a result") == 2
+    assert "`tables/model-group.md` keeps its marked cells" in text
+    assert "200,000,000" in text and "3.250 ± 0.1" in text  # FLOPs and the quiet row's figure
+    table_file = (tmp_path / "report-6.33" / "tables" / "model-group.md").read_text()
+    assert table_file.count("unreliable [1]") >= 6  # the table's own file keeps its cells
+    quiet = _busy_run(tmp_path, 0.5)
+    assert "busy machine" not in quiet and "No timing in this table" not in quiet
+    assert "12.50 ± 1" in quiet

@@ -133,6 +133,22 @@ class GroupTable:
         return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec, self.show_unreliable)
 
     @property
+    def withheld(self) -> bool:
+        """Whether no timed figure of the table is a result (a loaded run's tiny-model table was 114
+        cells of ``unreliable [1]``, issue 73): the writeup says so in one line instead. False when
+        the figures are printed (``show_unreliable``) or the table times nothing."""
+        if self.show_unreliable:
+            return False
+        ran = [r for r in self.records if not r.oom and _not_run(r) is None]
+        verdicts = [_verdict(r, k) for r in ran for k in self.value_keys if _timed(k) and k in r.values]
+        return bool(verdicts) and all(verdicts)
+
+    def untimed(self) -> pd.DataFrame:
+        """The long table's case columns and its columns that time nothing (FLOPs, memory, status)."""
+        keep = [VALUE_LABELS.get(k, k) for k in self.value_keys if not _timed(k)]
+        return self.long.iloc[:, : self.index_columns].join(self.long[[c for c in keep if c in self.long]])
+
+    @property
     def slug(self) -> str:
         return re.sub(r"[^a-z0-9]+", "-", self.group.lower()).strip("-") or "group"
 
