@@ -5,6 +5,7 @@ hardware figures. Synthetic rows only: no bench runs here."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -136,13 +137,14 @@ def test_compare_names_interpreted_rows_and_hides_unreliable_figures(tmp_path: P
     rows = {
         line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ") and " | " in line
     }
-    # the last column, within noise, is "—": these rows state no do_bench band, and a verdict's is the load's
+    # the last column, within noise, is "—": a verdict's band is the load's (B / A says which verdict)
     assert rows["test_flash[triton]"].endswith("| interpreted | interpreted | interpreted | — |"), rows
     assert "900" not in text and "31.50" not in text and "3×" not in text
     assert rows["test_model[tiny]"].endswith(
         "| 10.50 | unreliable | unreliable (B: load average 6.33 on 2 cores) | — |"
     )
-    assert "1 of them timed under contention" in text and "1 of them interpreted" in text
+    head = "3 paired rows: 1 timed under contention (no ratio: rerun on a quiet machine), 1 interpreted"
+    assert head in text and "a CPU), 1 not run in either" in text
     assert "not run in either: 1 rows (test_fused[cuda])" in text and "test_fused[cuda] |" not in text
     shown = compare_runs(a, b, show_unreliable=True)
     assert "| 10.50 | 31.50 (unreliable) | 3× unreliable (B: load average 6.33 on 2 cores) |" in shown
@@ -172,7 +174,7 @@ def test_compare_says_whether_two_runs_agree_within_their_noise(tmp_path: Path) 
         _sweep("apart", 1.5, (1.4, 1.6)),  # they do not
         _sweep("graphed", 0.06, (0.05, 0.07), launch_ms=0.08, graph_ms=0.0102),  # host-bound both sides
         _sweep("issue", 0.04, (0.03, 0.05), launch_ms=0.05),  # host-bound in B only, no graph
-        a[4],  # no band
+        a[4],  # no band but its own time: the same time is within it
         _sweep("spread", 1.0, (0.9, 1.1), rounds_spread=0.4),  # bands overlap, but the rounds are no result
         _sweep("near", 1.015, (1.014, 1.016)),  # tight bands apart, 1.5%: two processes differ by this much
     ]
@@ -184,15 +186,15 @@ def test_compare_says_whether_two_runs_agree_within_their_noise(tmp_path: Path) 
         "test_flash_sweep[apart]": "no |",
         "test_flash_sweep[graphed]": "host-bound; graph 1.02× |",
         "test_flash_sweep[issue]": "host-bound |",
-        "test_model[tiny]": "— |",
+        "test_model[tiny]": "yes |",
         "test_flash_sweep[spread]": "— |",
         "test_flash_sweep[near]": "run to run |",
     }, text
     assert "| B / A | within noise |" in text
-    assert "7 paired rows, 1 of them timed under contention" in text
     assert (
-        "; 1 within noise (p20–p80 bands overlap), 1 within 2% (run to run), 1 outside both, 2 host-bound"
-        in text
+        "7 paired rows: 2 within noise (bands overlap: do_bench's p20–p80, else mean ± std), 1 within 2%"
+        " (run to run), 1 outside both, 2 host-bound (a device time that measured the host's issue rate), 1"
+        " timed under contention" in text
     )
 
 
@@ -354,3 +356,57 @@ def test_a_busy_run_says_so_once_and_folds_the_tables_it_emptied(tmp_path: Path)
     quiet = _busy_run(tmp_path, 0.5)
     assert "busy machine" not in quiet and "No timing in this table" not in quiet
     assert "12.50 ± 1" in quiet
+
+
+# ---- --compare of a file with itself: every row classified, the counts add up (issue 73) ---------------
+
+
+def _every_kind_of_row() -> list[dict]:
+    one_round = {"load_avg_1m": 0.5, "cpu_cores": 2.0, "rounds_n": 1.0, "mean_ms": 20.0, "std_ms": 0.0}
+    stats_only = _bench("test_stats[x]", "model", {"size": "x"}, QUIET)
+    stats_only["stats"] = {"mean": 0.012, "stddev": 0.001}  # pytest-benchmark's own timing only
+    return [
+        _sweep("banded", 1.0, (0.9, 1.1)),
+        _bench("test_sweep[old]", "flash_sweep", {"impl": "old"}, {"do_bench_ms": 1.0, **QUIET}, GPU),
+        _bench("test_model[spread]", "model", {"size": "a"}, {"mean_ms": 10.5, "std_ms": 0.4, **QUIET}),
+        _bench("test_model[no std]", "model", {"size": "b"}, {"mean_ms": 10.5, **QUIET}),
+        stats_only,
+        _bench("test_grade[course]", "grading", {"case": "course"}, one_round, device=None),
+        _sweep("issue", 0.03, (0.02, 0.04), launch_ms=0.05),
+        _bench("test_model[busy]", "model", {"size": "c"}, {"mean_ms": 9.0, **LOADED}),
+        _bench("test_flash[triton]", "flash_sweep", {"impl": "flash_triton"}, {"mean_ms": 900.0, **QUIET}),
+        _bench("test_model[oom]", "model", {"size": "d"}, {"oom": True}),
+        _bench("test_fused[cuda]", "fused_loss", {"impl": "x"}, {"status": "skipped", "skipped": "no GPU"}),
+    ]
+
+
+def _head_counts(text: str) -> tuple[int, int]:
+    """(paired rows, the sum of the counts after them) of ``--compare``'s first line."""
+    head = text.splitlines()[0]
+    paired, _, counts = head.partition(" paired rows")
+    return int(paired.rsplit(" ", 1)[1]), sum(
+        int(n) for n in re.findall(r"(?:^: |, )(\d+) (?=[a-z])", counts)
+    )
+
+
+def test_a_file_compared_with_itself_classifies_every_row(tmp_path: Path) -> None:
+    rows = _every_kind_of_row()
+    path = _write(tmp_path / "a.json", rows)
+    text = compare_runs(path, path)
+    assert _head_counts(text) == (len(rows), len(rows)), text.splitlines()[0]
+    cells = {
+        line.split(" | ")[1]: line.split(" | ")[-2:]
+        for line in text.splitlines()[2:]
+        if line.startswith("| ")
+    }
+    for name, (ratio, noise) in cells.items():
+        if ratio == "1×":  # the same figure on both sides is within any noise it states, or none
+            assert noise in ("yes |", "host-bound |"), (name, noise)
+    assert cells["test_flash_sweep[issue]"][1] == "host-bound |"
+    assert "6 within noise" in text and "1 host-bound" in text and "1 timed under contention" in text
+    assert "1 interpreted" in text and "1 out of memory on a side" in text and "1 not run in either" in text
+    # a case that ran in B only: a class of its own, counted too
+    ran = [r for r in rows if r["name"] != "test_fused[cuda]"]
+    ran.append(_bench("test_fused[cuda]", "fused_loss", {"impl": "x"}, {"mean_ms": 1.0, **QUIET}))
+    text = compare_runs(path, _write(tmp_path / "b.json", ran))
+    assert _head_counts(text) == (len(rows), len(rows)) and "1 run on one side only" in text
