@@ -133,3 +133,19 @@ def test_unwritable_tells_files_from_folders(tmp_path: Path) -> None:
     assert unwritable(file) is None and unwritable(folder, directory=True) is None
     assert unwritable(tmp_path / "new" / "deeper" / "out.json") is None and not (tmp_path / "new").exists()
     assert list(folder.iterdir()) == []  # the probe leaves nothing behind
+
+
+def test_a_withheld_figure_names_the_flag_that_prints_it(monkeypatch, capsys) -> None:
+    """Issue 73: the CLI withheld a row timed under load without saying how to see its figures."""
+    monkeypatch.setattr(cli, "row_verdict", lambda info: "load average 9.5 on 2 cores")
+    args = ["--size", "tiny", "--context", "16", "--warmup", "0", "--steps", "1", "--no-mfu", "--no-progress"]
+    assert cli.main([*args, "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "| unreliable |" in out and "load average 9.5 on 2 cores" in out
+    assert "--show-unreliable prints its figures, marked *" in out
+    assert cli.main([*args, "--device", "cpu", "--show-unreliable"]) == 0
+    shown = capsys.readouterr().out
+    assert "--show-unreliable" not in shown and "^ * unreliable timing: load average 9.5" in shown
+    # an interpreted row says it too
+    cli.RowPrinter(case_width=20).row({"case": "tiny-flash_triton", "contention": INTERPRETER_NOTE})
+    assert "TRITON_INTERPRET=1" in (line := capsys.readouterr().out) and "--show-unreliable" in line

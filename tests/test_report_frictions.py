@@ -93,7 +93,10 @@ def test_compare_gives_no_ratio_for_contended_rows(tmp_path: Path) -> None:
     from cs336_systems.report.compare import compare_runs
 
     text = compare_runs(a, b)
-    assert "2 paired rows, 1 of them timed under contention" in text
+    assert (
+        "2 paired rows: 1 within noise (bands overlap: do_bench's p20–p80, else mean ± std), 1 timed under"
+        in text
+    )
     assert "unreliable (B: load average 9.5 on 2 cores)" in text
     assert "| 1× |" in text  # the quiet pair keeps its ratio
 

@@ -64,8 +64,46 @@ def test_allreduce_ticks_are_sizes_and_the_legend_covers_no_panel() -> None:
     legend = fig.legends[0].get_window_extent()
     assert not legend.overlaps(ax.get_window_extent())  # beside the lines, not over them
     colours = {line.get_label(): line.get_color() for line in ax.lines}
-    assert colours["backend=nccl, world_size=2"] == colours["backend=nccl, world_size=4"]
-    assert colours["backend=nccl, world_size=2"] != colours["backend=gloo, world_size=2"]
+    # a world size is a colour (issue 73: gloo's three world sizes were one colour); a backend a line style
+    assert colours["backend=nccl, world_size=2"] != colours["backend=nccl, world_size=4"]
+    assert colours["backend=nccl, world_size=2"] == colours["backend=gloo, world_size=2"]
+    styles = {line.get_label(): line.get_linestyle() for line in ax.lines}
+    assert styles["backend=nccl, world_size=2"] != styles["backend=gloo, world_size=2"]
+
+
+def _visible_y_labels(ax) -> list[str]:
+    low, high = ax.get_ylim()
+    ticks = [*ax.yaxis.get_ticklabels(which="major"), *ax.yaxis.get_ticklabels(which="minor")]
+    return [t.get_text() for t in ticks if t.get_text() and low <= t.get_position()[1] <= high]
+
+
+def test_allreduce_gives_each_world_size_a_colour_readable_ticks_and_one_title() -> None:
+    """Issue 73's figure: gloo at 2, 4 and 6 ranks, 1 and 10 MB, 4–60 ms on a busy CPU: three lines of
+    one colour, a log axis labelled only "10", and a panel title repeating the figure's."""
+    cpu = "cpu (x86_64, 2 cores)"
+    rows = [
+        _rec(
+            "allreduce",
+            {"backend": "gloo", "world_size": w, "nbytes": f"{n}MB"},
+            {"max_ms": 2.0 * w + 0.83 * n * w},
+            cpu,
+        )
+        for w in (2, 4, 6)
+        for n in (1, 10)
+    ]
+    fig = plots.allreduce_figure(rows)
+    _drawn(fig)
+    (ax,) = fig.axes
+    lines = [line for line in ax.lines if line.get_label().startswith("backend=")]
+    assert len(lines) == 3
+    assert len({line.get_color() for line in lines}) == 3 and len({line.get_marker() for line in lines}) == 3
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert [f"backend=gloo, world_size={w}" for w in (2, 4, 6)] == legend
+    assert _tick_texts(ax) == ["1 MB", "10 MB"]
+    y_labels = _visible_y_labels(ax)
+    assert len(y_labels) >= 3 and {"5", "10", "20", "50"} <= set(y_labels), y_labels
+    title = fig.get_suptitle()
+    assert ax.get_title() == cpu and ax.get_title().lower() not in title.lower()
 
 
 def _flash_rows() -> list[report.Record]:

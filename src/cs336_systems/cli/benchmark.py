@@ -336,6 +336,19 @@ def mfu_legend(gpu: str, rates: dict[str, float]) -> str:
     )
 
 
+SHOW_HINT = f"--show-unreliable prints its figures, marked {UNRELIABLE_MARK}"
+
+
+def verdict_line(why: str, shown: bool) -> str:
+    """The line under a row whose timing is no result; when its figures are withheld, it names the
+    flag that prints them (issue 73: the CLI withheld them without saying how to see them)."""
+    mark = f"{UNRELIABLE_MARK} " if shown else ""
+    hint = "" if shown else f" ({SHOW_HINT})"
+    if why == INTERPRETER_NOTE:
+        return f"  ^ {mark}{INTERPRETER_NOTE}{hint}"
+    return f"  ^ {mark}unreliable timing: {why}; rerun on a quiet machine{hint}"
+
+
 class RowPrinter:
     """The result table, streamed: the header once, then each case's row as it finishes (a long
     sweep shows its results as it goes, and no row is printed twice)."""
@@ -361,13 +374,7 @@ class RowPrinter:
             self.started = True
         self.stream.write(self._line(_cells(r, self.show_unreliable)) + "\n")
         if r.get("contention"):
-            mark = f"{UNRELIABLE_MARK} " if self.show_unreliable else ""
-            if r["contention"] == INTERPRETER_NOTE:
-                self.stream.write(f"  ^ {mark}{INTERPRETER_NOTE}\n")
-            else:
-                self.stream.write(
-                    f"  ^ {mark}unreliable timing: {r['contention']}; rerun on a quiet machine\n"
-                )
+            self.stream.write(verdict_line(r["contention"], self.show_unreliable) + "\n")
         self.stream.flush()
 
 

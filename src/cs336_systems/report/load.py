@@ -14,9 +14,11 @@ from typing import Any
 
 from cs336_systems.rows.contention import (
     INTERPRETER_NOTE,
+    cold_start,
     contention_reasons,
     host_timed,
     interpreted,
+    scattered,
     verdict_label,
 )
 from cs336_systems.rows.schema import GROUPS
@@ -437,8 +439,27 @@ def unreliable(record: Record) -> str | None:
     if is_interpreted(record):
         return INTERPRETER_NOTE
     device = record.device if record.device_named else ""
-    reasons = contention_reasons(record.values, host_timed(device, record.values))
+    reasons = contention_reasons(_facts(record), host_timed(device, record.values))
     return "; ".join(reasons) or None
+
+
+def _facts(record: Record) -> dict[str, float]:
+    """The values a verdict reads: the row's numbers, and its warm-up count, which the report reads as
+    a parameter (the bench's terminal table sees it among the row's numbers)."""
+    warmup = numeric(record.descriptors.get("warmup"))
+    return {**record.values, **({"warmup": warmup} if warmup is not None else {})}
+
+
+def figure_verdict(record: Record, key: str) -> str | None:
+    """Why one figure of a row is no result: the row's verdict, else a ``mean ± std`` whose stddev is
+    above its mean (rows.contention.scattered; a device-timed do_bench row's host-timed mean, a pass's
+    own mean and stddev). A row measuring its cold start keeps its spread (rows.contention.cold_start)."""
+    if why := unreliable(record):
+        return why
+    std = _std_key(key, record.values)
+    if std is None or record.values.get("rounds_n") == 1 or cold_start(_facts(record)):
+        return None
+    return scattered(record.values.get(key), record.values.get(std))
 
 
 def not_quoted(records: Sequence[Record], label: Callable[[Record], str] = lambda r: r.name) -> str:

@@ -5,7 +5,9 @@ cross and named in the legend; a Triton kernel timed under the interpreter is no
 "vs sequence length" with one sequence length says nothing about the trend and is left out; the x ticks
 are the measured values, so every point sits on a labelled tick, written as a reader writes them (1 MB,
 16k). Each implementation keeps one colour in every panel and figure (``IMPL_COLOURS``); the other
-parameters of a line (head dim, world size) pick its marker. One legend per figure, beside the panels."""
+parameters of a line (head dim) pick its marker. D13 is the exception: its lines differ by world size,
+so a world size has a colour and marker of its own and the backend its line style (issue 73: gloo's
+three world sizes were three lines of one colour). One legend per figure, beside the panels."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336_systems.report.load import VALUE_LABELS, Record, is_interpreted, numeric, rows_of, unreliable
+from cs336_systems.report.load import VALUE_LABELS, Record, figure_verdict, is_interpreted, numeric, rows_of
 from cs336_systems.report.tables import _header, format_param
 from cs336_systems.units import GIB, MIB, parse_size
 
@@ -40,6 +42,9 @@ IMPL_COLOURS = {
 }
 SPARE_COLOURS = ("tab:pink", "#393b79", "#8c6d31", "#843c39", "#7b4173", "#637939")  # other names
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+WORLD_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+BACKEND_LINES = {"nccl": "-", "gloo": "--"}  # any other backend: dotted
+Style = dict[str, str]
 
 
 def colour_of(implementation: str) -> str:
@@ -91,7 +96,7 @@ def _point(r: Record, x: float | None, key: str) -> Point | None:
     """The row as a point, flagged when its timing is unreliable; None when it is no figure."""
     if x is None or key not in r.values or is_interpreted(r):
         return None
-    return (x, r.values[key], unreliable(r) is not None)
+    return (x, r.values[key], figure_verdict(r, key) is not None)
 
 
 def _save(fig: Any, path: Path) -> Path | None:
@@ -111,7 +116,7 @@ def _drawable(panels: Panels) -> Panels:
     return {k: v for k, v in panels.items() if len({p[0] for pts in v.values() for p in pts}) > 1}
 
 
-def _draw_series(ax: Any, label: str, points: list[Point], style: dict[str, str], handles: dict) -> None:
+def _draw_series(ax: Any, label: str, points: list[Point], style: Style, handles: dict) -> None:
     """One series on ``ax``: a line (a marker alone for one point), unreliable points as red crosses."""
     points = sorted(points)
     if not points:
@@ -133,9 +138,12 @@ def line_figure(
     title: str,
     x_base: int = 2,
     x_format: TickFormat = plain_tick,
+    styles: dict[str, Style] | None = None,
 ):
     """One subplot per panel, one line per series, log-log axes; a series of one point is a marker;
-    unreliable points are red crosses over their series; one legend for the figure, right of it."""
+    unreliable points are red crosses over their series; one legend for the figure, right of it.
+    ``styles`` (label -> colour, marker, line style) replaces ``series_styles``; a panel title that
+    the figure's title already says is left out (D13's "all-reduce" under "D13 all-reduce latency")."""
     panels = _drawable(panels)
     if not panels:
         return None
@@ -148,7 +156,7 @@ def line_figure(
     cols = min(n, 3)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
-    styles = series_styles(label for series in panels.values() for label in series)
+    styles = styles or series_styles(label for series in panels.values() for label in series)
     handles: dict[str, Any] = {}
     for ax, (panel, series) in zip(axes.flat, panels.items(), strict=False):
         for label, points in series.items():
@@ -157,7 +165,7 @@ def line_figure(
         ax.set_yscale("log")
         ax.margins(0.08)  # no point on the frame
         _plain_ticks(ax, sorted({p[0] for pts in series.values() for p in pts}), x_format)
-        ax.set_title(panel, fontsize=9)
+        ax.set_title("" if panel.lower() in title.lower() else panel, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
@@ -176,12 +184,15 @@ def _plain_ticks(ax, xs: Sequence[float] = (), x_format: TickFormat = plain_tick
     """Tick labels as plain numbers ("1.5", "20"), never "1.525×10⁰"; within one decade the minor
     ticks carry the labels (a log axis has no major tick there). Up to 12 measured x values are the x
     ticks themselves, written by ``x_format``."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
     plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}")  # not "1e+03"
     ax.yaxis.set_major_formatter(plain)
     low, high = ax.get_ylim()
-    ax.yaxis.set_minor_formatter(plain if high / max(low, 1e-300) < 10 else NullFormatter())
+    span = high / max(low, 1e-300)
+    if 10 <= span < 1000:  # decades alone left D13's axis one label, "10" (issue 73): 1, 2, 5 per decade
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_minor_formatter(plain if span < 10 else NullFormatter())
     if 1 < len(xs) <= 12:
         ax.xaxis.set_major_locator(FixedLocator(list(xs)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: x_format(v)))
@@ -200,18 +211,35 @@ def _message_bytes(r: Record) -> float | None:
     return r.values.get("bytes") or parse_size(r.descriptors.get("nbytes"))
 
 
+def world_size_styles(rows: list[Record], labels: dict[str, Record]) -> dict[str, Style]:
+    """D13's lines: a colour and a marker per world size (in order of size), a line style per backend."""
+    sizes = sorted({numeric(r.descriptors.get("world_size")) or 0 for r in rows})
+    styles = {}
+    for label, r in labels.items():
+        i = sizes.index(numeric(r.descriptors.get("world_size")) or 0)
+        line = BACKEND_LINES.get(str(r.descriptors.get("backend")), ":")
+        styles[label] = {"color": WORLD_COLOURS[i % len(WORLD_COLOURS)], "marker": MARKERS[i % len(MARKERS)]}
+        styles[label]["linestyle"] = line
+    return styles
+
+
 def allreduce_figure(records: list[Record]):
     """D13: latency vs size, one line per backend and world size (max over ranks where recorded)."""
     rows = [r for r in rows_of(records, "allreduce") if not r.oom and not r.skipped]
-    multi = len({r.device for r in rows}) > 1
+    devices = sorted({r.device for r in rows})
     key = "max_ms" if any("max_ms" in r.values for r in rows) else "mean_ms"
     series: dict[str, list[Point]] = {}
+    labels: dict[str, Record] = {}
     for r in rows:
         if (point := _point(r, _message_bytes(r), key)) is not None:
-            series.setdefault(_label(r, ("backend", "world_size"), multi), []).append(point)
+            label = _label(r, ("backend", "world_size"), len(devices) > 1)
+            series.setdefault(label, []).append(point)
+            labels.setdefault(label, r)
     ylabel = "max over ranks (ms)" if key == "max_ms" else "mean (ms)"
     xlabel = "bytes per rank (MB = 2²⁰ bytes)"
-    return line_figure({"all-reduce": series}, xlabel, ylabel, "D13 all-reduce latency", 10, size_tick)
+    panel = devices[0] if len(devices) == 1 else "one line per backend, world size and device"
+    styles = world_size_styles(rows, labels)
+    return line_figure({panel: series}, xlabel, ylabel, "D13 all-reduce latency", 10, size_tick, styles)
 
 
 def attention_figure(records: list[Record]):

@@ -93,9 +93,35 @@ def footnote_lines(notes: list[str]) -> list[str]:
     return [f"[{i}] {note}" + "  " for i, note in enumerate(notes, 1)] + ([""] if notes else [])
 
 
-def render_group_markdown(table: GroupTable) -> str:
+def withheld_line(table: GroupTable, table_file: str | None = None) -> str:
+    """What the writeup prints for a table none of whose timings is a result (``GroupTable.withheld``)."""
+    where = f" (`{table_file}` keeps its marked cells)" if table_file else ""
+    return (
+        f"_No timing in this table is a result{where}: the footnotes below say why. "
+        "`--show-unreliable` prints the figures, marked._"
+    )
+
+
+def _withheld_parts(table: GroupTable, table_file: str | None) -> list[str]:
+    """The one line, then the columns that time nothing (they stand whatever the load), if any."""
+    untimed = table.untimed()
+    if untimed.shape[1] <= table.index_columns:
+        return [withheld_line(table, table_file), ""]
+    shown = readable(untimed, table.index_columns)
+    index = 1 if shown is not untimed else table.index_columns
+    return [withheld_line(table, table_file), "", _markdown(shown, index), ""]
+
+
+def render_group_markdown(
+    table: GroupTable, fold_withheld: bool = False, table_file: str | None = None
+) -> str:
+    """A group's Markdown: its pivot (the handout's view) with the long table folded under it, or the
+    long table. ``fold_withheld`` (the writeup): a table with no timing that is a result is one line
+    and its untimed columns, ``table_file`` naming where its full table is."""
     parts = [f"### {table.group}", "", f"_{table.caption}_", ""]
-    if table.pivot is not None:
+    if fold_withheld and table.withheld:
+        parts += _withheld_parts(table, table_file)
+    elif table.pivot is not None:
         parts += [f"**{table.pivot.attrs.get('title', 'view')}**", "", to_markdown(table.pivot), ""]
         parts += [
             "<details><summary>all columns</summary>",

@@ -19,6 +19,7 @@ from cs336_systems.report.load import (
     VALUE_LABELS,
     Record,
     _std_key,
+    figure_verdict,
     is_interpreted,
     unreliable,
 )
@@ -132,6 +133,22 @@ class GroupTable:
         return _pivot(self.group_key, self.records, self.varying, self.value_keys, spec, self.show_unreliable)
 
     @property
+    def withheld(self) -> bool:
+        """Whether no timed figure of the table is a result (a loaded run's tiny-model table was 114
+        cells of ``unreliable [1]``, issue 73): the writeup says so in one line instead. False when
+        the figures are printed (``show_unreliable``) or the table times nothing."""
+        if self.show_unreliable:
+            return False
+        ran = [r for r in self.records if not r.oom and _not_run(r) is None]
+        verdicts = [_verdict(r, k) for r in ran for k in self.value_keys if _timed(k) and k in r.values]
+        return bool(verdicts) and all(verdicts)
+
+    def untimed(self) -> pd.DataFrame:
+        """The long table's case columns and its columns that time nothing (FLOPs, memory, status)."""
+        keep = [VALUE_LABELS.get(k, k) for k in self.value_keys if not _timed(k)]
+        return self.long.iloc[:, : self.index_columns].join(self.long[[c for c in keep if c in self.long]])
+
+    @property
     def slug(self) -> str:
         return re.sub(r"[^a-z0-9]+", "-", self.group.lower()).strip("-") or "group"
 
@@ -223,12 +240,15 @@ def _mark_ratio_sources(records: list[Record]) -> None:
 
 def _verdict(record: Record, key: str) -> str | None:
     """Why this cell's figure is no result: the row's own verdict, for a ratio its sources', for a
-    host-timed figure of a do_bench row the disagreement of its two timers (its do_bench figure stands)."""
+    host-timed figure of a do_bench row the disagreement of its two timers (its do_bench figure stands),
+    for a ``mean ± std`` a stddev above its mean (load.figure_verdict)."""
     if not _timed(key):
         return None
     if why := unreliable(record) or (record.ratio_caveat if _is_ratio(key) else None):
         return why
-    return timers_disagree(record.values) if key in HOST_TIMER_KEYS else None
+    if key in HOST_TIMER_KEYS and (why := timers_disagree(record.values)):
+        return why
+    return figure_verdict(record, key)
 
 
 def _unreliable_note(why: str) -> str:
@@ -237,23 +257,57 @@ def _unreliable_note(why: str) -> str:
     return f"unreliable timing: {why}; the figure measures the machine's load, not the case"
 
 
+def _in_column_order(keys: list[str]) -> list[str]:
+    order = {k: i for i, k in enumerate(VALUE_LABELS)}
+    return sorted(keys, key=lambda k: (order.get(k, len(order)), k))
+
+
+# A figure in a note, or the range that merged notes give it ("3.2", "1,500", "2.9–4.1").
+_FIGURE = re.compile(r"\d+(?:[.,]\d+)*(?:–\d+(?:[.,]\d+)*)?")
+_MERGED = "unreliable timing: "  # the notes of one verdict whose figures vary row by row
+
+
+def _note_shape(note: str) -> str:
+    """What a note says, its figures aside: rows timed at load 3.21, 3.45 and 2.9 gave three footnotes
+    that read alike (issue 73); one shape is one footnote. Other notes name rows or backends, whose
+    digits are no measurement, and keep their own text."""
+    return _FIGURE.sub("#", note) if note.startswith(_MERGED) else note
+
+
+def _merged(notes: list[str]) -> str:
+    """One note standing for ``notes`` (of one shape): each figure that differs becomes its range."""
+    figures = [_FIGURE.findall(n) for n in notes]
+    between = _FIGURE.split(notes[0])
+    out = [between[0]]
+    for i, text in enumerate(between[1:]):
+        seen = sorted({f[i] for f in figures}, key=lambda v: float(v.replace(",", "")))
+        out += [seen[0] if len(seen) == 1 else f"{seen[0]}–{seen[-1]}", text]
+    return "".join(out)
+
+
+def note_number(notes: list[str], note: str) -> int:
+    """The ``[n]`` of ``note`` among ``footnotes(...)``: the footnote of its shape."""
+    return [_note_shape(n) for n in notes].index(_note_shape(note)) + 1
+
+
 def footnotes(records: list[Record]) -> list[str]:
     """The texts the cells of these rows point to, in order of first use: each reason a case did not
-    run, and each reason a timing is unreliable, once (cell ``[n]`` is entry n - 1)."""
-    notes: dict[str, None] = {}
+    run, and each reason a figure is no result, once (cell ``[n]`` is entry n - 1, ``note_number``).
+    Read off the cells' own verdicts (``_verdict``), so no footnote is left that no cell points to;
+    notes that differ only in their figures are one footnote giving their range."""
+    notes: dict[str, list[str]] = {}
     for r in records:
         not_run = _not_run(r)
         if r.oom:
             continue
-        if not_run is not None and not_run[1]:
-            notes[not_run[1]] = None
-        elif not_run is None and (why := unreliable(r)):
-            notes[_unreliable_note(why)] = None
-        elif not_run is None and r.ratio_caveat and any(_is_ratio(k) for k in r.values):
-            notes[_unreliable_note(r.ratio_caveat)] = None
-        if not_run is None and (why := timers_disagree(r.values)) and not unreliable(r):
-            notes[_unreliable_note(why)] = None
-    return list(notes)
+        if not_run is not None:
+            notes.update({not_run[1]: [not_run[1]]} if not_run[1] else {})
+            continue
+        for key in _in_column_order(list(r.values)):
+            if why := _verdict(r, key):
+                note = _unreliable_note(why)
+                notes.setdefault(_note_shape(note), []).append(note)
+    return [_merged(same) for same in notes.values()]
 
 
 TEXT_CELL_MAX = 120  # a C++ kernel name runs to 900 characters; a table cell shows its start
@@ -272,13 +326,13 @@ def _cell(record: Record, key: str, notes: list[str], show: bool = False) -> str
     if not_run is not None and key not in record.texts:
         # every cell says it did not run; the reason once, as a footnote under the table
         label, reason = not_run
-        return f"{label} [{notes.index(reason) + 1}]" if reason else label
+        return f"{label} [{note_number(notes, reason)}]" if reason else label
     if key in record.texts:
         return short_text(record.texts[key])
     if key not in record.values:
         return MISSING
     why = _verdict(record, key)
-    mark = f"{verdict_label(why)} [{notes.index(_unreliable_note(why)) + 1}]" if why else ""
+    mark = f"{verdict_label(why)} [{note_number(notes, _unreliable_note(why))}]" if why else ""
     if mark and not show:
         return mark
     text = format_number(key, record.values[key])

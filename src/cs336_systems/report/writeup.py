@@ -27,10 +27,17 @@ from typing import Any
 from cs336_systems.report.answers.attention import d6_answer, flash_speedups, render_d5
 from cs336_systems.report.answers.communication import d17_answer, d20_answer, render_d18
 from cs336_systems.report.answers.memory import d22_answer, d24_answer
-from cs336_systems.report.load import STATS_MEAN, Record, ReportInputError, Run, load
+from cs336_systems.report.load import STATS_MEAN, Record, ReportInputError, Run, load, unreliable
 from cs336_systems.report.plots import PLOTS
-from cs336_systems.report.render import footnote_lines, render_group_latex, render_group_markdown, to_markdown
-from cs336_systems.report.tables import GroupTable, PivotSpec, build_tables
+from cs336_systems.report.render import (
+    footnote_lines,
+    render_group_latex,
+    render_group_markdown,
+    to_markdown,
+    withheld_line,
+)
+from cs336_systems.report.tables import GroupTable, PivotSpec, _not_run, build_tables
+from cs336_systems.rows.contention import LOAD_PER_CORE
 from cs336_systems.rows.schema import GROUPS
 
 
@@ -237,8 +244,34 @@ def _runs_header(runs: list[Run]) -> list[str]:
     return [*lines, ""]
 
 
+def _table_file(table: GroupTable, fmt: str) -> str:
+    """Where ``write_report`` writes the group's own table, relative to the writeup."""
+    return f"tables/{table.slug}.{'md' if fmt == 'md' else 'tex'}"
+
+
+def _withheld_summary(tables: list[GroupTable]) -> list[str]:
+    """One paragraph up front when the machine's load withheld timings: a loaded run's writeup was 114
+    cells of ``unreliable [n]`` that said so one cell at a time (issue 73). Rows withheld for their own
+    rounds (spread) are the footnotes' business: no rerun advice fits them all."""
+    timed = [r for t in tables for r in t.records if not r.oom and _not_run(r) is None and r.values]
+    loaded = [r for r in timed if "load average" in (unreliable(r) or "")]
+    if not loaded:
+        return []
+    loads = sorted(r.values["load_avg_1m"] for r in loaded)
+    cores = "/".join(sorted({f"{r.values['cpu_cores']:g}" for r in loaded}))
+    span = f"{loads[0]:.3g}" + (f"–{loads[-1]:.3g}" if f"{loads[-1]:.3g}" != f"{loads[0]:.3g}" else "")
+    return [
+        f"**{len(loaded)} of the {len(timed)} rows that ran were timed on a busy machine** (load average "
+        f"{span} on {cores} cores, above {LOAD_PER_CORE:g} per core, with rounds that did not agree): their "
+        "timings measure the load, not the code, and are withheld (`unreliable [n]`; a table left with no "
+        "timing says so in one line). For figures, rerun on a quiet machine (`OMP_NUM_THREADS=1 tox -e "
+        "bench`); to read these, marked, add `--show-unreliable` to `python -m cs336_systems.report`.",
+        "",
+    ]
+
+
 def _section_lines(
-    section: Section, tables: list[GroupTable], records: list[Record], plots, out
+    section: Section, tables: list[GroupTable], records: list[Record], plots, out, fmt: str = "md"
 ) -> list[str]:
     own = [t for t in tables if t.group_key in section.groups]
     views = [(t, t.view(spec)) for key, spec in section.views for t in tables if t.group_key == key]
@@ -247,9 +280,10 @@ def _section_lines(
     lines = [f"## {section.title}", "", f"_Asked:_ {section.asks}", ""]
     if not own and not views and not section.always:
         lines += [f"No rows for this part in the given JSON (bench: {section.bench}).", ""]
-    lines += [render_group_markdown(t) for t in own]
+    lines += [render_group_markdown(t, fold_withheld=True, table_file=_table_file(t, fmt)) for t in own]
     for t, view in views:
-        lines += [f"### {t.group}: {view.attrs['title']}", "", f"_{t.caption}_", "", to_markdown(view), ""]
+        shown = withheld_line(t, _table_file(t, fmt)) if t.withheld else to_markdown(view)
+        lines += [f"### {t.group}: {view.attrs['title']}", "", f"_{t.caption}_", "", shown, ""]
         lines += footnote_lines(t.footnotes)
         lines += [*t.absent, ""] if t.absent else []
     lines += [
@@ -302,21 +336,25 @@ def load_section_modules() -> list[str]:
     return skipped
 
 
-def build_writeup(runs: list[Run], tables: list[GroupTable], plots: dict[str, Path], out: Path) -> str:
+def build_writeup(
+    runs: list[Run], tables: list[GroupTable], plots: dict[str, Path], out: Path, fmt: str = "md"
+) -> str:
     skipped = load_section_modules()
     records = [r for t in tables for r in t.records]
-    lines = _runs_header(runs)
+    lines = _runs_header(runs) + _withheld_summary(tables)
     if skipped:
         lines += [
             f"_Sections of {', '.join(skipped)} are left out: they need torch, which this Python lacks._",
             "",
         ]
     for section in SECTIONS:
-        lines += _section_lines(section, tables, records, plots, out)
+        lines += _section_lines(section, tables, records, plots, out, fmt)
     others = [t for t in tables if section_of(t.group_key) is None]
     if others:
         lines += ["## Other benchmark groups", ""]
-        lines += [render_group_markdown(t) for t in others]
+        lines += [
+            render_group_markdown(t, fold_withheld=True, table_file=_table_file(t, fmt)) for t in others
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -348,7 +386,7 @@ def write_report(
         if path is not None:
             plots[section] = path
     writeup = out / "writeup.md"
-    writeup.write_text(build_writeup(runs, tables, plots, out))
+    writeup.write_text(build_writeup(runs, tables, plots, out, fmt))
     return {
         "tables": written_tables,
         "plots": list(plots.values()),

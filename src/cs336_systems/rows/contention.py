@@ -14,6 +14,13 @@ read slower evenly, which only the load shows. An MFU above 100% is impossible, 
 divides by (the matmul rate, measured separately) and the step's time saw different loads.
 A GPU row whose call took the host longer to issue than the device to run (``host_bound``) is judged
 by the load like a CPU row: its device time is the host's issue rate.
+
+The spread is robust (median absolute deviation) so that one cold round does not condemn a row, but the
+tables print mean ± stddev, which one such round carries: a D11 row read "0.798 ± 2.791" as a result
+beside withheld neighbours (issue 73). A stddev above its mean (``SCATTERED``) is therefore no result
+either: of the row when its mean is its result (a row with no do_bench median, or one whose do_bench
+timed the same loaded host), else of that figure alone (``scattered``). A row with no warm-up whose
+slowest round is its first measured its cold start on purpose (D2's warm-up study) and stands.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ SPREAD = 0.25  # median absolute deviation / median of the rounds above which a 
 MIN_ROUNDS = 3  # fewer rounds say nothing about their spread
 TIGHT = 0.10  # rounds agreeing this well (median absolute deviation / median) are a result under load
 TIGHT_ROUNDS = 5  # ... when there are at least this many of them
+SCATTERED = 1.0  # stddev / mean of a figure above which it is no result: its ± reaches below zero
 
 
 def machine_load() -> dict[str, float]:
@@ -67,6 +75,40 @@ def rounds_agree(values: Mapping[str, float]) -> bool:
     return n >= TIGHT_ROUNDS and spread <= TIGHT
 
 
+def _number(value: object) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    return float(value) if ok else None
+
+
+def cold_start(values: Mapping[str, object]) -> bool:
+    """Whether a row without warm-up had its first round as its slowest: the cold start D2's warm-up
+    study measures on purpose, so the spread it gives the mean is the result, not a disturbance."""
+    first, slowest = _number(values.get("first_ms")), _number(values.get("max_ms"))
+    return (
+        _number(values.get("warmup")) == 0 and first is not None and slowest is not None and first >= slowest
+    )
+
+
+def scattered(mean: object, std: object) -> str | None:
+    """Why a figure printed as ``mean ± std`` is no result (its stddev is above ``SCATTERED`` x the
+    mean: a few rounds far off the rest carry the mean), or None."""
+    mean, std = _number(mean), _number(std)
+    if mean is None or std is None or mean <= 0 or std <= SCATTERED * mean:
+        return None
+    return f"rounds' stddev {std / mean:.2g}× their mean"
+
+
+def _scattered_result(values: Mapping[str, object], on_cpu: bool) -> str | None:
+    """``scattered`` for the row's mean when it is the row's result: no do_bench median, or a do_bench
+    median timed by the same host's clock (``on_cpu``). A device-timed do_bench row keeps its result;
+    its host-timed cells are marked one by one (the report's ``figure_verdict``)."""
+    if (not on_cpu and "do_bench_ms" in values) or cold_start(values) or values.get("rounds_n") == 1:
+        return None
+    if "mean_ms" in values:
+        return scattered(values.get("mean_ms"), values.get("std_ms"))
+    return scattered(values.get("stats_mean_ms"), values.get("stats_std_ms"))
+
+
 def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
     """Why a row's timing is not a result, from its recorded values; [] when nothing says so. The
     load average counts only for rows timed on the host (``on_cpu``: see ``host_timed``; a GPU's time
@@ -82,6 +124,8 @@ def contention_reasons(values: Mapping[str, float], on_cpu: bool) -> list[str]:
     spread = values.get("rounds_spread")
     if spread is not None and not math.isnan(spread) and spread > SPREAD:
         reasons.append(f"rounds spread ±{spread:.0%}")
+    elif why := _scattered_result(values, on_cpu):
+        reasons.append(why)
     mfu = values.get("mfu")
     if mfu is not None and mfu > 1.0:
         reasons.append(f"MFU {mfu:.0%} is above 100%: the step and the matmul rate saw different loads")
