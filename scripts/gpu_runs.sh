@@ -144,12 +144,18 @@ for stage in "$@"; do
     grade)  # each repository in $GRADE_REPOS (or folders of them) graded side by side, one GPU each, course +
       # leaderboard tiers and the leaderboard row the course's way (anchors: the suite's kernel and cuDNN per GPU model);
       # with COURSE_TESTS (a course release's tests/, or a folder of releases by version) the course's tests too;
-      # with GRADE_EXECUTOR=local through submitit's local executor (run both on one host to compare them)
+      # with GRADE_EXECUTOR=local through submitit's local executor (run both on one host to compare them);
+      # GRADE_K selects cases (-k) as the judge's -k does
       timeout "${GRADE_TIMEOUT:-540}" python3 -m cs336_systems.cli.grade ${GRADE_REPOS:-} --out "$OUT/class" \
         --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --timeout 420 \
         ${GRADE_EXECUTOR:+--executor "$GRADE_EXECUTOR" --gpus-per-job 1} \
-        ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} > "$OUT/class.log" 2>&1
+        ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} ${GRADE_K:+-- -k "$GRADE_K"} > "$OUT/class.log" 2>&1
       echo "grade rc=$?"; grep -v "cases done\|loading its code" "$OUT/class.log" | tail -30 ;;
+    walls)  # issue 69: the walls on a GPU machine: every way out in a class, workers walled on CUDA, ncu observing inside them
+      python3 -m pytest -p no:cacheprovider -q tests/contract/test_walls.py tests/contract/test_left_behind_sandbox.py \
+        tests/contract/test_adversaries.py 2>&1 | tail -4
+      python3 -m pytest -p no:cacheprovider -q -s tests/contract/test_leaderboard_gpu.py \
+        -k "honest or observed_only or token_sdpa" 2>&1 | grep -E "^adapters|passed|failed|Error" ;;
     sweep-d11)  # D11 (d 64, bf16, seq 1024, 16384) in one pytest process on GPU 0, then as sweep jobs, one per GPU; compared
       sel=(bench/bench_flash.py --only d=64 --only dtype=bf16 --only seq=1024,16384 -k 'test_flash_sweep and (flash_triton or sdpa_flash or sdpa_cudnn)')
       CUDA_VISIBLE_DEVICES=0 "${BENCH[@]}" "${sel[@]}" --benchmark-json="$OUT/d11-plain.json" 2>&1 | tail -2

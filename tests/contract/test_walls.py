@@ -246,3 +246,28 @@ def test_the_course_tests_run_inside_the_walls(tmp_path: Path) -> None:
     group = found["get_flashattention_autograd_function_pytorch"]
     assert group["counts"] == {"passed": 1, "failed": 1}, found
     assert group["failed"] == ["test_attention::test_writes_outside"], found
+
+
+@walled
+def test_the_observer_and_the_observed_meet_in_the_jobs_own_tmp(tmp_path: Path) -> None:
+    """Nsight Compute's injection finds its host through ``/tmp`` and ``/dev/shm`` (error: "No kernels were
+    profiled" when the walled process has its own and the host the machine's): the observer runs with the
+    job's as its own. The observed process sees what the observer left there, cannot write its report,
+    and the machine's ``/tmp`` and ``/dev/shm`` stay as they were."""
+    from cs336_systems.grading.sandbox import JobFolder
+
+    sandbox, job = Sandbox(scratch=tmp_path / "scratch"), JobFolder.make(tmp_path)
+    (tmp_path / "scratch").mkdir()
+    report, marker = tmp_path / "observed", f"host-{os.getpid()}"
+    report.mkdir()
+    host = f'touch /tmp/{marker} /dev/shm/{marker} && echo kernels > {report}/ncu.csv && exec "$@"'
+    observed = f"ls /tmp/{marker} /dev/shm/{marker} > {job.out}/seen; echo forged > {report}/ncu.csv"
+    inner = sandbox.wrap(["sh", "-c", observed], job, [], job.path)
+    cmd = [*sandbox.observer(("sh", "-c", host, "observer"), job, [], job.path, (report,)), *inner]
+    try:
+        subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert (job.out / "seen").read_text().split() == [f"/dev/shm/{marker}", f"/tmp/{marker}"]
+        assert (report / "ncu.csv").read_text() == "kernels\n", "the observed process rewrote the report"
+        assert not (Path("/tmp") / marker).exists() and not (Path("/dev/shm") / marker).exists()
+    finally:
+        job.remove()

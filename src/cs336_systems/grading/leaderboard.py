@@ -157,7 +157,9 @@ def _observed(
     folder = Path(tempfile.mkdtemp(prefix="observed-", dir=jobs_parent()))
     log = folder / "ncu.csv"
     try:
-        _, talk, why = _clock_run(roots, plan, {"observe": True}, shape, device, "bf16", command(ncu, log))
+        _, talk, why = _clock_run(
+            roots, plan, {"observe": True}, shape, device, "bf16", command(ncu, log), folder
+        )
         if why or talk is None:
             return None, 0, f"the observed run: {why}"
         seen = parse(log.read_text(errors="replace")) if log.is_file() else Observed()
@@ -174,6 +176,7 @@ def _clock_run(
     device: str,
     dtype: str,
     prefix: tuple[str, ...] = (),
+    prefix_writes: Path | None = None,
 ) -> tuple[Any, clock.ClockRun | None, str | None]:
     """A timing worker with the parent's clock talking to it (under ``prefix``, an observer), and every
     round it handed back verified: what the job left, the clock's rounds, and why they do not count."""
@@ -191,6 +194,7 @@ def _clock_run(
         records=plan.records(),
         files=plan.files(),
         prefix=prefix,
+        prefix_writes=(prefix_writes,) if prefix_writes else (),
     )
     got = run(job)
     talk = got.conversation

@@ -3,7 +3,8 @@ the job's own scratch. ``python -I -S mounts.py SPEC_JSON -- COMMAND...`` (stand
 runs before anything of the grader or the student is importable), then it becomes ``COMMAND``.
 
 An allow-list, not a block-list: every mount is made read-only (recursively, one ``mount_setattr`` call
-where the kernel has it, else each mount of ``/proc/self/mountinfo`` remounted), and only then are the
+where the kernel has it, else each mount of ``/proc/self/mountinfo`` remounted; ``/proc`` itself excepted,
+not its machine-wide knobs), and only then are the
 writable places mounted back, each a bind of its own: the job's ``out/``, the repository's scratch (its
 ``HOME`` and compile caches), a private ``/tmp`` and ``/dev/shm`` (the job's own folders; the ranks of one
 job share them, as NCCL's shared memory needs). Folders that vanish under the private ``/tmp`` (the job's
@@ -32,6 +33,10 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and aarch64 (the generic syscall table)
 SETUP_FAILED = 126
+# /proc stays writable (CUDA's initialisation writes there: error 304 without it), but not what a uid-0
+# process without capabilities could still change machine-wide through it (sysctls, sysrq, IRQs): the
+# paths Docker makes read-only.
+PROC_READ_ONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -126,11 +131,17 @@ def _cover(path: str) -> None:
 
 
 def setup(spec: dict) -> None:
+    """The walls ``spec`` describes; with ``"read_only": false`` only the private ``/tmp`` and ``/dev/shm``
+    (an observer's own view: it and the process it observes meet there)."""
     keep, writable = spec.get("keep", []), spec.get("writable", [])
     private = {"/tmp": spec["tmp"], "/dev/shm": spec.get("shm")}
     # Every folder is opened before anything covers it: the binds below come from these handles.
     opened = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in [*keep, *writable, *private.values()] if p}
-    read_only_everywhere()
+    if spec.get("read_only", True):
+        for path in filter(os.path.exists, PROC_READ_ONLY):  # mounts of their own: they stay read-only
+            _mount(path, path, None, MS_BIND | MS_REC)
+        read_only_everywhere()
+        _writable("/proc")
     for target, source in private.items():
         if source and os.path.isdir(target):
             _bind(opened[source], target, writable=True)

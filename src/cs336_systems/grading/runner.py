@@ -57,6 +57,7 @@ class Job:
     records: tuple[str, ...] = ()  # more records the workers write (``clock.<round>``)
     files: tuple[str, ...] = ()  # plain files the workers may leave in ``out/`` (``ready.<round>``)
     prefix: tuple[str, ...] = ()  # a command the worker runs under (an observer outside the process)
+    prefix_writes: tuple[Path, ...] = ()  # the folders that command writes (the observer's report)
     sandbox: Sandbox = field(default_factory=Sandbox.from_env)
 
     def names(self) -> list[str]:
@@ -193,6 +194,7 @@ def _run_in(job: Job, folder: JobFolder) -> Collected:
     # read as the code's. A single process starts no group.
     store = host_store(job.world_size, job.timeout + STORE_GRACE_S) if job.world_size > 1 else None
     port = store.port if store is not None else 0
+    observer = job.sandbox.observer(job.prefix, folder, keep, job.roots.repo_root, job.prefix_writes)
     procs, pipes = [], []
     for rank in range(job.world_size):
         read_end, write_end = os.pipe()  # the walls' "ok" (or why not), written before the code starts
@@ -201,7 +203,7 @@ def _run_in(job: Job, folder: JobFolder) -> Collected:
         log = (folder.path / f"rank{rank}.log").open("w")
         procs.append(
             subprocess.Popen(
-                [*job.prefix, *cmd],
+                [*observer, *cmd],
                 cwd=job.roots.repo_root,
                 env=_env(rank, job.world_size, port, job.task) | job.sandbox.env(folder),
                 stdout=log,

@@ -250,6 +250,33 @@ class Sandbox:
         # handler for (an abort() would not end the worker); the shell passes the status on (128 + n).
         return [*_unshare(), "sh", "-c", f"{shlex.join(setup)}\nexit $?\n"]
 
+    def observer(
+        self, prefix: tuple[str, ...], job: JobFolder, keep: list[Path], cwd: Path, writes: tuple[Path, ...]
+    ) -> list[str]:
+        """``prefix`` (an observer outside the graded process: Nsight Compute) in a mount namespace whose
+        ``/tmp`` and ``/dev/shm`` are the job's: the observer and the walled process it launches meet there
+        (its injection finds its host through them), and neither touches the machine's. Nothing else of
+        the observer's view changes; ``writes`` are the folders it writes (its report)."""
+        if not prefix or not self.uses_namespaces():
+            return list(prefix)
+        spec = walls_spec(job, [*keep, cwd], self.scratch or repo_scratch(), (), cwd)
+        # The walls inside open the job's folders by their paths, the shared-memory one included.
+        writable = [*spec["writable"], spec["shm"], *map(str, writes)]
+        spec |= {"read_only": False, "writable": writable, "masked": []}
+        user = ["--user", "--map-root-user"] if os.geteuid() != 0 else []
+        return [
+            "unshare",
+            *user,
+            "--mount",
+            sys.executable,
+            "-I",
+            "-S",
+            str(MOUNTS),
+            json.dumps(spec),
+            "--",
+            *prefix,
+        ]
+
     def _setpriv_user(self) -> list[str]:
         user = self._user()
         return [f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups"] if user else []
