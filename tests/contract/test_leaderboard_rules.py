@@ -16,7 +16,7 @@ import torch
 from cs336_systems.grading import class_report, leaderboard
 from cs336_systems.grading.judge import clock, standing
 from cs336_systems.grading.kernel_names import kernels_in, repository_kernels
-from cs336_systems.grading.observer import Observed, parse
+from cs336_systems.grading.observer import Observed, parse, phases
 from cs336_systems.grading.roots import discover
 from cs336_systems.grading.shared.clock import iterations
 
@@ -101,9 +101,16 @@ def standing_hook() -> str:
 
 def _evidence(**kw) -> standing.Evidence:
     base = dict(course_failures=[], clock_problem=None, parent_ms=10.0, course_ms=10.2, floor_ms=1.0)
-    observed = Observed({"lb_fwd_kernel": 3.0, "lb_bwd_dkdv_kernel": 6.0, "triton_poi_fused_sum_0": 0.1})
+    observed = Observed.of_phases(
+        {"lb_fwd_kernel": 3.0}, {"lb_bwd_dkdv_kernel": 6.0, "triton_poi_fused_sum_0": 0.1}
+    )
+    if "observed" in kw and kw["observed"] is not None and "phases" not in kw:
+        kw["phases"] = phases(kw["observed"], 1)
     base |= dict(
-        observed=observed, observed_iterations=1, repo_kernels={"lb_fwd_kernel", "lb_bwd_dkdv_kernel"}
+        observed=observed,
+        observed_iterations=1,
+        repo_kernels={"lb_fwd_kernel", "lb_bwd_dkdv_kernel"},
+        phases=phases(observed, 1),
     )
     return standing.Evidence(**(base | kw))
 
@@ -125,15 +132,15 @@ def test_an_honest_observed_row_is_ranked() -> None:
         ({"parent_ms": 0.5}, "below 1.000 ms"),
         ({"clock_problem": "2 of 40 timed iterations do not match"}, "2 of 40"),
         ({"course_ms": 0.1}, "own do_bench reported 0.100 ms"),
-        ({"parent_ms": 4.0}, "less than the 9.000 ms its own kernels take under the observer"),
+        ({"parent_ms": 4.0}, "less than the 9.100 ms its own kernels take under the observer"),
         (
-            {"observed": Observed({"lb_fwd_kernel": 0.1, "flash_fwd_kernel_cudnn": 9.0})},
-            "1% of the observed GPU time is in this repository's own Triton kernels",
+            {"observed": Observed.of_phases({"lb_fwd_kernel": 0.1, "flash_fwd_kernel_cudnn": 9.0}, {})},
+            "a library's attention ran in the forward: flash_fwd_kernel_cudnn",
         ),
         ({"observed": Observed({})}, "saw no GPU work"),
         (
-            {"observed": Observed({"lb_fwd_kernel": 1.0, "lb_bwd_dkdv_kernel": 1.0})},
-            "the observer saw 2.000 ms of GPU work per call of the 10.000 ms timed: work was hidden",
+            {"observed": Observed.of_phases({"lb_fwd_kernel": 1.0}, {"lb_bwd_dkdv_kernel": 1.0})},
+            "the observer saw 2.002 ms of GPU work per call of the 10.000 ms timed: work was hidden",
         ),
     ],
 )

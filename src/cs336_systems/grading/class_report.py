@@ -199,6 +199,7 @@ def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
                 "agreement": str(lb.get("agreement") or "-"),
                 "attribution": str(lb.get("attribution") or "-"),
                 "share": lb.get("repository_share"),
+                "backward": str(lb.get("backward") or "-"),
                 "how": how,
                 "ranked": bool(lb.get("ranked")) and finite_positive(lb.get("mean_ms")) is not None,
                 "why": str(lb.get("unranked_because") or lb.get("error") or ""),
@@ -218,6 +219,7 @@ def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
             "agreement": str(a.get("agreement") or "-"),
             "attribution": "reference",
             "share": None,
+            "backward": "-",
             "how": f"on {a['at']}",
             "ranked": False,
             "why": "",
@@ -245,6 +247,7 @@ def _lb_rows(board: list[dict]) -> list[list[str]]:
             ms(b["course_ms"]),
             b["agreement"],
             b["attribution"],
+            b["backward"],
             share(b["share"]),
             b["how"],
             b["ran"],
@@ -261,6 +264,7 @@ LB_HEADER = [
     "ms (course's do_bench, the graded process's word)",
     "the two",
     "attribution",
+    "backward",
     "GPU time in its kernels",
     "how",
     "repository kernels that ran",
@@ -270,7 +274,11 @@ LB_NOTE = (
     "Ranked on the parent's clock: the grader times verified iterations on inputs the graded code learns "
     "only when the clock starts. Attribution `observed (ncu)`: what ran, and its GPU time, recorded by "
     "Nsight Compute outside the graded process; `self-reported`: the graded process's own record (no "
-    "observer on this machine), ranked below every observed row. References are timed the same way."
+    "observer on this machine), ranked below every observed row. References are timed the same way. "
+    "The course's design ranks: the forward the repository's own Triton, the backward its own Triton or "
+    "a PyTorch function under `torch.compile` (the handout: \"by calling torch.compile on a regular PyTorch "
+    "function (not Triton)\"; a Triton backward is one of its ideas for improvement); a library's attention "
+    "(torch's SDPA backends, `flex_attention`, flash-attn) in either phase does not."
 )
 
 

@@ -15,6 +15,11 @@ import os
 import re
 from pathlib import Path
 
+# An attention kernel the repository did not write: torch's SDPA backends (flash, memory-efficient,
+# cuDNN), flash-attn, xformers, and inductor's compiled ``flex_attention`` (its templates name the op).
+LIBRARY_ATTENTION = re.compile(r"attention|attn|sdpa|fmha|flash|cudnn|flex|xformers", re.I)
+GEMM = re.compile(r"gemm|xmma|cutlass|nvjet|cublas|matmul", re.I)  # cuBLAS's and CUTLASS's matmuls
+OWN, LIBRARY, INDUCTOR_KIND, GEMM_KIND, OTHER = "own Triton", "library attention", "inductor", "GEMMs", "other"
 SKIP_DIRS = {".git", ".venv", "venv", "site-packages", ".tox", "__pycache__", "node_modules", "wandb"}
 INDUCTOR = re.compile(r"^triton_(poi|red|per|tem|mm|bmm|for|spl|tma|helper)_|^triton_\d")
 
@@ -55,4 +60,24 @@ def repository_kernels(folders: list[Path], limit_files: int = 5000) -> set[str]
                     found |= kernels_in((Path(folder) / name).read_text(errors="replace"))
                 except OSError:
                     continue
+    return found
+
+
+def kind(name: str, repo_kernels: set[str]) -> str:
+    """What a kernel the observer saw is: the repository's own Triton, a library's attention, inductor's
+    code (compiled from PyTorch), a library matmul, or anything else (elementwise, copies, reductions)."""
+    if name in repo_kernels:
+        return OWN
+    if LIBRARY_ATTENTION.search(name):
+        return LIBRARY
+    if INDUCTOR.match(name):
+        return INDUCTOR_KIND
+    return GEMM_KIND if GEMM.search(name) else OTHER
+
+
+def by_kind(times: dict[str, float], repo_kernels: set[str]) -> dict[str, float]:
+    """GPU time (ms) per kind of kernel."""
+    found: dict[str, float] = {}
+    for name, ms in times.items():
+        found[kind(name, repo_kernels)] = found.get(kind(name, repo_kernels), 0.0) + ms
     return found

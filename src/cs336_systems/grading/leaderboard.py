@@ -19,7 +19,7 @@ from typing import Any
 from . import observer_turn
 from .exchange import text
 from .judge import clock, standing
-from .observer import Observed, command, ncu_path, parse
+from .observer import Observed, command, ncu_path, parse, phases
 from .roots import SUITE_ROOT, StudentRoots, discover
 from .sandbox import jobs_parent
 from .shared.cases import LEADERBOARD_CASE, TRITON_HOOK
@@ -99,6 +99,8 @@ def row(
                 None,
             )
         evidence.observed = seen
+        if seen is not None:
+            evidence.phases = phases(seen, evidence.observed_iterations)
         from .kernel_names import repository_kernels
 
         evidence.repo_kernels = repository_kernels(roots.folders())

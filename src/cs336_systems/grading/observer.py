@@ -2,7 +2,8 @@
 
 The observed run is a second timing worker started under ``ncu``, which records every kernel launched
 during the observed calls (one round of the parent's clock, on fresh inputs the parent verifies, each
-call and its backward between ``cudaProfilerStart`` and ``Stop``) with its GPU time
+call and then its backward between ``cudaProfilerStart`` and ``Stop``, each range opened by a marker
+kernel, so that ``phases`` tells the forward's kernels from the backward's) with its GPU time
 (``gpu__time_duration.sum``), and writes them to a file this process names, in a folder the graded code
 cannot write (under the grader's sandbox). The graded code can stop the recording itself (the profiler
 API is process-wide): the rules compare what was seen with the parent's clock, so hidden work shows. ncu's host process is not the graded process; its
@@ -23,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 METRIC = "gpu__time_duration.sum"
+# The kernel ``torch.cuda._sleep(0)`` launches: the marker ``shared/clock.py`` puts first in each observed
+# range (a forward's, then its backward's).
+PHASE_MARKER = "spin_kernel"
 NCU_ENV = "CS336_NCU"  # a path to ncu, or "0" to grade without an observer
 
 
@@ -63,11 +67,27 @@ def command(ncu: str, log: Path) -> tuple[str, ...]:
 
 @dataclass
 class Observed:
-    """GPU time per kernel name (ms) inside the observed range."""
+    """GPU time per kernel name (ms) inside the observed ranges, and every launch in the order ncu saw
+    them (the phase markers among them)."""
 
     kernels: dict[str, float] = field(default_factory=dict)
     launches: int = 0
     connected: bool = True  # ncu reached the worker (else it saw nothing through no fault of the code)
+    sequence: list[tuple[str, float]] = field(default_factory=list)
+
+    @staticmethod
+    def of_phases(forward: dict[str, float], backward: dict[str, float], iterations: int = 1) -> Observed:
+        """What ncu reports of ``iterations`` calls spending ``forward`` and ``backward`` (ms per kernel
+        per call), each phase behind its marker (a stand-in for tests)."""
+        seen = Observed()
+        for _ in range(iterations):
+            for phase in (forward, backward):
+                seen.sequence.append((PHASE_MARKER, 0.001))
+                seen.sequence += list(phase.items())
+        for name, ms in seen.sequence:
+            seen.kernels[name] = seen.kernels.get(name, 0.0) + ms
+        seen.launches = len(seen.sequence)
+        return seen
 
     def total_ms(self) -> float:
         return sum(self.kernels.values())
@@ -92,7 +112,9 @@ def parse(text: str) -> Observed:
     }
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     seen = Observed(connected="==PROF== Connected to process" in text)
-    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    rows.sort(key=lambda r: int(r["ID"]) if str(r.get("ID", "")).isdigit() else 0)  # launch order
+    for row in rows:
         if row.get("Metric Name") != METRIC:
             continue
         try:
@@ -104,5 +126,30 @@ def parse(text: str) -> Observed:
             continue
         name = str(row.get("Kernel Name", "?"))
         seen.kernels[name] = seen.kernels.get(name, 0.0) + value * unit
+        seen.sequence.append((name, value * unit))
         seen.launches += 1
     return seen
+
+
+@dataclass
+class Phases:
+    """GPU time per kernel name (ms, all iterations) of the forward calls and of their backwards."""
+
+    forward: dict[str, float]
+    backward: dict[str, float]
+
+
+def phases(seen: Observed, iterations: int) -> Phases | str:
+    """The observed launches split at the phase markers (``shared/clock.py`` launches one as each
+    forward's and each backward's range starts): the phases, or why they cannot be told apart."""
+    marks = [i for i, (name, _) in enumerate(seen.sequence) if PHASE_MARKER in name]
+    if len(marks) != 2 * iterations:
+        return f"{len(marks)} phase markers for {iterations} observed calls (2 each)"
+    split = Phases({}, {})
+    for n, (start, end) in enumerate(zip(marks, [*marks[1:], len(seen.sequence)], strict=True)):
+        into = split.forward if n % 2 == 0 else split.backward
+        for name, ms in seen.sequence[start + 1 : end]:
+            into[name] = into.get(name, 0.0) + ms
+    for name, ms in seen.sequence[: marks[0] if marks else 0]:  # before the first range's marker
+        split.forward[name] = split.forward.get(name, 0.0) + ms
+    return split

@@ -48,9 +48,12 @@ def iterations(
     """``(count, 4, batch)`` fp32 fingerprints (dQ, dK, dV, O per batch row) of ``count`` iterations,
     each on fresh inputs from ``seed``; with ``scales``, ``(count, 2, 4, batch)``: the fingerprints and
     the norm of each projected tensor (the judge's yardstick of rounding, computed on the reference).
-    ``observed``: each call and its backward alone between ``cudaProfilerStart`` and ``Stop``, which an
-    observer started with ``--profile-from-start off`` records (process-wide: the backward's kernels are
-    launched from autograd's own thread); drawing the inputs and fingerprinting stay outside."""
+    O's fingerprint is taken as soon as the call returns: O must be whole by the end of the forward (an O
+    filled in later, in the backward, fails it). ``observed``: each call, then its backward, alone between
+    ``cudaProfilerStart`` and ``Stop``, which an observer started with ``--profile-from-start off`` records
+    (process-wide: the backward's kernels are launched from autograd's own thread), each range opened by
+    a marker kernel so that the observer tells the phases apart; drawing the inputs and the other
+    fingerprints stay outside."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     proj = draw(gen, shape, device, dtype)
@@ -60,13 +63,16 @@ def iterations(
         q, k, v = leaf
         with _profiled(observed):
             o = call(q, k, v)
-            o.sum().backward()
-        products = (leaf.grad * proj, o.detach() * proj)
-        out[i, 0, :3] = products[0].sum(dim=(-2, -1), dtype=torch.float32)
-        out[i, 0, 3] = products[1].sum(dim=(-2, -1), dtype=torch.float32)
+            o_print = o.detach() * proj
+            out[i, 0, 3] = o_print.sum(dim=(-2, -1), dtype=torch.float32)
+        total = o.sum()
+        with _profiled(observed):
+            total.backward()
+        grads = leaf.grad * proj
+        out[i, 0, :3] = grads.sum(dim=(-2, -1), dtype=torch.float32)
         if scales:
-            out[i, 1, :3] = products[0].float().square().sum(dim=(-2, -1)).sqrt()
-            out[i, 1, 3] = products[1].float().square().sum(dim=(-2, -1)).sqrt()
+            out[i, 1, :3] = grads.float().square().sum(dim=(-2, -1)).sqrt()
+            out[i, 1, 3] = o_print.float().square().sum(dim=(-2, -1)).sqrt()
     return (out if scales else out[:, 0]).cpu()
 
 
@@ -78,6 +84,7 @@ def _profiled(on: bool) -> Iterator[None]:
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     try:
+        torch.cuda._sleep(0)  # the phase marker (``observer.PHASE_MARKER``): the range's first kernel
         yield
         torch.cuda.synchronize()
     finally:
