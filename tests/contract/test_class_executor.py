@@ -1,7 +1,8 @@
 """A class through the executor (``cli.grade ... --executor local``, submitit's LocalExecutor) gives the
 same class report rows as the one-machine run of the same command and seed; a job that dies is its
 repository's row; a local job claims a GPU no other holds; and one repository goes through a real Slurm
-(``--executor slurm``; skipped with the reason where the one-node cluster cannot start)."""
+(``--executor slurm``; skipped with the reason where the one-node cluster cannot start), where a
+repository says its progress and a cancelled job is named so."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from cs336_systems.grading import gradescope
 from cs336_systems.harness.executor import ExecutorConfig, GpuClaimError, claim_gpus
 
+from ..helpers.standin import wait_until
 from .grading_run import ROOT, STUDENTS, clean_env
 
 # One xdist group (tox runs `--dist loadgroup`): the module runs in one worker, which makes its
@@ -156,11 +158,12 @@ def test_on_one_machine_the_anchors_join_the_class_queue(
     from cs336_systems.grading import class_executor
     from cs336_systems.grading.class_executor import ANCHORS, ClassJobs, run_class
     from cs336_systems.grading.repo_job import RepoOptions
-    from cs336_systems.harness.executor import ExecutorConfig, Outcome
+    from cs336_systems.harness.executor import ExecutorConfig
+    from cs336_systems.harness.jobs import Outcome
 
     queues: list[list[str]] = []
 
-    def run_jobs(config, calls, on_submit=None, log=print):  # what each job would have returned
+    def run_jobs(config, calls, watch):  # what each job would have returned, told as each ends
         queues.append(list(calls))
         ends = {}
         for key, call in calls.items():
@@ -172,6 +175,7 @@ def test_on_one_machine_the_anchors_join_the_class_queue(
                 ends[key] = Outcome(
                     "2", "done", result={"code": 0, "elapsed": 1.0, "host": "h", "gpu": "Fake GPU"}
                 )
+            watch.ended(key, ends[key])
         return ends
 
     monkeypatch.setattr(class_executor, "run_jobs", run_jobs)
@@ -190,10 +194,11 @@ def _raises() -> None:
 def test_a_job_that_raises_names_its_error(tmp_path: Path) -> None:
     """The outcome names the exception and the job's log (submitit's message ends with its log paths,
     and the error once shown was only those)."""
-    from cs336_systems.harness.executor import ExecutorConfig, run_jobs
+    from cs336_systems.harness.executor import ExecutorConfig
+    from cs336_systems.harness.jobs import Watch, run_jobs
 
     config = ExecutorConfig(kind="local", folder=tmp_path / "jobs", poll_s=0.2)
-    (end,) = run_jobs(config, {"job": _raises}, log=lambda line: None).values()
+    (end,) = run_jobs(config, {"job": _raises}, Watch(log=lambda line: None)).values()
     assert end.state == "failed", end
     assert "ValueError: tuple index out of range" in end.error and "_log.err" in end.error, end.error
 
@@ -206,13 +211,17 @@ def test_local_jobs_share_the_machines_cores_with_or_without_gpus(
     from cs336_systems.grading import class_executor
     from cs336_systems.grading.class_executor import ClassJobs, run_class
     from cs336_systems.grading.repo_job import RepoOptions
-    from cs336_systems.harness.executor import ExecutorConfig, Outcome
+    from cs336_systems.harness.executor import ExecutorConfig
+    from cs336_systems.harness.jobs import Outcome
 
     threads: list[int | None] = []
 
-    def run_jobs(config, calls, on_submit=None, log=print):
+    def run_jobs(config, calls, watch):
         threads.extend(call.threads for call in calls.values())
-        return {k: Outcome("1", "done", result={"code": 0, "elapsed": 1.0, "host": "h"}) for k in calls}
+        ends = {k: Outcome("1", "done", result={"code": 0, "elapsed": 1.0, "host": "h"}) for k in calls}
+        for key, end in ends.items():
+            watch.ended(key, end)
+        return ends
 
     monkeypatch.setattr(class_executor, "run_jobs", run_jobs)
     config = ExecutorConfig(kind="local", folder=tmp_path / "jobs", parallelism=2)
@@ -230,3 +239,29 @@ def test_local_jobs_are_looked_at_as_often_as_the_one_machine_scheduler_looks(mo
     assert ExecutorConfig(kind="local", poll_s=0.2).poll_interval() == 0.2
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # sbatch "installed"
     assert ExecutorConfig(kind="slurm").poll_interval() == 2.0
+
+
+@pytest.mark.timeout(300)
+def test_on_slurm_a_repository_says_its_progress_and_a_cancelled_job_is_named_so(
+    slurm, tmp_path: Path
+) -> None:
+    """A class on Slurm said its job counts only; a job cancelled with ``scancel`` read "the grading
+    process died (exit -15): (no output)" and counted as done."""
+    out, log = tmp_path / "class", tmp_path / "log"
+    cmd = [sys.executable, "-m", "cs336_systems.cli.grade", str(STUDENTS / "hangs"), "--out", str(out)]
+    cmd += [*COMMON, "--executor", "slurm", "--partition", "debug", "--cpus-per-job", "1", *PYTORCH_COURSE]
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=f, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "[hangs] " in log.read_text(), 240, "a progress line of hangs")
+        (submitted,) = (out / "jobs").glob("*_submitted.pkl")
+        subprocess.run(["scancel", submitted.name.split("_")[0]], check=True, timeout=60)
+        rc = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    output = log.read_text()
+    assert "[hangs] loading its code and starting its first workers" in output, output[-3000:]
+    assert "[hangs] grading failed: cancelled (job " in output and "exit -15" not in output, output[-3000:]
+    assert "jobs: 0 pending 0 running 0 done 0 failed 1 cancelled" in output, output[-3000:]
+    assert rc == 1, output[-3000:]
+    assert (out / "hangs" / "unfinished.txt").is_file(), "the next run grades it again"

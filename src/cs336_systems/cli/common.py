@@ -24,7 +24,8 @@ def prog(name: str) -> str:
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions as written (their example commands keep their lines), and each option's default
-    after its help, unless the help states one already or the option has none (a flag, ``None``)."""
+    after its help, unless the help states one already or the option has none (a flag, ``None``, an
+    empty list: a repeatable option given no value showed "(default: )")."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -34,6 +35,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             or "default" in text.lower()
             or default is None
             or default is False
+            or default == []
+            or default == ()
             or default is argparse.SUPPRESS
         ):
             return text

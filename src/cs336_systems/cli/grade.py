@@ -24,6 +24,9 @@ pytest's keyword expressions on the case ids (``-- -k ddp``, ``-- -k "pytorch an
 through submitit on this machine), with the sweep's executor options (``--partition``,
 ``--gpus-per-job``, ``--time-min``, ``--parallelism``, ``--slurm-param``): the same files and report.
 
+Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops the repositories being graded, records them as cancelled
+and exits with one line (130, or 143); those graded are kept, and a rerun grades the others.
+
 Exit status, one repository: 0 when its course tier passes (or is skipped), 1 on a course failure or a
 case that cannot be graded, 2 when it cannot be graded at all. A class: 0 when every repository was
 graded (whatever the students' results), 1 when grading failed for one, 2 when it did not start (the
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from cs336_systems.grading.roots import SUITE_ROOT
 from cs336_systems.harness.executor import ExecutorError, add_executor_options
+from cs336_systems.harness.interrupt import Interrupted
 
 PROG = "python -m cs336_systems.cli.grade"
 
@@ -233,9 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    if len(repos) > 1 or args.out is not None or args.jobs is not None or args.executor:
-        return grade_class(args, repos)
-    return grade_one(args, repos)
+    try:
+        if len(repos) > 1 or args.out is not None or args.jobs is not None or args.executor:
+            return grade_class(args, repos)
+        return grade_one(args, repos)
+    except Interrupted as exc:
+        print(f"{PROG}: {exc.line('repositories')}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:  # before any repository started (importing torch, checking the input)
+        print(f"{PROG}: interrupted by SIGINT before any repository started", file=sys.stderr)
+        return 130
 
 
 def _say_isolation(args: argparse.Namespace) -> None:

@@ -5,9 +5,11 @@ Collects the cases ``pytest BENCH_FILES --only ... -k ...`` would run, submits o
 Slurm through submitit's AutoExecutor, else on this machine through its LocalExecutor), each a pytest
 run writing its own pytest-benchmark JSON, and merges them into ``OUT/sweep.json``, which
 ``python -m cs336_systems.report OUT/sweep.json`` reads like a single run's. The job counts (pending /
-running / done / failed) are printed as they change. A failed or timed-out job is a row carrying its
-error. Rerun the same command to resume: only the cases missing or failed are submitted. Arguments after
-``--`` go to every case's pytest run (``-- --adapters PATH``).
+running / done / failed) are printed as they change. A failed, cancelled or timed-out job is a row
+carrying its error. Each case's status is written as its job ends: Ctrl-C (or ``kill``) cancels the jobs
+still running and keeps what finished (exit 130, or 143). Rerun the same command to resume: only the
+cases missing, failed, cancelled or timed out are submitted. Arguments after ``--`` go to every case's
+pytest run (``-- --adapters PATH``).
 
 Example: ``python -m cs336_systems.cli.sweep bench/bench_flash.py --only d=64,128 --out runs/d11
 --executor slurm --partition gpu --gpus-per-job 1 --parallelism 8 --time-min 30``
@@ -28,8 +30,9 @@ from cs336_systems.harness.executor import (
     config_from_args,
     describe,
     local_gpu_count,
-    run_jobs,
 )
+from cs336_systems.harness.interrupt import Interrupted
+from cs336_systems.harness.jobs import Outcome, Watch, run_jobs
 from cs336_systems.harness.sweep import (
     BenchCase,
     SweepError,
@@ -38,6 +41,7 @@ from cs336_systems.harness.sweep import (
     finished,
     job_outcome,
     merge,
+    unfinished,
 )
 
 
@@ -54,6 +58,14 @@ def parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before any job was submitted (collecting the cases)
+        print("sweep: interrupted by SIGINT before any job started", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
@@ -80,13 +92,27 @@ def main(argv: list[str] | None = None) -> int:
         f"sweep: {len(node_ids)} case(s) selected, {len(node_ids) - len(todo)} done earlier, {len(todo)} to run"
     )
     if todo:
-        print(f"sweep: {describe(config, todo)}")
-        _run(config, todo, out, args.python, cwd, extra, local)
+        print(f"sweep: {describe(config, todo)}", flush=True)
+        try:
+            _run(config, todo, out, args.python, cwd, extra, local)
+        except ExecutorError as exc:  # sbatch refused the jobs: a partition or GRES the cluster lacks
+            print(f"sweep: {exc}", file=sys.stderr)
+            return 2
+        except Interrupted as exc:
+            (out / "sweep.json").write_text(json.dumps(merge(out, node_ids), indent=1))
+            print(f"sweep: {exc.line('case(s)')}", file=sys.stderr)
+            return exc.exit_code
+    return _merged(out, node_ids)
+
+
+def _merged(out: Path, node_ids: list[str]) -> int:
+    """Write the merge; say which cases did not finish, and how to run them again."""
     merged = merge(out, node_ids)
     (out / "sweep.json").write_text(json.dumps(merged, indent=1))
-    failed = [n for n in node_ids if case_files(out, n).read_status().get("state") == "failed"]
+    failed = [n for n in node_ids if unfinished(out, n)]
     for node_id in failed:
-        print(f"failed: {node_id}: {case_files(out, node_id).read_status().get('error')}")
+        status = case_files(out, node_id).read_status()
+        print(f"{status.get('state')}: {node_id}: {status.get('error')}")
     print(f"sweep: {len(merged['benchmarks'])} row(s) in {out / 'sweep.json'}; {len(failed)} case(s) failed")
     if failed:
         print(f"sweep: rerun the same command to run the {len(failed)} failed case(s) again")
@@ -113,22 +139,20 @@ def _run(
     extra: list[str],
     local: LocalGpus | None,
 ) -> None:
-    # A job's pytest gets its time limit less a margin, so it reports its own timeout before Slurm kills it.
-    timeout_s = max(30.0, config.time_min * 60 - 30)
+    # A job's pytest stops at the suite's own limit, before the scheduler's warning can end the job.
+    timeout_s = config.work_limit_s()
     calls = {n: BenchCase(n, case_files(out, n).bench, python, cwd, extra, timeout_s, local) for n in todo}
     for node_id in todo:
         case_files(out, node_id).write_status(state="pending")
-    job_ids: dict[str, str] = {}
 
     def submitted(node_id: str, job_id: str) -> None:
-        job_ids[node_id] = job_id
         case_files(out, node_id).write_status(state="submitted", job_id=job_id)
 
-    outcomes = run_jobs(config, calls, on_submit=submitted)
-    for node_id, outcome in outcomes.items():
+    def ended(node_id: str, outcome: Outcome) -> None:  # as each job ends: an interruption keeps it
         files = case_files(out, node_id)
-        status = job_outcome(files.bench, outcome.result, outcome.error)
-        files.write_status(**status, job_id=outcome.job_id)
+        files.write_status(**job_outcome(files.bench, outcome), job_id=outcome.job_id)
+
+    run_jobs(config, calls, Watch(submitted=submitted, ended=ended))
 
 
 if __name__ == "__main__":

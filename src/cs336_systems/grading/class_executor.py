@@ -3,9 +3,11 @@ each running the process a one-machine class run starts for it (``classroom.repo
 same per-repository files and class report.
 
 The parent prepares each repository's folder (its options, an earlier run's results removed), submits,
-and turns each job's end into the repository's outcome with ``classroom.job_outcome``: a job that
-failed, was cancelled or ran out of time is a ``results.json`` with a visible "grader failed", written
-here, never a lost class. With ``bench``, the suite's kernel and cuDNN are timed once per GPU model among
+and turns each job's end, as it ends, into the repository's outcome with ``classroom.job_outcome``: a
+job that failed, was cancelled or ran out of time is a ``results.json`` with a visible "grader failed",
+written here, never a lost class, and graded again by the next run. While a job runs, its repository's
+progress lines are read from its ``progress.jsonl`` (on Slurm, through the shared filesystem) as on one
+machine. SIGINT or SIGTERM cancels the jobs still running and ends the run (``Interrupted``). With ``bench``, the suite's kernel and cuDNN are timed once per GPU model among
 the nodes that ran students (the model each job saw is its ``leaderboard.json``'s ``gpu``): one anchors
 job per model, on a node that ran it.
 
@@ -35,22 +37,26 @@ from cs336_systems.harness.executor import (
     ExecutorConfig,
     ExecutorError,
     LocalGpus,
-    Outcome,
     config_from_args,
     describe,
     gpu_claim,
-    run_jobs,
 )
+from cs336_systems.harness.interrupt import Interrupted, JobTimeout, work_ends_with_job
+from cs336_systems.harness.jobs import Outcome, Watch, run_jobs
 
 from . import observer_turn, walls
 from .classroom import (
+    ANCHORS_WORK,
+    PROGRESS_S,
     _start,
     anchor_command,
     anchors_folder,
     distrust,
+    graded,
     job_outcome,
     neighbours,
     prepare_repo,
+    progress_line,
     record_failure,
     repo_command,
     repo_env,
@@ -67,7 +73,8 @@ STARTUP_MIN = 3  # a job's time limit beyond the repository's own: the job's sta
 
 @dataclass(frozen=True)
 class ClassJobs:
-    """A class to grade as jobs: ``local_gpus`` is this machine's GPU count (local executor only)."""
+    """A class to grade as jobs: ``local_gpus`` is this machine's GPU count (local executor only);
+    ``progress_s``, the seconds between two progress lines of one repository."""
 
     repos: dict[str, Path]
     out: Path
@@ -76,6 +83,7 @@ class ClassJobs:
     timeout: float = 1800.0
     force: bool = False
     local_gpus: int = 0
+    progress_s: float = PROGRESS_S
 
 
 @dataclass(frozen=True)
@@ -98,21 +106,27 @@ class ProcessJob:
     def __call__(self) -> dict[str, Any]:
         threads = self.threads or len(os.sched_getaffinity(0))
         wire = walls.Tripwire(list(self.watched)) if self.watched else None
-        with gpu_claim(self.local) as devices:
+        # SIGTERM (a cancel, scancel) ends the grading process's tree and the job, with no result: the
+        # grading process dying of it read as "died (exit -15)" in a job that counted as done.
+        with work_ends_with_job(), gpu_claim(self.local) as devices:
             env = repo_env(threads, None, list(self.hidden))
             if devices:
                 env["CUDA_VISIBLE_DEVICES"] = devices
             become_subreaper()  # what the grading process leaves behind comes here, and is killed
             started = time.monotonic()
             job = _start(self.name, self.cmd, env, self.log, None, self.out)
-            code = _wait(job.proc, self.timeout_s, self.out)
-            kill_descendants()
+            try:
+                code = _wait(job.proc, self.timeout_s, self.out)
+            finally:
+                kill_descendants()
+        if code == "timeout":
+            raise JobTimeout(f"timed out after {self.timeout_s:.0f} s")
         return {
             "changed": wire.changed()[:20] if wire else [],
             "code": code,
             "elapsed": time.monotonic() - started,
             "host": platform.node(),
-            "gpus": env.get("CUDA_VISIBLE_DEVICES"),
+            "gpus": env.get("CUDA_VISIBLE_DEVICES") or None,  # "" (submitit, no GPU) and unset alike
             "gpu": _gpu_model(self.out / "leaderboard.json"),
         }
 
@@ -162,7 +176,7 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     # On one machine the jobs share its cores; on Slurm each has the CPUs it was given.
     one_machine = config.resolved_kind() == "local"
     threads = max(1, (os.cpu_count() or 2) // config.parallelism) if one_machine else None
-    timeout_s = min(jobs.timeout, config.time_min * 60 - 30)
+    timeout_s = min(jobs.timeout, config.work_limit_s())
     calls = {}
     for name, target in todo.items():
         out, options = prepare_repo(jobs.out, name, dataclasses.replace(jobs.options, timeout_s=timeout_s))
@@ -173,34 +187,75 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
         )
     anchors = anchors_folder(jobs.out) if jobs.options.bench and local else None
     if anchors is not None:
-        calls[ANCHORS] = _anchors_job(jobs, anchors, 0, config.time_min * 60 - 30, threads, local)
-    say(f"grade: {describe(config, list(calls))}")
+        calls[ANCHORS] = _anchors_job(jobs, anchors, 0, config.work_limit_s(), threads, local)
+    say(f"grade: {describe(config, list(calls), timeout_s)}")
     started = time.monotonic()
-    ended = run_jobs(config, calls, log=say)
-    here = ended.pop(ANCHORS, None)
-    seen: dict[str, str] = {}  # GPU model -> a node that ran it
-    for name, end in ended.items():
-        out = jobs.out / name
-        if end.error is not None:
-            outcomes[name] = record_failure(out, f"job {end.job_id} failed: {end.error}", jobs.options.points)
-        elif changed := end.result.get("changed"):
-            wrote = changed[0] + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
-            outcomes[name] = distrust(out, f"could not be trusted: wrote {wrote}", jobs.options.points)
-        else:
-            result = end.result
-            outcomes[name] = job_outcome(
-                out, result["code"], result["elapsed"], timeout_s, jobs.options.points
-            )
-            if result.get("gpu"):
-                seen.setdefault(result["gpu"], result["host"])
-        say(f"[{name}] {outcomes[name]}")
-    timed = _anchors_outcome(anchors, 0, here, say) if anchors and here else set()
-    untimed = {model: host for model, host in seen.items() if model not in timed}
+    told = _ClassWatch(jobs, timeout_s, outcomes, say)
+    try:
+        run_jobs(config, calls, told.watch())
+    except Interrupted as stopped:  # a job cancelled after its repository's results were written kept them
+        stopped.kept, stopped.cancelled = stopped.kept + told.kept, stopped.cancelled - told.kept
+        raise
+    timed = _anchors_outcome(anchors, 0, told.anchors, say) if anchors and told.anchors else set()
+    untimed = {model: host for model, host in told.seen.items() if model not in timed}
     if jobs.options.bench and untimed:
         _time_anchors(jobs, anchors or anchors_folder(jobs.out), untimed, threads, local, say)
     many = "repository" if len(todo) == 1 else "repositories"
     say(f"{len(todo)} {many} graded as jobs in {time.monotonic() - started:.0f} s")
     return outcomes
+
+
+class _ClassWatch:
+    """What the class hears from its jobs: each repository's outcome written as its job ends (so an
+    interrupted class keeps what finished), and its progress lines while it runs."""
+
+    def __init__(
+        self, jobs: ClassJobs, timeout_s: float, outcomes: dict[str, str], say: Callable[[str], None]
+    ):
+        self.jobs, self.timeout_s, self.outcomes, self.say = jobs, timeout_s, outcomes, say
+        self.seen: dict[str, str] = {}  # GPU model -> a node that ran it
+        self.anchors: Outcome | None = None  # the anchors job's end, where it joined the queue
+        self.said_at: dict[str, float] = {}
+        self.kept = 0  # repositories whose job was cancelled after their results were written
+
+    def watch(self) -> Watch:
+        return Watch(ended=self.ended, running=self.running, log=self.say)
+
+    def ended(self, name: str, end: Outcome) -> None:
+        if name == ANCHORS:
+            self.anchors = end
+            return
+        self.outcomes[name] = repo_outcome(
+            self.jobs.out / name, end, self.timeout_s, self.jobs.options.points
+        )
+        self.kept += end.state == "cancelled" and not self.outcomes[name].startswith("grading failed")
+        if end.state == "done" and end.result.get("gpu"):
+            self.seen.setdefault(end.result["gpu"], end.result["host"])
+        self.say(f"[{name}] {self.outcomes[name]}")
+
+    def running(self, name: str, seconds: float) -> None:
+        if seconds - self.said_at.get(name, 0.0) < self.jobs.progress_s:
+            return
+        self.said_at[name] = seconds
+        doing = ANCHORS_WORK if name == ANCHORS else progress_line(self.jobs.out / name / "progress.jsonl")
+        self.say(f"[{name}] {doing}, {seconds:.0f} s")
+
+
+def repo_outcome(out: Path, end: Outcome, timeout_s: float, points: Path | None) -> str:
+    """A repository's outcome from its job's: graded (its own files), or, for a job that timed out,
+    was cancelled or failed, a "grader failed" record saying so (graded again by the next run)."""
+    if end.state == "done" and (changed := end.result.get("changed")):
+        wrote = changed[0] + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+        return distrust(out, f"could not be trusted: wrote {wrote}", points)
+    if end.state == "done":
+        return job_outcome(out, end.result["code"], end.result["elapsed"], timeout_s, points)
+    if end.state == "cancelled" and graded(out):
+        return f"graded (its job {end.job_id} was cancelled after its results were written)"
+    why = {
+        "timed out": end.error or "timed out",
+        "cancelled": f"cancelled (job {end.job_id}): {end.error}",
+    }.get(end.state, f"job {end.job_id} failed: {end.error}")
+    return record_failure(out, why, points)
 
 
 def _local_gpus(jobs: ClassJobs) -> LocalGpus | None:
@@ -250,9 +305,9 @@ def _time_anchors(
             parallelism=1,
             slurm_params={**jobs.config.slurm_params, "nodelist": host},
         )
-        call = _anchors_job(jobs, folder, i, config.time_min * 60 - 30, threads, local)
+        call = _anchors_job(jobs, folder, i, config.work_limit_s(), threads, local)
         say(f"[anchors] timing the suite's kernel and cuDNN on {model} ({host})")
-        (end,) = run_jobs(config, {model: call}, log=say).values()
+        (end,) = run_jobs(config, {model: call}, Watch(log=say)).values()
         _anchors_outcome(folder, i, end, say)
 
 

@@ -276,7 +276,7 @@ LB_NOTE = (
     "Nsight Compute outside the graded process; `self-reported`: the graded process's own record (no "
     "observer on this machine), ranked below every observed row. References are timed the same way. "
     "The course's design ranks: the forward the repository's own Triton, the backward its own Triton or "
-    "a PyTorch function under `torch.compile` (the handout: \"by calling torch.compile on a regular PyTorch "
+    'a PyTorch function under `torch.compile` (the handout: "by calling torch.compile on a regular PyTorch '
     "function (not Triton)\"; a Triton backward is one of its ideas for improvement); a library's attention "
     "(torch's SDPA backends, `flex_attention`, flash-attn) in either phase does not."
 )

@@ -4,7 +4,9 @@ One GPU per repository while GPUs last (``CUDA_VISIBLE_DEVICES``); on a machine 
 repositories at a time with the cores split between them. Each repository has a time limit: one that
 crashes, hangs or runs out of memory gets that verdict in its ``results.json`` and never stops the
 others. A repository whose ``results.json`` is newer than every file of its code is not graded again
-(``force`` regrades). With ``bench``, the suite's kernel and cuDNN are timed once on each model of GPU
+(``force`` regrades), unless that file only says why its grading did not finish (timed out, cancelled,
+died: ``unfinished.txt`` beside it). SIGINT or SIGTERM stops the repositories being graded, records
+them as cancelled, and ends the run (``Interrupted``); those already graded are kept. With ``bench``, the suite's kernel and cuDNN are timed once on each model of GPU
 the run has (``anchors/gpu<i>.json``, on the first of them to have no repository left), beside which the
 class report ranks the students' rows. Once per GPU would add a whole job (about 80 s) to the end of
 every GPU's queue, to catch a spread between cards of one model that measured 0.5% (the suite's kernel)
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cs336_systems.harness.executor import visible_devices
+from cs336_systems.harness.interrupt import Interrupted, catching_stops
 
 from . import gradescope, observer_turn, walls
 from .roots import GradingSetupError
@@ -37,6 +40,8 @@ if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch
 
 
 POLL_S = 0.5  # seconds between two looks at the running jobs
+PROGRESS_S = 15.0  # seconds between two progress lines of one repository
+UNFINISHED = "unfinished.txt"  # beside a results.json the class run wrote for a grading that did not finish
 ANCHORS_WORK = "timing the suite's kernel and cuDNN"  # an anchors job's progress line (it grades no case)
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
 
@@ -94,8 +99,11 @@ def newest_code(repo: Path) -> float:
 
 
 def up_to_date(repo: Path, out: Path) -> bool:
+    """Whether the repository's results are newer than its code and are a grading's (not the record
+    of one that was cancelled, timed out or died: the next run grades it again)."""
     results = out / "results.json"
-    return results.is_file() and results.stat().st_mtime > newest_code(repo)
+    fresh = results.is_file() and results.stat().st_mtime > newest_code(repo)
+    return fresh and not (out / UNFINISHED).is_file()
 
 
 @dataclass
@@ -158,30 +166,76 @@ class ClassRun:
         become_subreaper()  # what a job that died left behind comes here, and is killed below
         wire = walls.Tripwire(walls.watched(list(self.repos.values()))) if todo else None
         started = time.monotonic()
-        while todo or running or anchors:
-            # Students first; the first GPU of each model with no student left times the anchors.
-            while free and (todo or anchors):
-                slot = free.pop(0)
-                if todo:
-                    name, target = todo.pop(0)
-                    running.append(self._spawn(name, target, slot, threads))
-                    self._say(f"[{name}] started" + (f" on GPU {slot}" if slot is not None else ""))
-                elif slot is not None and models[slot] in anchors:
-                    anchors.remove(models[slot])
-                    running.append(self._anchor(slot))
-            time.sleep(POLL_S)
-            done = [job for job in running if self._finished(job, outcomes)]
-            for job in done:
-                running.remove(job)
-                free.append(job.gpu)
-            if done:  # orphans re-parented here; the running jobs' trees are theirs
-                kill_descendants(keep=frozenset(j.proc.pid for j in running))
-            if done and wire and (changed := wire.changed()):
-                self._distrust(changed, done, running, [n for n, _ in todo], outcomes)
-                break
+        with catching_stops() as stops:
+            while todo or running or anchors:
+                self._start_next(free, todo, anchors, models, running, threads)
+                if stops.sleep(POLL_S):
+                    raise self._interrupt(stops.signum or signal.SIGINT, running, outcomes, len(todo))
+                done = self._collect(running, free, outcomes)
+                if done and wire and (changed := wire.changed()):
+                    self._distrust(changed, done, running, [n for n, _ in todo], outcomes)
+                    break
         many = "repository" if len(self.repos) == 1 else "repositories"
         self._say(f"{len(self.repos)} {many} in {time.monotonic() - started:.0f} s")
         return outcomes
+
+    def _start_next(
+        self,
+        free: list[int | None],
+        todo: list[tuple[str, Path]],
+        anchors: list[str],
+        models: list[str],
+        running: list[Running],
+        threads: int,
+    ) -> None:
+        """Students first; the first GPU of each model with no student left times the anchors."""
+        while free and (todo or anchors):
+            slot = free.pop(0)
+            if todo:
+                name, target = todo.pop(0)
+                running.append(self._spawn(name, target, slot, threads))
+                self._say(f"[{name}] started" + (f" on GPU {slot}" if slot is not None else ""))
+            elif slot is not None and models[slot] in anchors:
+                anchors.remove(models[slot])
+                running.append(self._anchor(slot))
+
+    def _collect(
+        self, running: list[Running], free: list[int | None], outcomes: dict[str, str]
+    ) -> list[Running]:
+        """The jobs that ended (returned): their outcomes, their slots freed, what they left behind
+        killed."""
+        done = [job for job in running if self._finished(job, outcomes)]
+        for job in done:
+            running.remove(job)
+            free.append(job.gpu)
+        if done:  # orphans re-parented here; the running jobs' trees are theirs
+            kill_descendants(keep=frozenset(j.proc.pid for j in running))
+        return done
+
+    def _interrupt(
+        self, signum: int, running: list[Running], outcomes: dict[str, str], not_started: int
+    ) -> Interrupted:
+        """Stop every running job with all it started; each repository among them is recorded as
+        cancelled (graded again by the next run). One that ended meanwhile keeps its own outcome."""
+        stopped = Interrupted(signum)
+        self._collect(running, [], outcomes)
+        for job in running:
+            stop(job.proc)
+            if job.name.startswith("anchors"):
+                continue
+            elapsed = time.monotonic() - job.started
+            if graded(job.out):
+                outcomes[job.name] = (
+                    f"graded in {elapsed:.0f} s (stopped by {stopped.name} after its results)"
+                )
+            else:
+                why = f"cancelled after {elapsed:.0f} s: the run was interrupted by {stopped.name}"
+                outcomes[job.name] = record_failure(job.out, why, self.options.points)
+                stopped.cancelled += 1
+            self._say(f"[{job.name}] {outcomes[job.name]}")
+        kill_descendants()
+        stopped.kept, stopped.not_started = len(outcomes) - stopped.cancelled, not_started
+        return stopped
 
     def _finished(self, job: Running, outcomes: dict[str, str]) -> bool:
         elapsed = time.monotonic() - job.started
@@ -191,9 +245,9 @@ class ClassRun:
             code = "timeout"
         anchors = job.name.startswith("anchors")  # grades no case: neither progress lines nor an outcome
         if code is None:
-            if time.monotonic() - job.progress_at > 15:
+            if time.monotonic() - job.progress_at > PROGRESS_S:
                 job.progress_at = time.monotonic()
-                doing = ANCHORS_WORK if anchors else _progress_line(job.out / "progress.jsonl")
+                doing = ANCHORS_WORK if anchors else progress_line(job.out / "progress.jsonl")
                 self._say(f"[{job.name}] {doing}, {elapsed:.0f} s")
             return False
         if anchors:
@@ -248,7 +302,14 @@ def prepare_repo(out_root: Path, name: str, options: RepoOptions) -> tuple[Path,
     and the options file (``repo_job --options``)."""
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("grade.json", "results.json", "progress.jsonl", "failure.txt", "leaderboard.json"):
+    for stale in (
+        "grade.json",
+        "results.json",
+        "progress.jsonl",
+        "failure.txt",
+        "leaderboard.json",
+        UNFINISHED,
+    ):
         (out / stale).unlink(missing_ok=True)
     path = out / "options.json"
     raw = dataclasses.asdict(options)
@@ -303,18 +364,32 @@ def job_outcome(out: Path, code: int | str, elapsed: float, timeout: float, poin
 
 
 def distrust(out: Path, why: str, points: Path | None) -> str:
-    """A repository graded while something wrote outside the walls: no score of it stands."""
+    """A repository graded while something wrote outside the walls: no score of it stands, and the next
+    run grades it again."""
     gradescope.write(out / "results.json", gradescope.results(None, gradescope.load_points(points), why))
     (out / "failure.txt").write_text(why + "\n")
+    (out / UNFINISHED).write_text(why + "\n")
     return f"grading failed: {why}"
 
 
+def graded(out: Path) -> bool:
+    """Whether this run's grading process wrote its results (``results.json`` is its last file; an
+    earlier run's is removed before it starts), so that a cancel arriving after them keeps them."""
+    try:
+        json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return not (out / UNFINISHED).is_file()
+
+
 def record_failure(out: Path, why: str, points: Path | None) -> str:
-    """A repository whose grading failed: its ``results.json`` (the cases graded before, and "grader
-    failed" saying why) and ``failure.txt``."""
+    """A repository whose grading did not finish (timed out, cancelled, died, its job failed): its
+    ``results.json`` (the cases graded before, and "grader failed" saying why), ``failure.txt``, and
+    ``unfinished.txt``, which keeps the next run from taking these results as up to date."""
     partial = _partial_report(out / "progress.jsonl")
     gradescope.write(out / "results.json", gradescope.results(partial, gradescope.load_points(points), why))
     (out / "failure.txt").write_text(why + "\n")
+    (out / UNFINISHED).write_text(why + "\n")
     return f"grading failed: {why}"
 
 
@@ -334,7 +409,8 @@ def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out
     return Running(name, proc, time.monotonic(), gpu, out)
 
 
-def _progress_line(progress: Path) -> str:
+def progress_line(progress: Path) -> str:
+    """What a running repository's grading has done so far, from its ``progress.jsonl``."""
     lines = progress.read_text().splitlines() if progress.is_file() else []
     if not lines:
         return "loading its code and starting its first workers"

@@ -19,7 +19,13 @@ from pathlib import Path
 # cuDNN), flash-attn, xformers, and inductor's compiled ``flex_attention`` (its templates name the op).
 LIBRARY_ATTENTION = re.compile(r"attention|attn|sdpa|fmha|flash|cudnn|flex|xformers", re.I)
 GEMM = re.compile(r"gemm|xmma|cutlass|nvjet|cublas|matmul", re.I)  # cuBLAS's and CUTLASS's matmuls
-OWN, LIBRARY, INDUCTOR_KIND, GEMM_KIND, OTHER = "own Triton", "library attention", "inductor", "GEMMs", "other"
+OWN, LIBRARY, INDUCTOR_KIND, GEMM_KIND, OTHER = (
+    "own Triton",
+    "library attention",
+    "inductor",
+    "GEMMs",
+    "other",
+)
 SKIP_DIRS = {".git", ".venv", "venv", "site-packages", ".tox", "__pycache__", "node_modules", "wandb"}
 INDUCTOR = re.compile(r"^triton_(poi|red|per|tem|mm|bmm|for|spl|tma|helper)_|^triton_\d")
 

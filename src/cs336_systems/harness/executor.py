@@ -3,8 +3,11 @@
 One typed configuration (:class:`ExecutorConfig`) is shared by every command that submits jobs (the
 bench sweep, the class run); it builds submitit's ``AutoExecutor`` for Slurm or its ``LocalExecutor`` for
 one machine, so CI runs the same code path as a cluster: job folders, pickled calls and results, logs
-and states all come from submitit. :func:`run_jobs` submits a list of calls and watches them to the end,
-telling each change of the pending / running / done / failed counts.
+and states all come from submitit. ``harness/jobs.py`` submits a list of calls and watches them to the end.
+
+A job's time: submitit asks Slurm for a warning (USR2) ``signal_lead_s`` before the limit, fitted to the
+limit, and the suite's own limit on the job's work (``work_limit_s``) ends it before that warning can
+come, so that a job that runs too long ends with the suite's one-line reason.
 
 Standard library and submitit only: the commands import it before torch.
 """
@@ -17,18 +20,23 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import submitit
+from submitit.local.local import LocalJob
 
 KINDS = ("local", "slurm", "auto")
-# submitit's and Slurm's spellings of states that have not started yet; everything else not finished
-# counts as running.
-PENDING_STATES = {"PENDING", "REQUEUED", "CONFIGURING", "RESV_DEL_HOLD", "REQUEUE_HOLD", "QUEUED"}
+SIGNAL_LEAD_MAX_S = 90  # submitit's default lead of its USR2 before the limit, kept for long limits
+SIGNAL_LEAD_SHARE = 8  # shorter limits: an eighth of the limit (90 s before a 1-min limit ended it at once)
+# slurmctld looks at time limits every 30 s, so its warning comes up to 30 s before its lead: asked for
+# 15 s before a 1- and a 2-min limit, it came 27 and 29 s before (Slurm 22.05).
+SLURM_TICK_S = 30
+START_S = 10  # a job's start (srun, the interpreter, unpickling its call) before the call's clock starts
 
 
 class ExecutorError(ValueError):
@@ -70,6 +78,19 @@ class ExecutorConfig:
         if self.poll_s is not None:
             return self.poll_s
         return 2.0 if self.resolved_kind() == "slurm" else 0.5
+
+    def limit_s(self) -> int:
+        return self.time_min * 60
+
+    def signal_lead_s(self) -> int:
+        """How long before the limit submitit's USR2 is asked for (``--signal=USR2@lead``): submitit
+        ends a job that gets it late in its time ("timed-out too many times")."""
+        return min(SIGNAL_LEAD_MAX_S, max(5, self.limit_s() // SIGNAL_LEAD_SHARE))
+
+    def work_limit_s(self) -> int:
+        """The suite's own limit on a job's work (pytest, the grading process), from the start of the
+        job's call: over before Slurm's warning can come, it is what ends a job that runs too long."""
+        return max(5, self.limit_s() - self.signal_lead_s() - SLURM_TICK_S - START_S)
 
     def resolved_kind(self) -> str:
         """``local`` or ``slurm``: ``auto`` is Slurm where ``sbatch`` is on the PATH."""
@@ -125,11 +146,12 @@ def make_executor(config: ExecutorConfig) -> submitit.Executor:
     kind = config.resolved_kind()
     common: dict[str, Any] = {"timeout_min": config.time_min, "gpus_per_node": config.gpus_per_job}
     if kind == "local":
-        executor = submitit.LocalExecutor(folder=config.folder, max_num_timeout=0)
-        executor.update_parameters(**common)
+        executor = SessionLocalExecutor(folder=config.folder, max_num_timeout=0)
+        executor.update_parameters(**common, signal_delay_s=config.signal_lead_s())
         return executor
     executor = submitit.AutoExecutor(folder=config.folder, cluster="slurm", slurm_max_num_timeout=0)
     slurm: dict[str, Any] = {"slurm_array_parallelism": config.parallelism, "tasks_per_node": 1}
+    slurm["slurm_signal_delay_s"] = config.signal_lead_s()
     if config.partition:
         slurm["slurm_partition"] = config.partition
     if config.cpus_per_job:
@@ -138,6 +160,33 @@ def make_executor(config: ExecutorConfig) -> submitit.Executor:
         slurm["slurm_additional_parameters"] = dict(config.slurm_params)
     executor.update_parameters(**common, **slurm)
     return executor
+
+
+class SessionLocalExecutor(submitit.LocalExecutor):
+    """submitit's ``LocalExecutor`` with each job's controller in a session of its own (submitit 1.5's
+    ``start_controller``, as it is but for that, and without its ``setup`` and ``visible_gpus``, which
+    nothing here uses): a Ctrl-C at the terminal reaches the submitting command alone, which cancels its
+    jobs in order, instead of every controller and pytest at once, each printing its own
+    KeyboardInterrupt traceback. A job's ``job_id`` is its controller's pid and process group."""
+
+    def _submit_command(self, command: str) -> LocalJob:
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        env = dict(
+            os.environ,
+            SUBMITIT_LOCAL_NTASKS=str(ntasks),
+            SUBMITIT_LOCAL_COMMAND=command,
+            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+            SUBMITIT_LOCAL_NODEID="0",
+            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+            SUBMITIT_STDERR_TO_STDOUT="",
+            SUBMITIT_EXECUTOR="local",
+            CUDA_VISIBLE_DEVICES=",".join(map(str, range(self.parameters.get("gpus_per_node", 0)))),
+            SUBMITIT_LOCAL_WITH_SHELL="",
+        )
+        cmd = [sys.executable, "-m", "submitit.local._local", str(self.folder)]
+        process = subprocess.Popen(cmd, env=env, start_new_session=True)
+        return LocalJob(self.folder, str(process.pid), tasks=list(range(ntasks)), process=process)
 
 
 class GpuClaimError(RuntimeError):
@@ -227,131 +276,17 @@ def local_gpu_count() -> int:
     )
 
 
-@dataclass
-class Outcome:
-    """How one job ended: its result, or its error as text (a failed, cancelled or timed-out job)."""
-
-    job_id: str
-    state: str
-    result: Any = None
-    error: str | None = None
-
-
-def job_phase(job: submitit.Job) -> str:
-    """``pending``, ``running``, ``done`` or ``failed``."""
-    if job.done():
-        return "failed" if job.exception() is not None else "done"
-    return "pending" if job.state.upper().split()[0] in PENDING_STATES else "running"
-
-
-def _outcome(job: submitit.Job) -> Outcome:
-    exc = job.exception()
-    if exc is None:
-        return Outcome(job.job_id, "done", result=job.result())
-    return Outcome(job.job_id, "failed", error=f"{job.state}: {job_error(str(exc))}")
-
-
-LOGS_NOTE = "You can check full logs"  # where submitit's message turns from the error to its log paths
-
-
-def job_error(message: str) -> str:
-    """One line from submitit's message on a failed job: the error's own last line (a traceback's
-    exception, or the last line of a killed job's stderr), and the job's error log. The message ends
-    with the log paths, so its last lines alone named only where to look."""
-    body, _, logs = message.partition(LOGS_NOTE)
-    lines = [line.strip() for line in body.splitlines() if line.strip().strip("-")]
-    error = lines[-1][-600:] if lines else "no error message"
-    paths = [line.strip(" -") for line in logs.splitlines() if line.strip().endswith(".err")]
-    return error + (f" (log: {paths[0]})" if paths else "")
-
-
-def run_jobs(
-    config: ExecutorConfig,
-    calls: Mapping[str, Callable[[], Any]],
-    on_submit: Callable[[str, str], None] = lambda key, job_id: None,
-    log: Callable[[str], None] = print,
-) -> dict[str, Outcome]:
-    """Run every call of ``calls`` as a job and wait for all of them; the outcome of each, by key.
-
-    On Slurm every call is submitted at once, as one array limited to ``parallelism`` running tasks; on
-    one machine at most ``parallelism`` run at a time (submitit's LocalExecutor starts each at once).
-    ``on_submit(key, job_id)`` is told each job id as it is known (for a rerun to find them)."""
-    executor = make_executor(config)
-    keys = list(calls)
-    jobs: dict[str, submitit.Job] = {}
-    waiting = list(keys)
-    if config.resolved_kind() == "slurm":
-        with executor.batch():
-            submitted = [executor.submit(calls[k]) for k in keys]
-        jobs = dict(zip(keys, submitted, strict=True))
-        waiting = []
-        for key, job in jobs.items():
-            on_submit(key, job.job_id)
-    outcomes: dict[str, Outcome] = {}
-    poll = config.poll_interval()
-    vanished = _Vanished(grace_s=max(30.0, 5 * poll))
-    last = ""
-    while len(outcomes) < len(keys):
-        running = [k for k in jobs if k not in outcomes]
-        while waiting and len(running) < config.parallelism:
-            key = waiting.pop(0)
-            jobs[key] = executor.submit(calls[key])
-            on_submit(key, jobs[key].job_id)
-            running.append(key)
-        counts = {"pending": len(waiting), "running": 0, "done": 0, "failed": 0}
-        _refresh_states(jobs.values())
-        for key, job in jobs.items():
-            if key not in outcomes and job.done():
-                outcomes[key] = _outcome(job)
-            elif key not in outcomes and vanished.gone(job):
-                error = "left the queue with no result and no accounting record (cancelled while pending?)"
-                outcomes[key] = Outcome(job.job_id, "failed", error=f"UNKNOWN: {error}")
-            counts[outcomes[key].state if key in outcomes else job_phase(job)] += 1
-        line = " ".join(f"{n} {name}" for name, n in counts.items())
-        if line != last:
-            log(f"jobs: {line}")
-            last = line
-        if len(outcomes) < len(keys):
-            time.sleep(poll)
-    return outcomes
-
-
-def _refresh_states(jobs: Iterable[submitit.Job]) -> None:
-    """One state query (``sacct``) for every job, each poll: submitit's own cadence for Slurm waits up to
-    minutes between queries, and a job killed before writing its result is known only from its state."""
-    job = next(iter(jobs), None)
-    if isinstance(job, submitit.SlurmJob):
-        job.watcher.update()
-
-
-class _Vanished:
-    """Slurm jobs that are neither queued nor accounted for. ``sacct`` has no line for an array task
-    cancelled while pending (seen with slurmdbd 22.05), so submitit calls it UNKNOWN forever; such a job
-    is failed once ``squeue`` has not known it for ``grace_s`` (accounting can lag a finished job)."""
-
-    def __init__(self, grace_s: float) -> None:
-        self.grace_s = grace_s
-        self.since: dict[str, float] = {}
-
-    def gone(self, job: submitit.Job) -> bool:
-        if not isinstance(job, submitit.SlurmJob) or job.state.upper() != "UNKNOWN":
-            return False
-        queued = subprocess.run(
-            ["squeue", "-h", "-j", job.job_id], capture_output=True, text=True, timeout=60
-        )
-        if queued.returncode == 0 and queued.stdout.strip():
-            self.since.pop(job.job_id, None)
-            return False
-        first = self.since.setdefault(job.job_id, time.monotonic())
-        return time.monotonic() - first > self.grace_s
-
-
-def describe(config: ExecutorConfig, keys: Sequence[str]) -> str:
-    """One line: how many jobs go where."""
+def describe(config: ExecutorConfig, keys: Sequence[str], work_s: float | None = None) -> str:
+    """One line: how many jobs go where, and their time (``work_s``: the work's own limit, where the
+    caller's is shorter than the job's)."""
     kind = config.resolved_kind()
     where = (
         f"Slurm{f' partition {config.partition}' if config.partition else ''}"
         if kind == "slurm"
         else "this machine"
     )
-    return f"{len(keys)} job(s) on {where}, {config.parallelism} at a time, logs in {config.folder}"
+    work = min(work_s or config.work_limit_s(), config.work_limit_s())
+    limits = f"each {config.time_min} min, its work stopped at {work:.0f} s"
+    return (
+        f"{len(keys)} job(s) on {where}, {config.parallelism} at a time ({limits}), logs in {config.folder}"
+    )

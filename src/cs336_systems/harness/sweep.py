@@ -6,10 +6,11 @@ before timing it), so no two cases share one, and a job per case is what lets a 
 cases that are missing or failed.
 
 The sweep's folder holds ``cases/<slug>/`` per case (``bench.json``: the case's pytest-benchmark JSON;
-``status.json``: ``done``, ``skipped`` or ``failed`` with its error, and the job's id), ``jobs/`` (submitit's
-folder: scripts, pickles, logs) and ``sweep.json`` (the merge). Each merged row keeps the machine it ran on
-in ``extra_info["job"]`` (host, CPU, job id); its GPU model and load are the ``device_name`` and
-``load_avg_1m`` it recorded itself. A failed or timed-out job is a row too, ``skipped`` with its error.
+``status.json``: ``done``, ``skipped``, or ``failed``, ``cancelled`` or ``timed out`` with its error, and
+the job's id; written as each job ends), ``jobs/`` (submitit's folder: scripts, pickles, logs) and
+``sweep.json`` (the merge). Each merged row keeps the machine it ran on in ``extra_info["job"]`` (host,
+CPU, job id, the GPUs it was shown or ``null``); its GPU model and load are the ``device_name`` and
+``load_avg_1m`` it recorded itself. A job that did not finish is a row too, ``skipped`` with its error.
 
 No torch here: the sweep's own process only collects, submits and merges.
 """
@@ -20,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,9 +31,12 @@ from typing import Any
 import submitit
 
 from .executor import LocalGpus, gpu_claim
+from .interrupt import JobTimeout, work_ends_with_job
+from .jobs import Outcome
 
 FAILED_GROUP = "sweep: jobs that failed"
 TAIL = 1500  # characters of a failed run's output kept as its error
+UNFINISHED = ("failed", "cancelled", "timed out")  # a job's end that leaves nothing to keep: runs again
 
 
 class SweepError(RuntimeError):
@@ -91,6 +96,11 @@ def finished(out: Path, node_id: str) -> bool:
     return state == "skipped" or (state == "done" and files.bench.is_file())
 
 
+def unfinished(out: Path, node_id: str) -> bool:
+    """Whether the case's last job ended with nothing to keep (failed, cancelled or timed out)."""
+    return case_files(out, node_id).read_status().get("state") in UNFINISHED
+
+
 class BenchCase(submitit.helpers.Checkpointable):
     """One job: ``pytest NODE_ID --benchmark-json=...``. Checkpointable: where Slurm preempts the job,
     submitit requeues this same call (the case starts over; a half-timed case has nothing to keep).
@@ -117,23 +127,41 @@ class BenchCase(submitit.helpers.Checkpointable):
         self.bench_json.parent.mkdir(parents=True, exist_ok=True)
         cmd = [self.python, "-m", "pytest", self.node_id, "-q", "-p", "no:cacheprovider"]
         cmd += [f"--benchmark-json={self.bench_json}", *self.extra]
-        with gpu_claim(self.local) as devices:
+        with work_ends_with_job(), gpu_claim(self.local) as devices:
             env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": devices} if devices else {}))
-            try:
-                run = subprocess.run(
-                    cmd, cwd=self.cwd, capture_output=True, text=True, timeout=self.timeout_s, env=env
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise RuntimeError(f"{self.node_id}: pytest ran past {self.timeout_s:.0f} s") from exc
-        output = run.stdout + run.stderr
+            rc, output = self._pytest(cmd, env)
         # Passed echoes to the job's log, so `submitit`'s stdout file shows the run.
         sys.stdout.write(output[-TAIL:])
+        # The GPUs it was shown, or None: submitit's LocalExecutor sets "" and Slurm nothing without GPUs.
         return {
-            "rc": run.returncode,
+            "rc": rc,
             "tail": output[-TAIL:],
             "host": _host(),
-            "gpus": env.get("CUDA_VISIBLE_DEVICES"),
+            "gpus": env.get("CUDA_VISIBLE_DEVICES") or None,
         }
+
+    def _pytest(self, cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+        """pytest's exit status and output; past ``timeout_s`` (the suite's limit, which ends before the
+        scheduler's), it is stopped with what it started (a process group of its own) and the job ends
+        with that reason."""
+        proc = subprocess.Popen(
+            cmd,
+            cwd=self.cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            process_group=0,
+        )
+        try:
+            output, _ = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise JobTimeout(
+                f"pytest ran past the suite's limit of {self.timeout_s:.0f} s and was stopped"
+            ) from None
+        return proc.returncode, output
 
 
 def _host() -> str:
@@ -142,12 +170,12 @@ def _host() -> str:
     return platform.node()
 
 
-def job_outcome(bench_json: Path, result: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
+def job_outcome(bench_json: Path, outcome: Outcome) -> dict[str, Any]:
     """The case's status from its job's outcome: done (a row written), skipped (pytest skipped it: no
-    row, as in a plain run) or failed (with the error)."""
-    if error is not None:
-        return {"state": "failed", "error": error}
-    assert result is not None
+    row, as in a plain run), or failed, cancelled or timed out (with the error)."""
+    if outcome.state != "done":
+        return {"state": outcome.state, "error": outcome.error}
+    result = outcome.result
     rows = _rows(bench_json)
     if result["rc"] == 0 and rows:
         return {"state": "done", "gpus": result.get("gpus")}
@@ -186,7 +214,7 @@ def merge(out: Path, node_ids: list[str]) -> dict[str, Any]:
             for row in data.get("benchmarks") or []:
                 row.setdefault("extra_info", {})["job"] = job
                 benchmarks.append(row)
-        elif status.get("state") == "failed":
+        elif status.get("state") in UNFINISHED:
             benchmarks.append(_failed_row(node_id, status))
     merged.setdefault("machine_info", {})
     merged["benchmarks"] = benchmarks
@@ -194,12 +222,12 @@ def merge(out: Path, node_ids: list[str]) -> dict[str, Any]:
 
 
 def _failed_row(node_id: str, status: dict[str, Any]) -> dict[str, Any]:
-    error = str(status.get("error") or "no result")
+    error, state = str(status.get("error") or "no result"), status.get("state", "failed")
     return {
         "group": FAILED_GROUP,
         "name": node_id.split("::", 1)[-1],
         "fullname": node_id,
         "params": {},
         "stats": {},
-        "extra_info": {"skipped": f"job {status.get('job_id', '?')} failed: {error}", "job_state": "failed"},
+        "extra_info": {"skipped": f"job {status.get('job_id', '?')} {state}: {error}", "job_state": state},
     }
