@@ -11,7 +11,9 @@ Markers (declared in pyproject.toml):
 Options (``cs336_systems.grading.pytest_plugin``, loaded by ``-p`` before any conftest):
 ``--adapters PATH`` (or ``CS336_ADAPTERS``) points the contract tests at any adapters file (default:
 ``tests/adapters.py``) and adds an ``adapters`` row to the attention, leaderboard, DDP and sharding
-benches.
+benches. This file's: ``--zip-submission=PATH`` (repeatable; with ``=``, or pytest takes PATH for a
+test path), a real repository that the ``zip_env`` tests grade in the autograder's environment and
+expect at its full score.
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ if TYPE_CHECKING:  # the model package imports torch._dynamo (1.4 s): a fixture'
 
 def cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--zip-submission",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a real repository the zip_env tests grade in the autograder's environment (full score expected)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -33,7 +33,9 @@ HISTORY = re.compile(r"\bissues? \d+", re.IGNORECASE)  # the project's tracker, 
 
 def _repository_files() -> list[str]:
     tops = [p for p in ROOT.iterdir() if p.is_file()]
-    nested = [p for d in ("src", "docs", "bench", "scripts", "tests") for p in (ROOT / d).rglob("*")]
+    nested = [
+        p for d in ("src", "docs", "bench", "scripts", "tests", "requirements") for p in (ROOT / d).rglob("*")
+    ]
     return [p.relative_to(ROOT).as_posix() for p in (*tops, *nested) if p.is_file()]
 
 

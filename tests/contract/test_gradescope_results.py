@@ -1,7 +1,7 @@
 """``results.json``, exactly: a group's points split over its cases and adding up to the group's points,
-each tier its own points, "not implemented" worth 0 of its points, a case this machine cannot run
-neither passed nor failed, a syntax error the student's failing tests, "grader failed" visible, and every
-document checked before it is written."""
+each tier its own points, "not implemented" worth 0 of its points, a case this machine cannot run or
+the grading could not decide (a missing dependency) neither passed nor failed, a syntax error the
+student's failing tests, "grader failed" visible, and every document checked before it is written."""
 
 from __future__ import annotations
 
@@ -103,15 +103,28 @@ def test_a_case_this_machine_cannot_run_is_neither_passed_nor_failed() -> None:
 
 
 def test_grader_failed_is_visible_and_worth_nothing() -> None:
-    error = _case(0, "get_ddp", status="error", kind="missing-dependency")
-    for doc in (
-        gradescope.results(None, POINTS, "timed out after 45 s"),
-        gradescope.results({"cases": [error]}, POINTS),
-    ):
+    for doc in (gradescope.results(None, POINTS, "timed out after 45 s"), gradescope.results({}, POINTS)):
         failed = [t for t in doc["tests"] if t["name"] == "grader failed"]
         assert len(failed) == 1 and failed[0]["visibility"] == "visible", doc
         assert failed[0]["status"] == "failed" and (failed[0]["score"], failed[0]["max_score"]) == (0, 0)
         assert doc["visibility"] == "visible" and gradescope.problems(doc) == []
+
+
+def test_a_missing_dependency_is_could_not_grade_never_the_students_failure() -> None:
+    """FSDP cases whose code imports einx, missing from the grading environment: each is listed at 0 of
+    0, visible, with no status, and the document says what to add; the passing cases keep their shares
+    (2.5 each), and the ungraded cases' shares go to no one."""
+    cases = [_case(i, "get_fsdp", status="error", kind="missing-dependency") for i in range(2)]
+    cases += [_case(i, "get_fsdp") for i in range(2, 4)]
+    doc = gradescope.results({"cases": cases}, POINTS)
+    assert _scores(doc) == [(0.0, 0.0), (0.0, 0.0), (2.5, 2.5), (2.5, 2.5)] and doc["score"] == 5
+    ungraded = doc["tests"][:2]
+    assert all("status" not in t and t["visibility"] == "visible" for t in ungraded), ungraded
+    assert all(
+        t["output"].startswith("could not grade (missing-dependency), not your failure") for t in ungraded
+    )
+    assert "grader failed" not in [t["name"] for t in doc["tests"]]
+    assert "--student-deps" in doc["output"] and gradescope.problems(doc) == []
 
 
 def test_a_syntax_error_is_the_students_failing_tests(tmp_path: Path) -> None:

@@ -108,8 +108,9 @@ class _StandIn:
 
 
 def test_a_judging_that_raises_fails_its_case_and_the_run_goes_on() -> None:
-    """The case stays in the report as one the grader could not grade: dropping it would shrink the
-    repository's maximum and hide the grader's bug from the student's results."""
+    """The case stays in the report as one the grader could not grade (0 of 0 on Gradescope, never the
+    student's failure), with a visible "grader failed": dropping it would hide the grader's bug from the
+    student's results."""
     first, second, third = list(CASES.values())[:3]
     judged, marks = judging.Judged(Recorder(1, "adapters.py")), []
     judging.judge_cases(_StandIn(second.id), [first, second, third], judged, marks.append)

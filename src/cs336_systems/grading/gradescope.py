@@ -9,13 +9,19 @@ cases are reported at 0 points (visible, for the student). A TA overrides any of
 the same shape (``--points FILE``): ``{"course": {"get_fsdp": 12}, "beyond": {"default": 1}}``.
 
 A case skipped because this machine cannot run it (``needs-gpu``, ``refuses-cpu``) or could not
-finish it (``could-not-grade-here``: overloaded, a lost connection) is listed at 0 of 0
-points with no ``status``: the environment's limit, neither the student's pass nor their failure
-(Gradescope's status is only "passed" or "failed"). "Not implemented" fails at 0 of its points. The
-student's own errors are theirs: an adapters file that does not parse fails every hook group that
-carries points (``students_error``). When the grading itself failed (a dependency is missing, the run
-crashed or timed out), a visible "grader failed" entry says so, and ``results.json`` is written all the
-same. ``write`` validates every document (``problems``) before it reaches the file.
+finish it (``could-not-grade-here``: overloaded, a lost connection) is listed at 0 of 0 points with no
+``status``: the environment's limit, neither the student's pass nor their failure (Gradescope's status
+is only "passed" or "failed"); its share of the group's points goes to the group's other cases. So is
+a case the grading itself could not decide (a verdict of status ``error``: a dependency of the
+student's code missing from the grading environment, a model the grader cannot grade against, the
+grader raising): "could not grade", visible, the document's ``output`` saying what to fix; its share
+goes to no one, so that code raising such an error on purpose gains nothing by it. "Not implemented"
+fails at 0 of its points. The student's own errors are theirs: an adapters file that does not parse
+fails every hook group that carries points (``students_error``). When the grading as a whole failed
+(the run crashed or timed out, or produced no verdicts) or the judging raised, a visible "grader
+failed" entry says so, and
+``results.json`` is written all the same. ``write`` validates every document (``problems``) before it
+reaches the file.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .shared.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU, REFUSES_CPU, TIERS, TRITON_HOOK, UNFINISHED_HERE
-from .verdict import ERROR, PASSED, SKIPPED
+from .verdict import ERROR, GRADER_RAISED, MISSING_DEPENDENCY, PASSED, SKIPPED
 
 DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "course": {
@@ -44,6 +50,7 @@ DEFAULT_POINTS: dict[str, dict[str, float]] = {
     "beyond": {"default": 0},
 }
 ENVIRONMENT = (NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)
+DEPENDENCY_HINT = "course staff: add it to the autograder with `cli.autograder --student-deps NAME`"
 CENTS = 100  # points are counted in hundredths: shares of a group add up to its points exactly
 MAX_OUTPUT = 8000
 
@@ -76,11 +83,13 @@ def split(total: int, n: int) -> list[int]:
 
 
 def _environment(case: dict) -> bool:
+    """Skipped: this machine cannot run it, or could not finish it."""
     return case["status"] == SKIPPED and case["kind"] in ENVIRONMENT
 
 
 def _case_cents(cases: list[dict], points: dict[str, dict[str, float]]) -> dict[str, int]:
-    """Each case's share of its hook group's points in its tier, in hundredths."""
+    """Each case's share of its hook group's points in its tier, in hundredths; an ungraded case (an
+    error) takes its share too, which it does not score (``_case_entry``)."""
     counted: dict[tuple[str, str], list[str]] = {}
     for c in cases:
         if not _environment(c):
@@ -99,10 +108,14 @@ def _entry(name: str, cents: int, max_cents: int, status: str | None, output: st
 
 
 def _case_entry(c: dict, max_cents: int) -> tuple[dict, int]:
+    """The case's test and its score in hundredths; an ungraded or skipped case is 0 of 0."""
     passed = c["status"] == PASSED
     status: str | None = "passed" if passed else "failed"
     output = c["message"] or ("passed" if passed else c["status"])
-    if _environment(c):
+    if c["status"] == ERROR:
+        status, output = None, f"could not grade ({c['kind']}), not your failure, no points: {c['message']}"
+        max_cents = 0
+    elif _environment(c):
         status, output = None, f"not graded on this machine ({c['kind']}), no points: {c['message']}"
     cents = max_cents if passed else 0
     name = f"{c['hooks'][0]}: {c['id']}"
@@ -141,19 +154,27 @@ LEADERBOARD_NAME = "2025 leaderboard case, ms (the grader's clock)"
 def results(
     report: dict[str, Any] | None, points: dict[str, dict[str, float]], failure: str | None = None
 ) -> dict[str, Any]:
-    """Gradescope's results for one repository; ``failure`` (or a report without cases) adds a visible
-    "grader failed" entry."""
+    """Gradescope's results for one repository; ``failure``, a report without cases or a judging that
+    raised (a bug of the grader's) adds a visible "grader failed" entry."""
     cases = (report or {}).get("cases", [])
     share = _case_cents(cases, points)
     graded = [_case_entry(c, share.get(c["id"], 0)) for c in cases]
     tests = [t for t, _ in graded]
+    bugs = [c["message"] for c in cases if c["status"] == ERROR and c["kind"] == GRADER_RAISED]
+    if failure or not cases or bugs:
+        tests.append(_grader_failed(failure or (bugs[0] if bugs else "the grader produced no verdicts")))
+    return _document(tests, sum(c for _, c in graded), _output(report, cases), report)
+
+
+def _output(report: dict[str, Any] | None, cases: list[dict]) -> str:
+    """The document's summary line; ungraded cases are counted apart, with what would grade them."""
     errors = [c for c in cases if c["status"] == ERROR]
-    if failure or not cases or errors:
-        tests.append(
-            _grader_failed(failure or (errors[0]["message"] if errors else "the grader produced no verdicts"))
-        )
-    output = f"seed {(report or {}).get('seed')}; {len(cases)} cases graded"
-    return _document(tests, sum(c for _, c in graded), output, report)
+    output = f"seed {(report or {}).get('seed')}; {len(cases) - len(errors)} cases graded"
+    if errors:
+        output += f"; {len(errors)} could not be graded here (no points either way): {errors[0]['message']}"
+        if any(c["kind"] == MISSING_DEPENDENCY for c in errors):
+            output += f" ({DEPENDENCY_HINT})"
+    return output[:MAX_OUTPUT]
 
 
 def students_error(why: str, points: dict[str, dict[str, float]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from .roots import GradingSetupError, StudentRoots
 from .runner import CaseRuns, Job, Machine, Outcome, run
 from .settings import share_seed, shared_seed
 from .shared.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
-from .verdict import Verdict
+from .verdict import MISSING_DEPENDENCY, Verdict
 
 WORKER_TIMEOUT_S = 240.0  # one job of the graded code (a family at one world size)
 
@@ -175,7 +175,7 @@ def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_g
         if dep := record.get("missing_dependency"):
             name = text(dep, 60)
             return Verdict.error(
-                "missing-dependency",
+                MISSING_DEPENDENCY,
                 f"cannot grade: needs {name} (install it with `{Path(sys.executable).parent / 'pip'} install {name}`)",
             )
         if case.family == "attention":

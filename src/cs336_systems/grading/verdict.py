@@ -11,6 +11,7 @@ from .shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, UNFINISHED_HE
 
 PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
 GRADER_RAISED = "grader-raised"  # an error kind: the judging itself raised (a bug of the grader)
+MISSING_DEPENDENCY = "missing-dependency"  # an error kind: the student's code imports what is not installed
 SKIP_KINDS = (NOT_IMPLEMENTED, NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)
 MAX_MISSES = 12
 
