@@ -13,8 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
-    tests)  # GPU-marked tests outside the attention kernels (those: `tests-attention`)
-      python3 -m pytest tests -p no:cacheprovider -q -m gpu --ignore=tests/test_flash_attention.py --ignore=tests/test_flash_gluon.py 2>&1 | tail -15 ;;
+    tests) python3 -m pytest tests -p no:cacheprovider -q -m gpu --ignore=tests/test_flash_attention.py --ignore=tests/test_flash_gluon.py 2>&1 | tail -15 ;;
     tests-attention)  # the FlashAttention and weighted-sum tests
       python3 -m pytest tests/test_flash_attention.py tests/test_flash_gluon.py tests/test_weighted_sum.py tests/test_flash_tune_table.py -p no:cacheprovider -q -n 4 2>&1 | tail -8 ;;
     memory)  # issue 16: the fused kernels' tests on the GPU, then D22 checkpointing, fused loss, fused AdamW
@@ -135,27 +134,22 @@ for stage in "$@"; do
         "${BENCH[@]}" -s bench/bench_8b_proxy.py --benchmark-json="$OUT/proxy_8b.json" > "$OUT/proxy_8b.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed|Error|^step s|^model TFLOP|^peak GiB|^first finished|^OOM" "$OUT/proxy_8b.log"
       python3 -m cs336_systems.report "$OUT/proxy_8b.json" --out "$OUT/proxy_8b-report" > /dev/null ;;
-    tests-fsdp)  # the GPU-marked FSDP tests (nccl, 2 GPUs)
-      CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;
-    tests-nccl)
-      CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
+    tests-fsdp) CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests -k fsdp 2>&1 | tail -8 ;;  # nccl, 2 GPUs
+    tests-nccl) CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
     leaderboard-course)  # D12 the course's way: compiled apply, do_bench(rep=10000, warmup=1000) mean, ours vs cuDNN (~1 min)
       python3 -m cs336_systems.cli.leaderboard --json "$OUT/leaderboard-course.json" 2>&1 | tail -3 ;;
     grade)  # each repository in $GRADE_REPOS (or folders of them) graded side by side, one GPU each, course +
       # leaderboard tiers and the leaderboard row the course's way (anchors: the suite's kernel and cuDNN per GPU model);
       # with COURSE_TESTS (a course release's tests/, or a folder of releases by version) the course's tests too;
-      # with GRADE_EXECUTOR=local through submitit's local executor (run both on one host to compare them);
-      # GRADE_K selects cases (-k) as the judge's -k does
+      # with GRADE_EXECUTOR=local through submitit's local executor (run both on one host to compare them); GRADE_K: -k
       timeout "${GRADE_TIMEOUT:-540}" python3 -m cs336_systems.cli.grade ${GRADE_REPOS:-} --out "$OUT/class" \
         --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --timeout 420 \
         ${GRADE_EXECUTOR:+--executor "$GRADE_EXECUTOR" --gpus-per-job 1} \
         ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} ${GRADE_K:+-- -k "$GRADE_K"} > "$OUT/class.log" 2>&1
       echo "grade rc=$?"; grep -v "cases done\|loading its code" "$OUT/class.log" | tail -30 ;;
-    walls)  # issue 69: the walls on a GPU machine: every way out in a class, workers walled on CUDA, ncu observing inside them
-      python3 -m pytest -p no:cacheprovider -q tests/contract/test_walls.py tests/contract/test_left_behind_sandbox.py \
-        tests/contract/test_adversaries.py 2>&1 | tail -4
-      python3 -m pytest -p no:cacheprovider -q -s tests/contract/test_leaderboard_gpu.py \
-        -k "honest or observed_only or token_sdpa" 2>&1 | grep -E "^adapters|passed|failed|Error" ;;
+    walls)  # the walls on a GPU machine: every way out in a class; workers walled on CUDA; ncu observing inside them
+      python3 -m pytest -p no:cacheprovider -q tests/contract/test_walls.py tests/contract/test_adversaries.py 2>&1 | tail -3
+      python3 -m pytest -p no:cacheprovider -q -s tests/contract/test_leaderboard_gpu.py 2>&1 | grep -E "^adapters|passed|failed|Error" ;;
     sweep-d11)  # D11 (d 64, bf16, seq 1024, 16384) in one pytest process on GPU 0, then as sweep jobs, one per GPU; compared
       sel=(bench/bench_flash.py --only d=64 --only dtype=bf16 --only seq=1024,16384 -k 'test_flash_sweep and (flash_triton or sdpa_flash or sdpa_cudnn)')
       CUDA_VISIBLE_DEVICES=0 "${BENCH[@]}" "${sel[@]}" --benchmark-json="$OUT/d11-plain.json" 2>&1 | tail -2
