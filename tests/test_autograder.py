@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.cli.autograder import build, scripts
+from cs336_systems.grading import walls
 from cs336_systems.grading.gradescope import problems
+from cs336_systems.grading.sandbox import namespaces_work
 
 REPO = Path(__file__).parents[1]
 STUDENTS = REPO / "tests" / "data" / "students"
@@ -111,6 +113,24 @@ def test_run_autograder(source: Path, stand_in: Path, name: str) -> None:
         assert "failed" in statuses and doc["score"] == 0, doc["tests"]
     else:
         assert [t["name"] for t in doc["tests"]] == ["grader failed"] and doc["score"] == 0, doc
+
+
+@pytest.mark.skipif(
+    not namespaces_work(), reason="needs root or unprivileged user namespaces, and util-linux"
+)
+def test_every_way_out_through_run_autograder_changes_nothing(source: Path, stand_in: Path) -> None:
+    """``escapes`` (every way out of its workers, a forged ``results/results.json`` included) graded by
+    ``run_autograder``, then an honest submission in the same stand-in: the forged results never stand,
+    the grading environment and the autograder's own files are as they were, the honest one passes."""
+    shutil.copytree(source, stand_in / "source")
+    wire, autograder_files = walls.Tripwire(walls.watched([])), walls.Tripwire([stand_in / "source"])
+    doc = run_autograder(source, stand_in, STUDENTS / "escapes")
+    assert doc["output"] != "forged by the submission" and doc["score"] == 0, doc
+    assert {t["status"] for t in doc["tests"]} == {"failed"}, doc["tests"]
+    honest = run_autograder(source, stand_in, STUDENTS / "src_layout")
+    assert {t["status"] for t in honest["tests"]} == {"passed"}, honest["tests"]
+    assert wire.changed() == [] and autograder_files.changed() == []
+    assert not list(stand_in.rglob("poisoned-by-a-neighbour")), "files left for the next submission"
 
 
 def test_a_missing_dependency_is_could_not_grade(source: Path, stand_in: Path, tmp_path: Path) -> None:
