@@ -271,3 +271,36 @@ def test_the_observer_and_the_observed_meet_in_the_jobs_own_tmp(tmp_path: Path) 
         assert not (Path("/tmp") / marker).exists() and not (Path("/dev/shm") / marker).exists()
     finally:
         job.remove()
+
+
+@walled
+def test_a_repositorys_caches_outlive_its_jobs_and_no_other_repository_sees_them(tmp_path: Path) -> None:
+    """``HOME``, ``TMPDIR`` and the compile caches are the repository's (inductor keeps its precompiled
+    headers under ``TMPDIR``: a folder per job rebuilt them in every job), seeded with what the grader
+    compiled itself; another repository starts from the seed alone."""
+    from cs336_systems.grading import caches
+    from cs336_systems.grading.sandbox import JobFolder
+
+    places = "$HOME $TMPDIR $TRITON_CACHE_DIR $TORCHINDUCTOR_CACHE_DIR"
+    write = f"for d in {places}; do echo mine > $d/left; done"
+    read = f"for d in {places}; do cat $d/left 2>/dev/null || echo none; done; ls $TORCHINDUCTOR_CACHE_DIR | wc -l"
+
+    def run(scratch: Path, script: str) -> list[str]:
+        if not scratch.exists():
+            scratch.mkdir()
+            caches.seed_scratch(scratch)
+        sandbox, job = Sandbox(scratch=scratch), JobFolder.make(tmp_path)
+        sandbox.prepare(job)
+        try:
+            cmd = sandbox.wrap(["sh", "-c", script], job, [], job.path)
+            done = subprocess.run(cmd, env={**os.environ, **sandbox.env()}, capture_output=True, text=True)
+            return done.stdout.split()
+        finally:
+            job.remove()
+
+    run(tmp_path / "a", write)
+    assert run(tmp_path / "a", read)[:4] == ["mine"] * 4, "a repository's second job lost its caches"
+    seen = run(tmp_path / "b", read)
+    assert seen[:4] == ["none"] * 4, "another repository saw them"
+    if caches.seed() is not None:
+        assert int(seen[4]) > 0, "a repository's inductor cache does not start from the seed"

@@ -144,7 +144,7 @@ def _run(roots: StudentRoots, where: Path, job: JobFolder, timeout: float) -> di
     sandbox.prepare(job)
     read_end, write_end = os.pipe()
     wrapped = sandbox.wrap(cmd, job, roots.folders(), where, ready_fd=write_end)
-    env = _env(roots, job.path / "dist") | sandbox.env(job)
+    env = _env(roots, job.path / "dist") | sandbox.env()
     try:
         subprocess.run(
             wrapped,

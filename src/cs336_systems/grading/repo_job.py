@@ -26,7 +26,7 @@ from typing import Any
 
 # No import here may start a thread (torch's does: ``course_tests``, ``exchange`` are imported where
 # used): ``main`` first moves this process to a network of its own, which must be its only thread.
-from . import gradescope, network, observer_turn
+from . import caches, gradescope, network, observer_turn
 from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import become_subreaper, kill_descendants
@@ -170,6 +170,7 @@ def repository_sandbox(opts: RepoOptions) -> Iterator[Path]:
     with its job."""
     folder = Path(tempfile.mkdtemp(prefix="cs336-repo-"))
     folder.chmod(0o711)  # a worker user reaches its own folders inside, and lists nothing
+    caches.seed_scratch(folder)
     os.environ[SCRATCH_ENV] = str(folder)
     if opts.worker_user:
         os.environ[WORKER_USER_ENV] = opts.worker_user

@@ -205,7 +205,7 @@ def _run_in(job: Job, folder: JobFolder) -> Collected:
             subprocess.Popen(
                 [*observer, *cmd],
                 cwd=job.roots.repo_root,
-                env=_env(rank, job.world_size, port, job.task) | job.sandbox.env(folder),
+                env=_env(rank, job.world_size, port, job.task) | job.sandbox.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_end,),

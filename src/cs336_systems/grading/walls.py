@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import caches
 from .roots import SUITE_SRC, GradingSetupError, discover
 from .sandbox import JobFolder, Sandbox, jobs_parent
 
@@ -102,7 +103,7 @@ def probe(sandbox: Sandbox, where: list[Place]) -> dict[str, str]:
         sandbox.prepare(job)
         code = [sys.executable, "-I", "-S", "-c", PROBE, json.dumps([[p.name, str(p.path)] for p in where])]
         cmd = sandbox.wrap([*code, str(job.out), token], job, [], job.path)
-        env = {**os.environ, **sandbox.env(job)}
+        env = {**os.environ, **sandbox.env()}
         subprocess.run(cmd, cwd=job.path, env=env, capture_output=True, timeout=60)
         seen = _read_seen(job.out / "seen.json")
     finally:
@@ -222,8 +223,9 @@ def trees(target: Path) -> list[Path]:
 
 
 def watched(repos: list[Path]) -> list[Path]:
-    """What the class's tripwire lists: the grading environment, the suite's code, each repository's
-    folders (nested ones once)."""
-    found = [*grading_environment(), *suite_code(), *(p for target in repos for p in trees(target))]
+    """What the class's tripwire lists: the grading environment, the suite's code, the compile caches'
+    seed, each repository's folders (nested ones once)."""
+    seeded = [seed] if (seed := caches.seed()) is not None else []
+    found = [*grading_environment(), *suite_code(), *seeded, *(p for target in repos for p in trees(target))]
     folders = sorted({p.resolve() for p in found}, key=lambda p: len(p.parts))
     return [p for i, p in enumerate(folders) if not any(p.is_relative_to(q) for q in folders[:i])]
