@@ -45,7 +45,8 @@ def test_an_interrupted_class_regrades_only_what_did_not_finish(tmp_path: Path, 
             process_group=0,
         )
     try:
-        wait_until((out / "src_layout" / "results.json").is_file, 300, "src_layout graded")
+        # the class has taken src_layout's end (its results written, its process gone, its outcome said)
+        wait_until(lambda: "[src_layout] graded" in log.read_text(), 300, "src_layout graded")
         wait_until((out / "hangs" / "job.log").is_file, 60, "hangs started")
         interrupt(proc, signal.SIGINT)
         rc = proc.wait(timeout=60)

@@ -383,6 +383,9 @@ def jobs_parent() -> Path:
 def repo_scratch() -> Path:
     """This process's repository scratch where no parent made one (``repo_job`` does, for its judge,
     course tests and leaderboard alike): the graded code's ``HOME`` and compile caches."""
+    from . import caches
+
     folder = jobs_parent() / "scratch"
     folder.mkdir(exist_ok=True)
+    caches.seed_scratch(folder)
     return folder
