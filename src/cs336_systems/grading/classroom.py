@@ -32,7 +32,7 @@ from cs336_systems.harness.interrupt import Interrupted, catching_stops
 
 from . import gradescope, observer_turn, walls
 from .roots import GradingSetupError
-from .sandbox import become_subreaper, kill_descendants
+from .sandbox import become_subreaper, descendants, kill_descendants
 from .settings import HIDE_ENV
 
 if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch is imported
@@ -220,11 +220,12 @@ class ClassRun:
         stopped = Interrupted(signum)
         self._collect(running, [], outcomes)
         for job in running:
+            finished = graded(job.out)  # read before the stop: what a job writes as it dies is not results
             stop(job.proc)
             if job.name.startswith("anchors"):
                 continue
             elapsed = time.monotonic() - job.started
-            if graded(job.out):
+            if finished:
                 outcomes[job.name] = (
                     f"graded in {elapsed:.0f} s (stopped by {stopped.name} after its results)"
                 )
@@ -395,10 +396,15 @@ def record_failure(out: Path, why: str, points: Path | None) -> str:
 
 def stop(proc: subprocess.Popen) -> None:
     """Stop a job with everything it started: its process group, and every descendant (a process that
-    left the group with ``setsid`` included: the job is a subreaper, so they are all below it)."""
-    kill_descendants(root=proc.pid)
+    left the group with ``setsid`` included: the job is a subreaper, so they are all below it). The job
+    itself first: killed after its children, it could take their deaths for a failure and write it."""
+    below = descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    kill_descendants(root=proc.pid)
     proc.wait()  # what it left since is re-parented to this process: the run's loop kills it
 
 
