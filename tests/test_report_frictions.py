@@ -203,3 +203,17 @@ def test_readme_gives_the_thread_advice_with_the_main_job_and_the_report_needs()
     main_job = readme[readme.index("**Main job") : readme.index("**Tests**")]
     assert "OMP_NUM_THREADS=1" in main_job and "unreliable [n]" in main_job
     assert "pandas, tabulate and matplotlib" in readme and "not torch" in readme
+
+
+def test_value_columns_are_named_in_words_not_raw_keys(tmp_path: Path) -> None:
+    """Issue 73: ``first_ms`` and ``tune_seconds_so_far`` were column headers as written in the JSON."""
+    extra = {"mean_ms": 10.0, "std_ms": 0.1, "tune_seconds_so_far": 1.5, **QUIET}
+    rows = [
+        _bench(f"test_x[{n}]", "friction", {"seq": n}, {**extra, "first_ms": 30.0 + n, "do_bench_p80_ms": n})
+        for n in (64, 128)
+    ]
+    _, records = report.load([_write(tmp_path / "x.json", rows)])
+    (table,) = report.build_tables(records)
+    values = list(table.long.columns[table.index_columns :])
+    assert {"first step (ms)", "autotuning so far (s)", "do bench p80 (ms)"} <= set(values), values
+    assert not any("_" in column for column in values), values

@@ -111,7 +111,7 @@ def test_a_repository_whose_job_did_not_finish_is_graded_again(
     assert any(line.startswith(f"[a] grading failed: {reads}") for line in said), said
     results = json.loads((tmp_path / "out" / "a" / "results.json").read_text())
     assert next(t["output"] for t in results["tests"] if t["name"] == "grader failed").startswith(reads)
-    assert not up_to_date(STUDENTS / "src_layout", tmp_path / "out" / "a"), (
+    assert not up_to_date(STUDENTS / "src_layout", tmp_path / "out" / "a", RepoOptions()), (
         "its results say it did not finish"
     )
 
@@ -120,7 +120,7 @@ def test_a_repository_timed_out_on_one_machine_is_graded_again(tmp_path: Path) -
     out = tmp_path / "a"
     out.mkdir()
     record_failure(out, "timed out after 45 s", None)  # what the one-machine class run writes then
-    assert (out / "results.json").is_file() and not up_to_date(STUDENTS / "src_layout", out)
+    assert (out / "results.json").is_file() and not up_to_date(STUDENTS / "src_layout", out, RepoOptions())
 
 
 def test_a_repository_graded_as_a_job_says_its_progress(tmp_path: Path) -> None:

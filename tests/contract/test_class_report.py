@@ -74,14 +74,15 @@ def test_a_class_that_ran_everything_as_written_has_no_such_section(tmp_path: Pa
 
 
 def test_the_dash_of_a_group_a_repository_was_not_graded_in_is_explained(tmp_path: Path) -> None:
-    """``—``: an edition without the hooks, or results reused from an earlier run of another selection."""
+    """``—``: an edition without the hooks, or a selection that took none of the group's cases."""
     _repo(tmp_path, "both", [], {PYTORCH: "ok", TRITON: "ok"})
     _repo(tmp_path, "earlier_run", [], {PYTORCH: "ok"})
     _, printed = class_report.write(tmp_path, ["both", "earlier_run"])
     md = (tmp_path / "class.md").read_text()
     assert "| earlier_run | 10 / 10 | ok | — |" in md, md
-    legend = next(ln for ln in md.splitlines() if ln.startswith("`-`"))
-    assert "`—`" in legend and "edition" in legend and "earlier run" in legend, legend
+    legend = next(ln for ln in md.splitlines() if ln.startswith("`—`"))
+    assert "edition" in legend and "`-k`" in legend, legend
+    assert "`-`" not in legend, "no repository without a score: that mark is not explained"
     assert legend in printed
 
 

@@ -4,10 +4,13 @@ A TARGET is a repository (holding ``tests/adapters.py``), an adapters file, or a
 repositories. Each repository is graded in processes of its own (its code runs in workers; the inputs,
 references and verdicts are made outside it), side by side with the others: one GPU each while GPUs
 last, else ``--jobs`` at a time. Per repository, ``DIR/<name>/`` gets ``grade.json`` (every case's
-verdict and message), ``results.json`` (Gradescope's format) and the logs; the run writes the class
-report (``class.md``, ``class.csv``, ``class.html``). A rerun skips repositories whose results are newer
-than their code (``--force`` regrades). One repository runs as the same job as a class's (its time limit,
-progress lines and process cleanup), and its hook x tier table is the last thing printed.
+verdict and message), ``results.json`` (Gradescope's format) and the logs (``DIR``: ``--out``, else
+``runs/grades`` of the suite's checkout; the run says where); a class run writes the class report
+(``class.md``, ``class.csv``, ``class.html``), as does one repository with ``--out``. A rerun skips
+repositories whose results are newer than their code and were graded with the same selection (tiers,
+``-k``, ``--bench``, points, course tests; ``--force`` regrades). One repository runs as the same job as a
+class's (its time limit, progress lines and process cleanup), and its hook x tier table is the last
+thing printed.
 
 Bad input stops the run with one line before anything starts: an unknown tier, an output path that
 cannot be written, a target that does not exist, a folder with no repository in it, or (one repository)
@@ -27,11 +30,15 @@ through submitit on this machine), with the sweep's executor options (``--partit
 Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops the repositories being graded, records them as cancelled
 and exits with one line (130, or 143); those graded are kept, and a rerun grades the others.
 
-Exit status, one repository: 0 when its course tier passes (or is skipped), 1 on a course failure or a
-case that cannot be graded, 2 when it cannot be graded at all. A class: 0 when every repository was
-graded (whatever the students' results), 1 when grading failed for one, 2 when it did not start (the
-graded code could write a neighbour or the grading environment here, and ``--accept-shared-writes`` was
-not given).
+Exit status of one repository: 0 when its course tier passed (a case this machine cannot run as
+written, for want of a GPU, aside: the score says how many); 1 when a course case failed (an adapters
+file that imports what is nowhere fails every case) or a case could not be graded here (a dependency
+missing from the grading environment, a machine too busy to finish it: the grade is incomplete); 2 when
+the repository could not be graded at all (bad input, the worker user cannot read the grading
+environment or the submission, its time limit reached as a whole, the grader failed). A class exits 0
+when every repository was graded (the students' results are in its report), 1 when one could not be
+graded, 2 when it did not start (bad input, or the graded code could write a neighbour or the grading
+environment here and ``--accept-shared-writes`` was not given).
 """
 
 from __future__ import annotations
@@ -40,7 +47,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from cs336_systems.grading.roots import SUITE_ROOT
@@ -64,7 +70,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         type=Path,
-        help="where each repository's results and the class report go (default: a temporary folder for one repository, runs/grades for several)",
+        help="where each repository's results (DIR/<name>/) and the class report go (default: runs/grades "
+        "of the suite's checkout; one repository writes no class report there)",
     )
     p.add_argument(
         "--jobs",
@@ -166,7 +173,9 @@ def _options(args: argparse.Namespace):
     return RepoOptions(
         tiers=args.tiers,
         seed=args.seed,
-        course_tests=args.course_tests,
+        course_tests=args.course_tests
+        if args.course_tests in (None, "own")
+        else str(Path(args.course_tests).resolve()),  # one spelling per folder: a rerun compares them
         bench=args.bench,
         points=args.points.resolve() if args.points else None,
         workers=workers,
@@ -212,6 +221,7 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 def _repositories(args: argparse.Namespace) -> dict[str, Path]:
     """The repositories to grade, after every check that needs no import of torch or of graded code."""
+    from cs336_systems.grading.access import worker_cannot_read
     from cs336_systems.grading.classroom import repositories
     from cs336_systems.grading.probe import syntax_problem
     from cs336_systems.grading.roots import GradingSetupError
@@ -227,6 +237,8 @@ def _repositories(args: argparse.Namespace) -> dict[str, Path]:
         adapters = path / "tests" / "adapters.py" if path.is_dir() else path
         if why := syntax_problem(adapters):
             raise BadInput(f"cannot grade: {why}")
+    if args.worker_user and (why := worker_cannot_read(args.worker_user, list(repos.values()))):
+        raise BadInput(f"cannot grade: {why}")  # else every case fails as if the code's
     return repos
 
 
@@ -238,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     try:
-        if len(repos) > 1 or args.out is not None or args.jobs is not None or args.executor:
+        if len(repos) > 1 or args.executor:
             return grade_class(args, repos)
         return grade_one(args, repos)
     except Interrupted as exc:
@@ -306,29 +318,45 @@ def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alon
         force=args.force,
         gpus=gpus,
         gpu_models=[torch.cuda.get_device_name(i) for i in range(gpus)],
+        alone=alone,
     )
+
+
+def _out(args: argparse.Namespace) -> Path:
+    return (args.out or SUITE_ROOT / "runs" / "grades").resolve()
 
 
 def grade_one(args: argparse.Namespace, repos: dict[str, Path]) -> int:
     """One repository, through the same job as a class (its time limit, progress lines and process
-    cleanup), printing the one repository's log and table."""
+    cleanup), its results kept in ``DIR/<name>/``; printing its log, where the results are, and its hook
+    x tier table last. With ``--out``, the class report of that folder too."""
+    (name,) = repos
+    out = _out(args)
+    run = _class_run(args, repos, out, alone=True)
+    run.run()
+    if args.out is not None:
+        from cs336_systems.grading import class_report
+
+        written, _ = class_report.write(out, list(repos))
+        print(f"class report: {written['md']}, {written['csv']}, {written['html']}")
+    return _say_repository(args, out / name, run.codes.get(name))
+
+
+def _say_repository(args: argparse.Namespace, folder: Path, code: int | str | None) -> int:
+    """A graded repository's log, its isolation, where its results are, and its table (the last thing
+    printed); its exit status (``code``: its job's; None: the one its results give, as when they were
+    up to date)."""
     from cs336_systems.grading import summary
 
-    (name,) = repos
-    with tempfile.TemporaryDirectory(prefix="cs336-grade-") as tmp:
-        run = _class_run(args, repos, Path(tmp), alone=True)
-        run.run()
-        out = Path(tmp) / name
-        report = json.loads((out / "grade.json").read_text()) if (out / "grade.json").is_file() else None
-        failure = (out / "failure.txt").read_text().strip() if (out / "failure.txt").is_file() else None
-        log = (out / "contract.log").read_text() if (out / "contract.log").is_file() else ""
-    code = run.codes.get(name)
+    report = json.loads((folder / "grade.json").read_text()) if (folder / "grade.json").is_file() else None
+    failure = (folder / "failure.txt").read_text().strip() if (folder / "failure.txt").is_file() else None
     if report is None or failure:
         print(f"{PROG}: {failure or 'grading failed'}", file=sys.stderr)
         return 2
     if args.grade_json:
         args.grade_json.parent.mkdir(parents=True, exist_ok=True)
         args.grade_json.write_text(json.dumps(report, indent=2))
+    log = (folder / "contract.log").read_text() if (folder / "contract.log").is_file() else ""
     print(log.rstrip())
     if report.get("isolation"):
         from cs336_systems.grading.sandbox import describe
@@ -338,11 +366,15 @@ def grade_one(args: argparse.Namespace, repos: dict[str, Path]) -> int:
         from cs336_systems.grading.walls import describe as walls_line
 
         print(walls_line(report["walls"]))
-    _print_report(report, summary)
+    _print_report(report, folder)
+    if code is None:  # up to date: the status its results give
+        return summary.exit_status(report, True, 0)
     return code if isinstance(code, int) else 2
 
 
-def _print_report(report: dict, summary) -> None:
+def _print_report(report: dict, folder: Path) -> None:
+    from cs336_systems.grading import class_report, course_report, summary
+
     lb = report.get("leaderboard")
     if lb:
         shown = (
@@ -354,11 +386,11 @@ def _print_report(report: dict, summary) -> None:
         print(
             f"leaderboard (course protocol): {shown}, {'compiled' if lb.get('compiled') else 'eager'}; {rank}"
         )
-    errors = sorted({c["message"] for c in report["cases"] if c["status"] == "error"})
-    for message in errors:  # a missing dependency, named once
-        print(message)
-    for name, verdict in report.get("agreement", {}).items():
-        print(f"course tests, {name}: {verdict}")
+    for line in course_report.course_test_lines(report):
+        print(line)
+    results = class_report.load(folder / "results.json") or {}
+    print(f"results: {folder}/ (grade.json: every case and its message; results.json: Gradescope's)")
+    print(f"score: {class_report.score_text(results)} (results.json's points)")
     print()
     for line in summary.render(report):
         print(line)
@@ -381,7 +413,7 @@ def _executor_run(args: argparse.Namespace, repos: dict[str, Path], out: Path) -
 def grade_class(args: argparse.Namespace, repos: dict[str, Path]) -> int:
     from cs336_systems.grading import class_report
 
-    out = (args.out or SUITE_ROOT / "runs" / "grades").resolve()
+    out = _out(args)
     _say_isolation(args)
     if not _walls_hold(args, repos, out):
         return 2
@@ -396,6 +428,9 @@ def grade_class(args: argparse.Namespace, repos: dict[str, Path]) -> int:
     written, table = class_report.write(out, list(repos))
     print(f"\nclass report: {written['md']}, {written['csv']}, {written['html']}")
     print(table)
+    if len(repos) == 1:  # one repository (through --executor) ends with its own table, as alone
+        (name,) = repos
+        return _say_repository(args, out / name, None)
     failed = [n for n, o in outcomes.items() if o.startswith("grading failed")]
     return 1 if failed else 0
 

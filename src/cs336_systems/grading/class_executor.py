@@ -48,6 +48,7 @@ from . import observer_turn, walls
 from .classroom import (
     ANCHORS_WORK,
     PROGRESS_S,
+    UP_TO_DATE,
     _start,
     anchor_command,
     anchors_folder,
@@ -56,13 +57,13 @@ from .classroom import (
     job_outcome,
     neighbours,
     prepare_repo,
-    progress_line,
     record_failure,
     repo_command,
     repo_env,
     stop,
     up_to_date,
 )
+from .progress import progress_line
 from .sandbox import become_subreaper, kill_descendants
 
 if TYPE_CHECKING:
@@ -161,12 +162,9 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     frees, beside the last repositories (as the one-machine scheduler does); timed after the class it
     added its whole time to the class's (about 80 s on an H200). A GPU
     model it did not time, and every model on Slurm, is timed after the class (:func:`_time_anchors`)."""
-    todo = {n: p for n, p in jobs.repos.items() if jobs.force or not up_to_date(p, jobs.out / n)}
-    outcomes = {
-        n: "up to date (results.json newer than its code; --force regrades)"
-        for n in jobs.repos
-        if n not in todo
-    }
+    fresh = lambda n, p: up_to_date(p, jobs.out / n, jobs.options)
+    todo = {n: p for n, p in jobs.repos.items() if jobs.force or not fresh(n, p)}
+    outcomes = {n: UP_TO_DATE for n in jobs.repos if n not in todo}
     for name in outcomes:
         say(f"[{name}] {outcomes[name]}")
     if not todo:

@@ -23,12 +23,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .course_report import COURSE_NOTE, COURSE_TITLE, agreement_summary, course_table
 from .judge.standing import finite_positive, order
 from .probe import ALL_HOOKS
 from .shared.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 
-def _load(path: Path) -> Any:
+def load(path: Path) -> Any:
     try:
         return json.loads(path.read_text()) if path.is_file() else None
     except json.JSONDecodeError:
@@ -41,13 +42,14 @@ def collect(out: Path, names: list[str]) -> dict[str, dict]:
     for name in names:
         folder = out / name
         failure = folder / "failure.txt"
-        results = _load(folder / "results.json") or {}
+        results = load(folder / "results.json") or {}
         found[name] = {
-            "report": _load(folder / "grade.json"),
+            "report": load(folder / "grade.json"),
             "failure": failure.read_text().strip() if failure.is_file() else None,
-            "leaderboard": _load(folder / "leaderboard.json"),
+            "leaderboard": load(folder / "leaderboard.json"),
             "score": results.get("score"),
             "max_score": _max_score(results),
+            "unscored": _unscored(results),
         }
     return found
 
@@ -61,11 +63,26 @@ def _max_score(results: dict) -> float | None:
     return round(sum(numbers), 4) if numbers else None
 
 
+def _unscored(results: dict) -> dict[str, int]:
+    """The cases that would carry points but are out of the score (``gradescope._unscored``), by why."""
+    extra = results.get("extra_data") if isinstance(results, dict) else None
+    found = extra.get("unscored") if isinstance(extra, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): n for k, n in found.items() if isinstance(n, int) and not isinstance(n, bool) and n > 0}
+
+
+def score_text(results: dict) -> str:
+    """``27.5 / 30``, and the cases out of it: ``25 / 25, 2 cases not run here``; ``-``: no score."""
+    r = {"score": results.get("score"), "max_score": _max_score(results), "unscored": _unscored(results)}
+    return _score(r)
+
+
 def anchors(out: Path) -> list[dict]:
     """The suite's kernel and cuDNN, timed as the students' rows are, once per model of GPU."""
     rows = []
     for path in sorted((out / "anchors").glob("gpu*.json")):
-        data = _load(path) or {}
+        data = load(path) or {}
         for row in data.get("rows", []) if isinstance(data, dict) else []:
             if isinstance(row, dict) and finite_positive(row.get("mean_ms")):
                 rows.append({**row, "at": path.stem})
@@ -73,13 +90,33 @@ def anchors(out: Path) -> list[dict]:
 
 
 NOT_GRADED_WIDTH = 160  # a failure's message in a table cell, cut at a word; failure.txt keeps it whole
-LEGEND = (
+NO_SCORE = (
     "`-`: no score: the repository could not be graded (its row says why; the whole message is in "
-    "`<repository>/failure.txt`). `—`: no case of that hook group was graded for the repository: its "
-    "edition of the hooks has none, or its results are an earlier run's (up to date, not regraded) whose "
-    "selection (`--tiers`, `-k`) left the group out. Score: the points earned / the points its "
-    "results.json offers (the editions have different hooks)."
+    "`<repository>/failure.txt`)."
 )
+NO_GROUP = (
+    "`—`: no case of that hook group was graded for the repository: its edition of the hooks has none (or "
+    "the selection, `--tiers` or `-k`, took none of its cases)."
+)
+SCORE_NOTE = (
+    "Score: the points earned / the points its results.json offers (the editions have different hooks)"
+)
+UNSCORED_NOTE = (
+    "; cases `not run here` (no GPU where graded, a kernel that refuses CPU tensors, a machine too busy) "
+    "or that `could not be graded` (a dependency missing from the grading environment) are out of both, "
+    "and named."
+)
+
+
+def legend(rows: list[list[str]]) -> str:
+    """What the table's marks mean: only those that appear in it."""
+    cells = [c for row in rows for c in row[2:]]
+    parts = [NO_SCORE] if any(row[1] == "-" for row in rows) else []
+    parts += [NO_GROUP] if "—" in cells else []
+    unscored = any("," in row[1] for row in rows)
+    return " ".join([*parts, SCORE_NOTE + (UNSCORED_NOTE if unscored else ".")])
+
+
 NOT_RUN_WHY = {  # a skip of the machine, not of the code: no verdict, no points
     NEEDS_GPU: "not run: needs a CUDA GPU, none where graded",
     REFUSES_CPU: "not run: the Triton kernel refuses CPU tensors, no GPU where graded",
@@ -98,11 +135,13 @@ NOT_RUN_NOTE = (
 def _score(r: dict) -> str:
     if not isinstance(r["score"], int | float):
         return "-"
-    return (
+    shown = (
         f"{r['score']:g} / {r['max_score']:g}"
         if isinstance(r.get("max_score"), int | float)
         else f"{r['score']:g}"
     )
+    out = [f"{n} {'case' if n == 1 else 'cases'} {why}" for why, n in (r.get("unscored") or {}).items()]
+    return ", ".join([shown, *out])
 
 
 def _groups(repos: dict[str, dict]) -> list[str]:
@@ -132,11 +171,17 @@ def hook_table(repos: dict[str, dict], whole: bool = False) -> tuple[list[str], 
 def csv_rows(repos: dict[str, dict]) -> list[list[str]]:
     """The hook table for a spreadsheet: score and maximum in columns of their own, messages whole."""
     header, rows = hook_table(repos, whole=True)
+    # The columns that would be empty in every row are left out (a run with no --course-tests, ...).
+    course = any(r["report"] and "course_tests" in r["report"] for r in repos.values())
+    unscored = any(r["report"] and r.get("unscored") for r in repos.values())
     out = [[header[0], "score", "max_score", *header[2:]]]
+    out[0] += [*(["not in the score"] if unscored else []), *(["course tests"] if course else [])]
     for (name, *cells), r in zip(rows, repos.values(), strict=True):
         score = f"{r['score']:g}" if isinstance(r["score"], int | float) and r["report"] else ""
         top = f"{r['max_score']:g}" if isinstance(r.get("max_score"), int | float) and r["report"] else ""
         out.append([name, score, top, *cells[1:]])
+        out[-1] += [", ".join(f"{n} {why}" for why, n in r["unscored"].items())] if unscored else []
+        out[-1] += [agreement_summary(r["report"])] if course else []
     return out
 
 
@@ -319,10 +364,13 @@ def chart(board: list[dict], path: Path) -> bytes | None:
 
 
 def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
-    """The report's files, and its hook table as Markdown (what the CLI prints last)."""
+    """The report's files, and what the CLI prints last: the hook table as Markdown, its legend, the
+    cases not run as written, and the course's own tests beside the grader (``--course-tests``)."""
     repos = collect(out, names)
     header, rows = hook_table(repos)
     board = leaderboard(repos, anchors(out))
+    missing = not_run(repos)
+    course = course_table(repos)
     md = [
         "# Class report",
         "",
@@ -330,11 +378,12 @@ def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
         "",
         markdown_table(header, rows),
         "",
-        LEGEND,
+        legend(rows),
     ]
-    missing = not_run(repos)
     if missing:
         md += ["", f"## {NOT_RUN_TITLE}", "", NOT_RUN_NOTE, "", *missing]
+    if course:
+        md += ["", f"## {COURSE_TITLE}", "", COURSE_NOTE, "", markdown_table(*course)]
     if board:
         md += [
             "",
@@ -348,16 +397,23 @@ def write(out: Path, names: list[str]) -> tuple[dict[str, Path], str]:
     with (out / "class.csv").open("w", newline="") as f:
         csv.writer(f).writerows(csv_rows(repos))
     png = chart(board, out / "leaderboard.png")
-    (out / "class.html").write_text(_html(header, rows, board, png, missing))
+    (out / "class.html").write_text(_html(header, rows, board, png, missing, course))
     paths = {"md": out / "class.md", "csv": out / "class.csv", "html": out / "class.html"}
-    shown = [markdown_table(header, rows), "", LEGEND]
+    shown = [markdown_table(header, rows), "", legend(rows)]
     if missing:
         shown += ["", f"{NOT_RUN_TITLE}. {NOT_RUN_NOTE}", *missing]
+    if course:
+        shown += ["", f"{COURSE_TITLE}. {COURSE_NOTE}", markdown_table(*course)]
     return paths, "\n".join(shown)
 
 
 def _html(
-    header: list[str], rows: list[list[str]], board: list[dict], png: bytes | None, missing: list[str]
+    header: list[str],
+    rows: list[list[str]],
+    board: list[dict],
+    png: bytes | None,
+    missing: list[str],
+    course: tuple[list[str], list[list[str]]] | None,
 ) -> str:
     def table(h: list[str], body: list[list[str]]) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in h)
@@ -381,9 +437,15 @@ def _html(
         if missing
         else ""
     )
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}<p>{html.escape(LEGEND.replace('`', ''))}</p>{missing_html}{board_html}</body></html>"
+    course_html = (
+        f"<h2>{html.escape(COURSE_TITLE)}</h2><p>{html.escape(COURSE_NOTE.replace('`', ''))}</p>{table(*course)}"
+        if course
+        else ""
+    )
+    marks = html.escape(legend(rows).replace("`", ""))
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>Class report</title><style>{style}</style></head><body><h1>Class report</h1>{table(header, rows)}<p>{marks}</p>{missing_html}{course_html}{board_html}</body></html>"
 
 
 def _css(cell: str) -> str:
     cell = str(cell)
-    return "fail" if cell.startswith(("FAIL", "cannot")) else "ok" if cell == "ok" else ""
+    return "fail" if cell.startswith(("FAIL", "cannot", "DISAGREE")) else "ok" if cell == "ok" else ""

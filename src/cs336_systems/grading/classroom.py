@@ -31,7 +31,8 @@ from cs336_systems.harness.executor import visible_devices
 from cs336_systems.harness.interrupt import Interrupted, catching_stops
 
 from . import gradescope, observer_turn, walls
-from .roots import GradingSetupError
+from .progress import partial_report, progress_line
+from .roots import SKIP_DIRS, GradingSetupError
 from .sandbox import become_subreaper, descendants, kill_descendants
 from .settings import HIDE_ENV
 
@@ -41,9 +42,9 @@ if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch
 
 POLL_S = 0.5  # seconds between two looks at the running jobs
 PROGRESS_S = 15.0  # seconds between two progress lines of one repository
+UP_TO_DATE = "up to date (results.json newer than its code, graded with the same selection; --force regrades)"
 UNFINISHED = "unfinished.txt"  # beside a results.json the class run wrote for a grading that did not finish
 ANCHORS_WORK = "timing the suite's kernel and cuDNN"  # an anchors job's progress line (it grades no case)
-SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
 
 
 def repositories(targets: list[Path]) -> dict[str, Path]:
@@ -98,12 +99,40 @@ def newest_code(repo: Path) -> float:
     return newest
 
 
-def up_to_date(repo: Path, out: Path) -> bool:
-    """Whether the repository's results are newer than its code and are a grading's (not the record
-    of one that was cancelled, timed out or died: the next run grades it again)."""
+def up_to_date(repo: Path, out: Path, options: RepoOptions) -> bool:
+    """Whether the repository's results answer this run: newer than its code (and than the points
+    table), graded with the same selection (``SELECTION``: the tiers, ``-k``, ``--bench``, the points,
+    the course's tests, the seed and roots asked for), and a grading's (not the record of one that was
+    cancelled, timed out or died: the next run grades it again)."""
     results = out / "results.json"
-    fresh = results.is_file() and results.stat().st_mtime > newest_code(repo)
-    return fresh and not (out / UNFINISHED).is_file()
+    if not results.is_file() or (out / UNFINISHED).is_file():
+        return False
+    points = options.points if options.points and Path(options.points).is_file() else None
+    newest = max(newest_code(repo), Path(points).stat().st_mtime if points else 0.0)
+    return results.stat().st_mtime > newest and same_selection(out / "options.json", options)
+
+
+# The options that decide which cases are graded and how they score; the others (workers, time limit,
+# worker user) change how a grading runs, not its results.
+SELECTION = ("tiers", "seed", "course_tests", "bench", "points", "roots", "judge_args")
+
+
+def options_json(options: RepoOptions) -> dict:
+    """``options`` as ``options.json`` holds them (what ``repo_job --options`` reads)."""
+    raw = dataclasses.asdict(options)
+    raw["roots"] = [str(r) if r else None for r in raw["roots"]]
+    raw["points"] = str(raw["points"]) if raw["points"] else None
+    return json.loads(json.dumps(raw))  # tuples as the file has them: lists
+
+
+def same_selection(path: Path, options: RepoOptions) -> bool:
+    """Whether the results beside ``path`` (``options.json``) were graded with ``options``' selection."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False  # results without their options: of an unknown selection
+    now = options_json(options)
+    return isinstance(stored, dict) and all(stored.get(k) == now.get(k) for k in SELECTION)
 
 
 @dataclass
@@ -128,6 +157,7 @@ class ClassRun:
     log: object = field(default=sys.stdout)
     gpu_models: list[str] = field(default_factory=list)  # each GPU's name, by index (default: all alike)
     codes: dict[str, int | str] = field(default_factory=dict)  # each job's exit status, or "timeout"
+    alone: bool = False  # one repository: its caller prints why grading failed, once, after the run
 
     def slots(self) -> list[int | None]:
         if self.gpus:
@@ -148,12 +178,9 @@ class ClassRun:
 
     def run(self) -> dict[str, str]:
         """Grade every repository; each one's outcome (graded, up to date, or why grading failed)."""
-        todo = [(n, p) for n, p in self.repos.items() if self.force or not up_to_date(p, self.out / n)]
-        outcomes = {
-            n: "up to date (results.json newer than its code; --force regrades)"
-            for n in self.repos
-            if (n, self.repos[n]) not in todo
-        }
+        fresh = lambda n, p: up_to_date(p, self.out / n, self.options)
+        todo = [(n, p) for n, p in self.repos.items() if self.force or not fresh(n, p)]
+        outcomes = {n: UP_TO_DATE for n in self.repos if (n, self.repos[n]) not in todo}
         for name in outcomes:
             self._say(f"[{name}] {outcomes[name]}")
         free = self.slots()
@@ -255,7 +282,8 @@ class ClassRun:
             return True
         self.codes[job.name] = code
         outcomes[job.name] = self._outcome(job, code, elapsed)
-        self._say(f"[{job.name}] {outcomes[job.name]}")
+        failed = self.alone and outcomes[job.name].startswith("grading failed")
+        self._say(f"[{job.name}] {'grading failed (below)' if failed else outcomes[job.name]}")
         return True
 
     def _distrust(
@@ -313,10 +341,7 @@ def prepare_repo(out_root: Path, name: str, options: RepoOptions) -> tuple[Path,
     ):
         (out / stale).unlink(missing_ok=True)
     path = out / "options.json"
-    raw = dataclasses.asdict(options)
-    raw["roots"] = [str(r) if r else None for r in raw["roots"]]
-    raw["points"] = str(raw["points"]) if raw["points"] else None
-    path.write_text(json.dumps(raw))
+    path.write_text(json.dumps(options_json(options)))
     return out, path
 
 
@@ -387,7 +412,7 @@ def record_failure(out: Path, why: str, points: Path | None) -> str:
     """A repository whose grading did not finish (timed out, cancelled, died, its job failed): its
     ``results.json`` (the cases graded before, and "grader failed" saying why), ``failure.txt``, and
     ``unfinished.txt``, which keeps the next run from taking these results as up to date."""
-    partial = _partial_report(out / "progress.jsonl")
+    partial = partial_report(out / "progress.jsonl")
     gradescope.write(out / "results.json", gradescope.results(partial, gradescope.load_points(points), why))
     (out / "failure.txt").write_text(why + "\n")
     (out / UNFINISHED).write_text(why + "\n")
@@ -413,35 +438,6 @@ def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     return Running(name, proc, time.monotonic(), gpu, out)
-
-
-def progress_line(progress: Path) -> str:
-    """What a running repository's grading has done so far, from its ``progress.jsonl``."""
-    lines = progress.read_text().splitlines() if progress.is_file() else []
-    if not lines:
-        return "loading its code and starting its first workers"
-    last = json.loads(lines[-1])
-    return f"{len(lines)} cases done, last {last['hook']} {last['tier']} ({last['status']})"
-
-
-def _partial_report(progress: Path) -> dict | None:
-    """The cases a run that did not finish had graded (no messages: the progress lines carry none)."""
-    if not progress.is_file():
-        return None
-    cases = []
-    for line in progress.read_text().splitlines():
-        row = json.loads(line)
-        cases.append(
-            {
-                "id": row["case"],
-                "tier": row["tier"],
-                "hooks": [row["hook"]],
-                "status": row["status"],
-                "kind": "",
-                "message": "",
-            }
-        )
-    return {"cases": cases, "seed": None}
 
 
 def _tail(log: Path) -> str:

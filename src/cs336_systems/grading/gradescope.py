@@ -163,7 +163,28 @@ def results(
     bugs = [c["message"] for c in cases if c["status"] == ERROR and c["kind"] == GRADER_RAISED]
     if failure or not cases or bugs:
         tests.append(_grader_failed(failure or (bugs[0] if bugs else "the grader produced no verdicts")))
-    return _document(tests, sum(c for _, c in graded), _output(report, cases), report)
+    doc = _document(tests, sum(c for _, c in graded), _output(report, cases), report)
+    if unscored := _unscored(cases, points):
+        doc["extra_data"]["unscored"] = unscored
+    return doc
+
+
+NOT_RUN_HERE, NOT_GRADED = "not run here", "could not be graded"  # cases left out of the maximum
+
+
+def _unscored(cases: list[dict], points: dict[str, dict[str, float]]) -> dict[str, int]:
+    """How many cases that would carry points are out of the score: not run on this machine (no GPU, a
+    kernel that refuses CPU tensors, a machine too busy), or not decided (an error of the grading), so
+    that a complete-looking score says so."""
+    counts = {NOT_RUN_HERE: 0, NOT_GRADED: 0}
+    for c in cases:
+        if _group_points(points, c["tier"], c["hooks"][0]) <= 0:
+            continue
+        if _environment(c):
+            counts[NOT_RUN_HERE] += 1
+        elif c["status"] == ERROR:
+            counts[NOT_GRADED] += 1
+    return {k: n for k, n in counts.items() if n}
 
 
 def _output(report: dict[str, Any] | None, cases: list[dict]) -> str:

@@ -29,7 +29,7 @@ from . import keywords
 from .probe import Probe, probe
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import Sandbox, become_subreaper, kill_descendants
-from .session import WORKER_TIMEOUT_S, Grader, check_loads, default_jobs, run_seed
+from .session import WORKER_TIMEOUT_S, Grader, check_loads, default_jobs, load_verdict, run_seed
 from .settings import adapters_from_env, loaded_before, mark_loaded
 from .shared.cases import FAMILIES, Case, of_family
 from .summary import STATUSES, Recorder, case_entry, exit_status, render
@@ -75,17 +75,14 @@ class Selection:
 
 def select(config: JudgeConfig, found: Probe, requested: bool) -> Selection:
     """The cases to judge, in the order ``tests/contract/test_hooks.py`` runs them: by tier, not the
-    other edition's hooks (when a file was asked for: a 1.0.5 file has no ``get_fsdp``), and ``-k``."""
+    other edition's hooks (when a file was asked for: a 1.0.5 file has no ``get_fsdp``), and ``-k``.
+    Deselected are the file's edition's cases that the tiers or ``-k`` leave out, not the other
+    edition's, which the file cannot have."""
     wanted = keywords.matcher(config.keyword)
     table = [case for family in FAMILIES for case in of_family(family)]
-    chosen = [
-        case
-        for case in table
-        if tier_selected(case.tier, config.tiers)
-        and not (requested and found.absent(case.hooks))
-        and wanted(case)
-    ]
-    return Selection(chosen, len(table) - len(chosen))
+    edition = [case for case in table if not (requested and found.absent(case.hooks))]
+    chosen = [case for case in edition if tier_selected(case.tier, config.tiers) and wanted(case)]
+    return Selection(chosen, len(edition) - len(chosen))
 
 
 def isolation_here(grade_json: Path | None) -> dict | None:
@@ -112,7 +109,9 @@ def prepare(config: JudgeConfig) -> Prepared:
     roots = discover(requested or DEFAULT_ADAPTERS, config.repo_root, config.package_root, config.basics_root)
     found = probe(roots.adapters)
     selection = select(config, found, requested is not None)
-    if requested is not None and not loaded_before(str(roots.adapters)):
+    # An import missing from the source is every case's verdict (``session.load_verdict``), found
+    # without a worker: the load check would only say it again, as the grading's error.
+    if requested is not None and not loaded_before(str(roots.adapters)) and load_verdict(roots) is None:
         check_loads(roots)
         mark_loaded(str(roots.adapters))
     external = requested is not None and not roots.self_grade
@@ -166,13 +165,18 @@ def status_of(judged: Judged, external: bool) -> int:
 
 
 def _failures(judged: Judged) -> list[str]:
-    """Each failed or ungradable case with its message, as pytest's report listed them."""
-    lines = []
+    """Each failed or ungradable case with its message, as pytest's report listed them; cases that
+    share one message (an import every case needs, a missing dependency) are one entry naming them."""
+    alike: dict[tuple[str, str], list[str]] = {}  # (status, message) -> the case ids, in order
     for case in judged.recorder.cases.values():
         if case["status"] in (FAILED, ERROR) and case["id"] not in judged.crashed:
-            head, *rest = (case["message"] or "(no message)").splitlines()
-            lines.append(f"{case['status'].upper()} {case['id']}: {head}")
-            lines += [f"    {line}" for line in rest]
+            alike.setdefault((case["status"], case["message"] or "(no message)"), []).append(case["id"])
+    lines = []
+    for (status, message), ids in alike.items():
+        head, *rest = message.splitlines()
+        named = ids[0] if len(ids) == 1 else f"{ids[0]} and {len(ids) - 1} more cases"
+        lines.append(f"{status.upper()} {named}: {head}")
+        lines += [f"    {line}" for line in rest]
     for case_id, trace in judged.crashed.items():
         lines += [f"CRASHED {case_id}: the grader raised", *trace.rstrip().splitlines()]
     return lines
@@ -205,7 +209,9 @@ def judge_selected(config: JudgeConfig, prepared: Prepared, isolation: dict | No
     """Judge the selected cases; the report is written however that ends, the leftovers killed first."""
     judged = Judged(Recorder(prepared.seed, str(prepared.roots.adapters), config.progress))
     jobs = max(1, config.jobs) if config.jobs is not None else default_jobs()
-    grader = Grader(prepared.roots, prepared.probe, prepared.seed, config.timeout, jobs=jobs)
+    grader = Grader(
+        prepared.roots, prepared.probe, prepared.seed, config.timeout, jobs=jobs, progress=config.progress
+    )
     try:
         judge_cases(
             grader, prepared.selection.cases, judged, lambda m: print(m, end="", file=out, flush=True)

@@ -26,7 +26,8 @@ from typing import Any
 
 # No import here may start a thread (torch's does: ``course_tests``, ``exchange`` are imported where
 # used): ``main`` first moves this process to a network of its own, which must be its only thread.
-from . import caches, gradescope, network, observer_turn
+from . import caches, gradescope, network, observer_turn, progress
+from .access import worker_cannot_read
 from .probe import syntax_problem
 from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from .sandbox import become_subreaper, kill_descendants
@@ -93,10 +94,10 @@ def grade_repo(target: Path, out: Path, opts: RepoOptions) -> int:
     try:
         adapters = adapters_of(target.expanduser().resolve())
         roots = discover(adapters, *opts.roots)
-        if opts.worker_user:
-            user_exists(opts.worker_user)
     except GradingSetupError as exc:
         return _failed(out, points, f"cannot grade: {exc}")
+    if opts.worker_user and (why := worker_cannot_read(opts.worker_user, roots.folders())):
+        return _failed(out, points, f"cannot grade: {why}")  # the grader's setup: no case is the code's
     # Whatever the graded code leaves behind is re-parented here, and killed before any result file
     # of this repository is read or written (``reap``).
     become_subreaper()
@@ -114,6 +115,9 @@ def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, po
     # No load check of its own before the cases: every job loads the file, and one that cannot makes
     # every case an error of kind "load" (read back below), without a process start on the way.
     env = {**os.environ, LOADED_ENV: str(roots.adapters)}
+    # The judge hosts its jobs' rendezvous store: on a network with loopback only, every rank's connection
+    # logged "[c10d] The hostname of the client socket cannot be retrieved" in the middle of its marks.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     with (out / "contract.log").open("w") as log:
         code = subprocess.call(
             contract_command(adapters, opts, out),
@@ -137,11 +141,12 @@ def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, po
 
         given = None if opts.course_tests == "own" else Path(opts.course_tests).resolve()
         started = time.monotonic()
-        try:
-            report["course_tests"] = course_tests.run(roots, course_tests.release_for(roots, given))
-        except GradingSetupError as exc:
-            report["course_tests"] = {}
-            report["course_tests_error"] = str(exc)
+        with _phase(out, "course-tests", "the course's tests (pytest on its adapters file)"):
+            try:
+                report["course_tests"] = course_tests.run(roots, course_tests.release_for(roots, given))
+            except GradingSetupError as exc:
+                report["course_tests"] = {}
+                report["course_tests_error"] = str(exc)
         seconds["course_tests"] = round(time.monotonic() - started, 1)
         report["agreement"] = course_tests.agreement(
             report["course_tests"], report["groups"], report["cases"]
@@ -149,7 +154,8 @@ def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, po
     if opts.bench:
         budget = opts.timeout_s - (time.monotonic() - began) - RESERVE_S if opts.timeout_s else None
         started = time.monotonic()
-        report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report, out, budget)
+        with _phase(out, "leaderboard", "the leaderboard row (the course's protocol, timed and observed)"):
+            report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report, out, budget)
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
@@ -160,6 +166,16 @@ def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, po
     from .summary import exit_status
 
     return exit_status(report, not roots.self_grade, code)
+
+
+@contextlib.contextmanager
+def _phase(out: Path, key: str, doing: str) -> Iterator[None]:
+    """Say in ``progress.jsonl`` what runs now, and that it ended (the class run's progress line)."""
+    progress.phase(out / "progress.jsonl", progress.START, key, doing)
+    try:
+        yield
+    finally:
+        progress.phase(out / "progress.jsonl", progress.END, key, "")
 
 
 @contextlib.contextmanager
@@ -190,15 +206,6 @@ def walls_here(out: Path) -> dict[str, str]:
 
     sandbox = Sandbox.from_env()
     return walls.probe(sandbox, walls.places(list(sandbox.hidden), [out, out.parent]))
-
-
-def user_exists(name: str) -> None:
-    import pwd
-
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        raise GradingSetupError(f"--worker-user {name}: no such user on this machine") from None
 
 
 def reap() -> None:

@@ -20,6 +20,10 @@ SUITE_SRC = SUITE_PACKAGE.parent
 SUITE_ROOT = SUITE_SRC.parent if SUITE_SRC.name == "src" else SUITE_SRC
 
 
+# Folders of a repository that hold none of its code: not walked for its files (freshness, access).
+SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
+
+
 class GradingSetupError(Exception):
     """What is wrong with the grading request, in one line."""
 

@@ -34,6 +34,8 @@ from .roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
 from .sandbox import JobFolder, Sandbox, jobs_parent, returncode, walls_message
 
 WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
+JOB_STARTS, JOB_ENDED = "starts", "ended"  # ``CaseRuns.on_job``'s notes besides a rerun's reason
+RUNS_ALONE = "alone: a crash left it without records"
 EXIT_MEANING = {
     3: "the adapters file did not load",
     4: "refused to grade the suite's own code",
@@ -317,6 +319,9 @@ class CaseRuns:
     timeout: float
     done: dict[str, Outcome] = field(default_factory=dict)
     machine: Machine = field(default_factory=Machine)
+    # Told as each job starts, runs once more (the note says why) and ends (``JOB_ENDED``): the
+    # judge's progress lines say what runs now.
+    on_job: Callable[[list[str], int, str], None] = field(default=lambda batch, world_size, note: None)
 
     def outcome(self, case_id: str, batch: list[str], world_size: int, make_inputs: Any) -> Outcome:
         if case_id not in self.done:
@@ -324,7 +329,9 @@ class CaseRuns:
             self._run(todo, world_size, make_inputs, retry_alone=len(todo) > 1)
         return self.done[case_id]
 
-    def _run(self, batch: list[str], world_size: int, make_inputs: Any, retry_alone: bool) -> None:
+    def _run(
+        self, batch: list[str], world_size: int, make_inputs: Any, retry_alone: bool, note: str = ""
+    ) -> None:
         job = Job(
             self.roots,
             "cases",
@@ -333,13 +340,15 @@ class CaseRuns:
             world_size=world_size,
             timeout=self.timeout,
         )
-        got = run(job)
-        if self._unfinished(got, again=False):
-            got = run(job)  # once more: the machine may have been busy, or a connection reset, once only
-            if why := self._unfinished(got, again=True):
-                for case_id in batch:
-                    self.done[case_id] = Outcome(unfinished=f"could not grade here: {why}")
-                return
+        self.on_job(batch, world_size, note or JOB_STARTS)
+        try:
+            got = self._run_twice(job)
+        finally:
+            self.on_job(batch, world_size, JOB_ENDED)
+        if isinstance(got, str):
+            for case_id in batch:
+                self.done[case_id] = Outcome(unfinished=f"could not grade here: {got}")
+            return
         whole = _job_wide(got)
         for case_id in batch:
             present = [got.records[(case_id, r)] for r in range(world_size) if (case_id, r) in got.records]
@@ -354,7 +363,18 @@ class CaseRuns:
                 ]
                 self.done[case_id] = Outcome(problem=problems[0] if problems else "no output")
         for case_id in [c for c in batch if c not in self.done]:
-            self._run([case_id], world_size, make_inputs, retry_alone=False)
+            self._run([case_id], world_size, make_inputs, retry_alone=False, note=RUNS_ALONE)
+
+    def _run_twice(self, job: Job) -> Collected | str:
+        """The job's result; run once more when the machine may have been busy, or a connection reset,
+        once only: why the machine could not finish it when the second run says so too."""
+        got = run(job)
+        if first := self._unfinished(got, again=False):
+            self.on_job(job.cases, job.world_size, f"once more: {first}")
+            got = run(job)
+            if why := self._unfinished(got, again=True):
+                return why
+        return got
 
     def _unfinished(self, got: Collected, again: bool) -> str | None:
         """Why this machine, not the code, may have failed the job: its time limit reached under a load

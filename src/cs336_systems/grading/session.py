@@ -2,7 +2,9 @@
 the verdicts, decided here from validated records (``judge``), never by the graded process.
 
 Before any worker starts, a case skips when a hook it needs is blank in the file's source (``probe``:
-``not-implemented``) or when it needs a GPU this machine lacks (``needs-gpu``). A case whose record says
+``not-implemented``) or when it needs a GPU this machine lacks (``needs-gpu``), and fails when the
+file's module-level imports reach one found nowhere (``imports``: the student's error; a dependency the
+repository declares is the grading environment's, as below). A case whose record says
 the call raised fails with where it raised, except a missing dependency of the student's code, which is
 an error of the grading environment named once (``missing-dependency``), and a Triton kernel that
 refuses CPU tensors before launching anything (``refuses-cpu``, decided by the attention judge).
@@ -22,16 +24,18 @@ from typing import Any
 
 import torch
 
-from . import judge
+from . import judge, progress
 from .exchange import text
+from .imports import DECLARED, NO_BASICS, missing_import
 from .probe import Probe
 from .roots import GradingSetupError, StudentRoots
-from .runner import CaseRuns, Job, Machine, Outcome, run
+from .runner import JOB_ENDED, JOB_STARTS, CaseRuns, Job, Machine, Outcome, run
 from .settings import share_seed, shared_seed
 from .shared.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
-from .verdict import MISSING_DEPENDENCY, Verdict
+from .verdict import FAILED, MISSING_DEPENDENCY, Verdict
 
 WORKER_TIMEOUT_S = 240.0  # one job of the graded code (a family at one world size)
+IMPORT_FAILED = "import"  # a failure's kind: the adapters file imports what is nowhere (read from source)
 
 
 def fresh_seed() -> int:
@@ -82,9 +86,11 @@ class Grader:
     on_gpu: bool = field(default_factory=torch.cuda.is_available)
     jobs: int = 1
     machine: Machine = field(default_factory=Machine)
+    progress: Path | None = None  # where each job's start, rerun and end is said (``progress.py``)
 
     def __post_init__(self) -> None:
-        self.runs = CaseRuns(self.roots, self.timeout, machine=self.machine)
+        self.unloadable = load_verdict(self.roots)  # read from the source: no worker starts for it
+        self.runs = CaseRuns(self.roots, self.timeout, machine=self.machine, on_job=self._job_phase)
         self._inputs: dict[str, dict] = {}
         self._drawing = threading.Lock()  # inputs are drawn one at a time: some makers seed torch's RNG
         self._batches: dict[tuple, list[str]] = {}
@@ -122,6 +128,16 @@ class Grader:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def _job_phase(self, batch: list[str], world_size: int, note: str) -> None:
+        key = "job " + ",".join(batch)
+        if note == JOB_ENDED:
+            progress.phase(self.progress, progress.END, key, "")
+            return
+        words = progress.job_words(batch, world_size)
+        progress.phase(
+            self.progress, progress.START, key, words if note == JOB_STARTS else f"{words}, {note}"
+        )
+
     def worker_seconds(self, case_id: str) -> dict[str, float | None]:
         """How long ``case_id`` took in its worker and when it began there, for progress lines."""
         outcome = self.runs.done.get(case_id)
@@ -134,7 +150,7 @@ class Grader:
                 return Verdict.skipped(NOT_IMPLEMENTED, reason)
         if not case.runs_here(self.on_gpu):
             return Verdict.skipped(NEEDS_GPU, "needs a CUDA GPU (none on this machine)")
-        return None
+        return self.unloadable
 
     def verdict(self, case: Case) -> Verdict:
         """``case``'s verdict; the planned cases of its ``batch_key`` run in the same job."""
@@ -152,6 +168,38 @@ class Grader:
             self._inputs.pop(case.id, None)
 
 
+def needs(name: str, where: str = "") -> Verdict:
+    """A dependency of the student's code that the grading environment lacks: not their failure."""
+    pip = Path(sys.executable).parent / "pip"
+    at = f"imported at {where}; " if where else ""
+    return Verdict.error(
+        MISSING_DEPENDENCY, f"cannot grade: needs {name} ({at}install it with `{pip} install {name}`)"
+    )
+
+
+def basics_not_found(roots: StudentRoots) -> Verdict:
+    return Verdict.error(
+        "cannot-grade",
+        f"cannot grade: the repository's cs336_basics was not found ({roots.describe()}); an empty "
+        "./cs336-basics is often a git submodule not checked out: point --basics-root at it",
+    )
+
+
+def load_verdict(roots: StudentRoots) -> Verdict | None:
+    """Every case's verdict when the adapters file cannot load for an import read from the source
+    (``imports``): the student's error (a failure of every case), a declared dependency the grading
+    environment lacks, or a ``cs336_basics`` not found; None when nothing is found missing."""
+    missing = missing_import(roots)
+    if missing is None:
+        return None
+    if missing.kind == DECLARED:
+        return needs(missing.top, missing.where)
+    if missing.kind == NO_BASICS:
+        return basics_not_found(roots)
+    why = f"adapters import failed: no module named {missing.module!r} (imported at {missing.where})"
+    return Verdict(FAILED, why, IMPORT_FAILED)
+
+
 def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_gpu: bool) -> Verdict:
     if outcome.unfinished:
         return Verdict.skipped(UNFINISHED_HERE, outcome.unfinished)
@@ -167,17 +215,9 @@ def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_g
             str(record.get("missing_module") or "").split(".")[0] == "cs336_basics"
             and roots.basics_root is None
         ):
-            return Verdict.error(
-                "cannot-grade",
-                f"cannot grade: the repository's cs336_basics was not found ({roots.describe()}); an empty "
-                "./cs336-basics is often a git submodule not checked out: point --basics-root at it",
-            )
+            return basics_not_found(roots)
         if dep := record.get("missing_dependency"):
-            name = text(dep, 60)
-            return Verdict.error(
-                MISSING_DEPENDENCY,
-                f"cannot grade: needs {name} (install it with `{Path(sys.executable).parent / 'pip'} install {name}`)",
-            )
+            return needs(text(dep, 60))
         if case.family == "attention":
             return judge.attention.judge_raised(case, record, folders, on_gpu)
         frame = text(record.get("student_frame") or record.get("innermost_frame") or "", 300)

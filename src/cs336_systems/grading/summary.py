@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .probe import ALL_HOOKS
+from .progress import append
 from .shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE, Case
 from .verdict import ERROR, FAILED, PASSED, SKIPPED, Verdict
 
@@ -78,14 +79,19 @@ def build(cases: list[dict], seed: int | None, adapters: str | None) -> dict[str
 
 
 def exit_status(report: dict, external: bool, status: int) -> int:
-    """Grading another implementation, only a course failure or an error of the grading fails the run;
-    grading the suite's own hooks, the run's own status (any failure) stands."""
+    """Grading another implementation: 1 when a course case failed or a case could not be graded here
+    (an error of the grading, or a machine too busy to finish it: the grade is incomplete), else 0 (a
+    case this machine cannot run as written, for want of a GPU, is neither). Grading the suite's own
+    hooks, the run's own status (any failure) stands."""
     if not external:
         return status
-    bad = any(
-        c["status"] == ERROR or (c["status"] == FAILED and c["tier"] == "course") for c in report["cases"]
-    )
-    return 1 if bad else 0
+    return 1 if any(_fails_the_run(c) for c in report["cases"]) else 0
+
+
+def _fails_the_run(case: dict) -> bool:
+    if case["status"] == FAILED:
+        return case["tier"] == "course"
+    return case["status"] == ERROR or (case["status"] == SKIPPED and case.get("kind") == UNFINISHED_HERE)
 
 
 def _cell(counts: dict) -> str:
@@ -98,10 +104,11 @@ def _cell(counts: dict) -> str:
 
 def render(report: dict) -> list[str]:
     """The hook group x tier table (passed/failed/skipped), and a totals line that adds up."""
-    rows = [("hook (graded with)", *TIERS, "verdict")]
+    rows = [("hook group", *TIERS, "verdict")]
     for name, row in report["groups"].items():
-        label = name + (f" (+{len(row['hooks']) - 1})" if len(row["hooks"]) > 1 else "")
-        rows.append((label, *(_cell(row[t]) for t in TIERS), row["verdict"]))
+        # Why a group could not be graded is listed above the table, once (not again in each row).
+        verdict = "cannot grade (why: above)" if row["verdict"].startswith("cannot grade") else row["verdict"]
+        rows.append((name, *(_cell(row[t]) for t in TIERS), verdict))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     totals = report["totals"]
@@ -110,6 +117,11 @@ def render(report: dict) -> list[str]:
         + ", ".join(f"{totals.get(s, 0)} {s}" for s in STATUSES)
         + f" (cells: passed/failed/skipped; seed {report['seed']})"
     )
+    together = [
+        f"{n} with {', '.join(r['hooks'][1:])}" for n, r in report["groups"].items() if len(r["hooks"]) > 1
+    ]
+    if together:  # a group's hooks are graded together: one is not graded without the others
+        lines.insert(len(rows), "graded together: " + "; ".join(together))
     return lines
 
 
@@ -143,8 +155,7 @@ class Recorder:
         line = {"case": case["id"], "hook": case["hooks"][0], "tier": case["tier"], "status": case["status"]}
         line["elapsed_s"] = round(time.monotonic() - self.started, 1)
         line |= {k: case[k] for k in ("worker_s", "began_s") if k in case}
-        with self.progress.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        append(self.progress, line)  # beside the jobs' phase lines, written from their threads
 
     def report(self) -> dict:
         return build(list(self.cases.values()), self.seed, self.adapters)

@@ -64,6 +64,8 @@ VALUE_LABELS = {
     "bwd_ms": "bwd (ms)",
     "fwd_bwd_ms": "fwd+bwd (ms)",
     "max_ms": "slowest step (ms)",  # of the timed steps (per step, the max over ranks where ranks run)
+    "first_ms": "first step (ms)",  # the first timed step: a cold start shows here (rows.contention)
+    "tune_seconds_so_far": "autotuning so far (s)",  # bench_flash: this process's tuning, compiles included
     "comm_ms": "comm (ms)",
     "comm_share": "comm share",
     "overlap_share": "overlap",

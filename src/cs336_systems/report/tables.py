@@ -26,6 +26,19 @@ from cs336_systems.report.load import (
 from cs336_systems.rows.contention import INTERPRETER_NOTE, TIMERS_NOTE, timers_disagree, verdict_label
 from cs336_systems.units import parse_size
 
+UNITS = {"ms": "ms", "s": "s", "mib": "MiB", "gib": "GiB", "gbps": "GB/s", "tflops": "TFLOP/s"}
+
+
+def value_label(key: str) -> str:
+    """A value column's header: its label, else its key in words with the unit its suffix names
+    (``do_bench_p80_ms``: "do bench p80 (ms)"), never the raw key."""
+    if key in VALUE_LABELS:
+        return VALUE_LABELS[key]
+    *words, last = key.split("_")
+    if words and last in UNITS:
+        return f"{' '.join(words)} ({UNITS[last]})"
+    return key.replace("_", " ")
+
 
 def format_size(nbytes: float) -> str:
     for unit, base in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -145,7 +158,7 @@ class GroupTable:
 
     def untimed(self) -> pd.DataFrame:
         """The long table's case columns and its columns that time nothing (FLOPs, memory, status)."""
-        keep = [VALUE_LABELS.get(k, k) for k in self.value_keys if not _timed(k)]
+        keep = [value_label(k) for k in self.value_keys if not _timed(k)]
         return self.long.iloc[:, : self.index_columns].join(self.long[[c for c in keep if c in self.long]])
 
     @property
@@ -391,7 +404,7 @@ def build_group_table(group: str, records: list[Record], show_unreliable: bool =
     rows = []
     for r in records:
         row = {_header(k): format_param(k, r.descriptors.get(k)) for k in varying}
-        row.update({VALUE_LABELS.get(k, k): _cell(r, k, notes, show_unreliable) for k in value_keys})
+        row.update({value_label(k): _cell(r, k, notes, show_unreliable) for k in value_keys})
         rows.append(row)
     long = pd.DataFrame(rows) if rows else pd.DataFrame()
     key = records[0].group_key if records else None
@@ -428,7 +441,7 @@ def _pivot(
         col_sort = tuple(_sort_key(k, r.descriptors.get(k)) for k in columns)
         row = cells.setdefault(row_key, {})
         for i, v in enumerate(values):
-            label = col_key if len(values) == 1 else f"{VALUE_LABELS.get(v, v)}: {col_key}"
+            label = col_key if len(values) == 1 else f"{value_label(v)}: {col_key}"
             row[label] = _cell(r, v, notes, show)
             col_order[label] = (i, col_sort)
     col_order = dict(sorted(col_order.items(), key=lambda kv: kv[1]))
@@ -438,7 +451,7 @@ def _pivot(
         out.update({c: row.get(c, MISSING) for c in col_order})
         rows.append(out)
     frame = pd.DataFrame(rows)
-    what = ", ".join(VALUE_LABELS.get(v, v) for v in values)
+    what = ", ".join(value_label(v) for v in values)
     frame.attrs["title"] = f"{what} by {' / '.join(_header(c) for c in columns)}"
     return frame
 

@@ -52,10 +52,15 @@ def _metadata_dir(dists: list[dict]) -> str:
     return str(root)
 
 
-def _where(exc: BaseException, path: Path) -> str:
+def _at(exc: BaseException, path: Path) -> str:
+    """Where the import raised: FILE:LINE of the innermost frame outside importlib (else ``path``)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
     frame = frames[-1] if frames else None
-    return f" ({frame.filename}:{frame.lineno})" if frame else f" ({path})"
+    return f"{frame.filename}:{frame.lineno}" if frame else str(path)
+
+
+def _where(exc: BaseException, path: Path) -> str:
+    return f" ({_at(exc, path)})"
 
 
 def load_adapters(path: str) -> types.ModuleType:
@@ -87,10 +92,10 @@ def _missing_module(exc: ModuleNotFoundError, file: Path) -> str:
     if top in STUDENT_PACKAGES:
         searched = ", ".join(p for p in sys.path[:3])
         return (
-            f"adapters import failed: no module named {exc.name!r}{_where(exc, file)}; searched the "
+            f"adapters import failed: no module named {exc.name!r} (imported at {_at(exc, file)}); searched the "
             f"student's roots first ({searched}); point --repo-root / --package-root / --basics-root at it"
         )
     return (
-        f"missing dependency {top!r} (imported{_where(exc, file)}): install it into the grading "
+        f"missing dependency {top!r} (imported at {_at(exc, file)}): install it into the grading "
         f"environment, e.g. `pip install {top}`"
     )
