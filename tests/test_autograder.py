@@ -243,3 +243,18 @@ def test_setup_installs_a_python_when_none_fits(tmp_path: Path) -> None:
     calls = (tmp_path / "apt.log").read_text().splitlines()
     assert calls[0].startswith("update") and "python3.12 python3.12-venv" in calls[1], calls
     assert "python3.11 python3.11-venv" in calls[2], calls
+
+
+@pytest.mark.parametrize("broken", ["interpreter", "suite"])
+def test_results_json_is_written_when_nothing_could_be_graded(tmp_path: Path, broken: str) -> None:
+    """The grading never ran: the suite is not in the image (``cli.grade`` cannot start), or the grading
+    interpreter is gone too (``finish.py`` cannot run). Gradescope still gets a results.json with every
+    field, a visible "grader failed", 0 points."""
+    root = tmp_path / "autograder"
+    (root / "source").mkdir(parents=True)
+    for name, text in scripts().items():
+        (root / "source" / name).write_text(text)
+    python = str(tmp_path / "gone" / "python3") if broken == "interpreter" else sys.executable
+    doc = run_autograder(root / "source", root, STUDENTS / "src_layout", python=python, timeout=60)
+    assert [t["name"] for t in doc["tests"]] == ["grader failed"] and doc["score"] == 0, doc
+    assert doc["tests"][0]["status"] == "failed" and doc["extra_data"]["grade_exit"] != 0, doc

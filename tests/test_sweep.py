@@ -162,3 +162,41 @@ def test_cases_side_by_side_each_claim_their_own_gpu(
     seen = sorted((tmp_path / f"c{i}" / "bench.json.gpus").read_text().strip() for i in range(2))
     assert seen == expected, seen
     assert sorted(r["gpus"] for r in results) == expected
+
+
+@pytest.mark.parametrize(("rc", "state"), [(1, "failed"), (0, "done")])
+def test_a_case_whose_pytest_failed_is_failed_even_with_rows(tmp_path: Path, rc: int, state: str) -> None:
+    """A case can write its row and fail after it (an assertion on what it measured, a teardown): its
+    job's pytest failed, so it is not done; the merge shows its error and a rerun submits it again."""
+    from cs336_systems.harness.jobs import Outcome
+    from cs336_systems.harness.sweep import BenchCase, finished, job_outcome, unfinished
+
+    node_id = "bench/b.py::test_x[a]"
+    row = {
+        "group": "g",
+        "name": "test_x[a]",
+        "fullname": node_id,
+        "params": {},
+        "stats": {},
+        "extra_info": {},
+    }
+    fake = tmp_path / "python"  # a stand-in interpreter: writes the case's row, then pytest's exit status
+    fake.write_text(
+        '#!/bin/sh\nfor a in "$@"; do case $a in --benchmark-json=*) out=${a#--benchmark-json=};; esac; done\n'
+        f"echo '{json.dumps({'machine_info': {}, 'benchmarks': [row]})}' > \"$out\"\n"
+        f"echo '1 {'failed' if rc else 'passed'}'; exit {rc}\n"
+    )
+    fake.chmod(0o755)
+    files = case_files(tmp_path / "sweep", node_id)
+    result = BenchCase(node_id, files.bench, str(fake), tmp_path, [], 30)()
+    assert files.bench.is_file() and result["rc"] == rc
+    status = job_outcome(files.bench, Outcome("9", "done", result=result))
+    assert status["state"] == state, status
+    files.write_status(**status, job_id="9")
+    assert finished(tmp_path / "sweep", node_id) == (rc == 0)
+    assert unfinished(tmp_path / "sweep", node_id) == (rc != 0)
+    (merged,) = merge(tmp_path / "sweep", [node_id])["benchmarks"]
+    if rc:
+        assert merged["extra_info"]["skipped"].startswith("job 9 failed: pytest exit 1"), merged
+    else:
+        assert "skipped" not in merged["extra_info"], merged

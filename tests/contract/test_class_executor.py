@@ -265,3 +265,41 @@ def test_on_slurm_a_repository_says_its_progress_and_a_cancelled_job_is_named_so
     assert "jobs: 0 pending 0 running 0 done 0 failed 1 cancelled" in output, output[-3000:]
     assert rc == 1, output[-3000:]
     assert (out / "hangs" / "unfinished.txt").is_file(), "the next run grades it again"
+
+
+@pytest.mark.parametrize(("code_age_s", "submitted"), [(-60, True), (60, False)])
+def test_the_executor_regrades_a_repository_whose_code_is_newer_than_its_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code_age_s: int, submitted: bool
+) -> None:
+    """A rerun keeps results newer than every file of the code, and grades again a repository whose
+    code changed after them (``code_age_s`` < 0: edited a minute after its results were written)."""
+    import os
+    import shutil
+
+    from cs336_systems.grading import class_executor
+    from cs336_systems.grading.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.repo_job import RepoOptions
+    from cs336_systems.harness.jobs import Outcome
+
+    repo = shutil.copytree(STUDENTS / "src_layout", tmp_path / "repo")
+    out = tmp_path / "out"
+    (out / "repo").mkdir(parents=True)
+    results = out / "repo" / "results.json"
+    results.write_text(json.dumps(gradescope.results({"cases": []}, gradescope.load_points(None))))
+    when = results.stat().st_mtime - code_age_s
+    for path in repo.rglob("*"):
+        os.utime(path, (when, when))
+    queues: list[list[str]] = []
+
+    def run_jobs(config, calls, watch):
+        queues.append(list(calls))
+        ends = {k: Outcome("1", "done", result={"code": 0, "elapsed": 1.0, "host": "h"}) for k in calls}
+        for key, end in ends.items():
+            watch.ended(key, end)
+        return ends
+
+    monkeypatch.setattr(class_executor, "run_jobs", run_jobs)
+    config = ExecutorConfig(kind="local", folder=out / "jobs")
+    outcomes = run_class(ClassJobs({"repo": repo}, out, RepoOptions(), config), say=lambda line: None)
+    assert queues == ([["repo"]] if submitted else []), (queues, outcomes)
+    assert outcomes["repo"].startswith("up to date") != submitted, outcomes

@@ -185,3 +185,76 @@ def test_only_a_ranked_row_reaches_gradescopes_leaderboard() -> None:
         assert "leaderboard" not in gradescope.results({**ranked, "leaderboard": unranked}, points)
     bad = {**doc, "leaderboard": [{"name": "x", "value": float("inf"), "order": "asc"}]}
     assert any("leaderboard[0]" in p for p in gradescope.problems(bad))
+
+
+INVALID = {  # what a bug of the grader's could build: a status Gradescope refuses, a score above its max
+    "score": 2,
+    "tests": [
+        {"name": "x", "score": 2, "max_score": 1, "status": "skipped", "output": "", "visibility": "visible"}
+    ],
+}
+# The grade.json a judge writes for one passed case (a stand-in for the contract run).
+JUDGE = """
+import json, sys
+case = {"id": "c", "tier": "course", "hooks": ["get_ddp"], "status": "passed", "kind": "", "message": ""}
+open(sys.argv[1], "w").write(json.dumps({"cases": [case], "groups": {}, "seed": 1}))
+"""
+
+
+def _grade_a_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The repository job's own path: its judge wrote grade.json, and results.json follows from it."""
+    import sys
+
+    from .grading_run import STUDENTS
+
+    def judge(adapters: Path, opts, out: Path) -> list[str]:
+        return [sys.executable, "-c", JUDGE, str(out / "grade.json")]
+
+    monkeypatch.setattr(repo_job, "contract_command", judge)
+    monkeypatch.setattr(repo_job, "walls_here", lambda out: {})
+    repo_job.grade_repo(STUDENTS / "src_layout", tmp_path / "graded", repo_job.RepoOptions())
+    assert not (tmp_path / "graded" / "failure.txt").exists(), "graded, not a failure to grade"
+    return tmp_path / "graded" / "results.json"
+
+
+def _does_not_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    (tmp_path / "repo" / "tests" / "adapters.py").write_text("def get_ddp(:\n")
+    repo_job.grade_repo(tmp_path / "repo", tmp_path / "syntax", repo_job.RepoOptions())
+    return tmp_path / "syntax" / "results.json"
+
+
+def _not_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    repo_job.grade_repo(tmp_path / "absent", tmp_path / "absent-out", repo_job.RepoOptions())
+    return tmp_path / "absent-out" / "results.json"
+
+
+def _unfinished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from cs336_systems.grading import classroom
+
+    classroom.record_failure(tmp_path, "timed out after 1 s", None)
+    return tmp_path / "results.json"
+
+
+def _distrusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from cs336_systems.grading import classroom
+
+    classroom.distrust(tmp_path, "could not be trusted: wrote x", None)
+    return tmp_path / "results.json"
+
+
+@pytest.mark.parametrize(
+    "write", [_grade_a_repository, _does_not_parse, _not_there, _unfinished, _distrusted]
+)
+def test_every_results_json_is_checked_before_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write
+) -> None:
+    """Whichever way a repository's results.json comes to be written (graded, not gradable, its grading
+    unfinished or distrusted), a document that is not valid never reaches the file: "grader failed"
+    does, naming what was wrong."""
+    monkeypatch.setattr(gradescope, "results", lambda *args, **kw: INVALID)
+    monkeypatch.setattr(gradescope, "students_error", lambda *args, **kw: INVALID)
+    doc = json.loads(write(tmp_path, monkeypatch).read_text())
+    assert gradescope.problems(doc) == [], doc
+    assert [t["name"] for t in doc["tests"]] == ["grader failed"], doc
+    assert "tests[0].status is 'skipped'" in doc["tests"][0]["output"], doc

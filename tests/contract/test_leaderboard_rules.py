@@ -18,7 +18,7 @@ from cs336_systems.grading.judge import clock, standing
 from cs336_systems.grading.kernel_names import kernels_in, repository_kernels
 from cs336_systems.grading.observer import Observed, parse, phases
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.shared.clock import iterations
+from cs336_systems.grading.shared.clock import FIELDS, iterations
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "students" / "leaderboard"
 SHAPE = (2, 128, 16)  # the stand-in's shape: tiles of 64 divide it
@@ -65,6 +65,26 @@ def test_another_seed_is_not_this_rounds_work(fixture_modules) -> None:
     flash = fixture_modules["flash"].FlashAttention.apply
     prints = iterations(lambda q, k, v: flash(q, k, v, True), 99, 2, SHAPE, CPU, "fp32")
     assert clock.verify(prints, clock.Round(100, 2, 1.0), SHAPE, CPU, "fp32") is not None
+
+
+def _shifted(field: str, by: float, seed: int = 7, count: int = 2) -> str | None:
+    """A round whose fingerprints are the reference's but for ``field``, moved by ``by`` times its
+    projected norm (the judge's yardstick) in every iteration and batch row."""
+    ref = iterations(lambda q, k, v: clock.sdpa(q, k, v), seed, count, SHAPE, CPU, "fp32", scales=True)
+    prints = ref[:, 0].clone()
+    at = FIELDS.index(field)
+    prints[:, at] += by * ref[:, 1, at]
+    return clock.verify(prints, clock.Round(seed, count, 1.0), SHAPE, CPU, "fp32")
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_every_fingerprint_is_checked_within_a_tenth_of_its_norm(field: str) -> None:
+    """dQ, dK, dV and O each on its own: within 0.1 of the projected norm passes (bf16 rounding moves a
+    fingerprint by about 0.01 of it), beyond it fails naming the field (docs/grading.md)."""
+    assert _shifted(field, 0.08) is None
+    why = _shifted(field, 0.12)
+    assert why is not None and why.startswith("2 of 2") and f"{field} off by more than 0.1" in why, why
+    assert _shifted(field, -0.12) is not None
 
 
 def test_a_malformed_fingerprint_record_is_refused() -> None:
@@ -148,6 +168,33 @@ def test_each_rule_unranks_and_names_why(change: dict, reason: str) -> None:
     row = standing.standing(_evidence(**change))
     assert not row["ranked"]
     assert reason in row["unranked_because"], row["unranked_because"]
+
+
+# Each rule's threshold, as docs/grading.md states it, held on both sides: the observed GPU time at least
+# half the parent's (COVERAGE), the timed run not below 0.85 of its kernels under the observer
+# (OBSERVED_SLACK), the course figure not under half the parent's (CLAIM_LIMIT), the two figures within
+# 10% (AGREEMENT). The stand-in observed 9.102 ms a call, 9.1 of it the repository's work.
+@pytest.mark.parametrize(
+    ("change", "ranked", "why"),
+    [
+        ({"parent_ms": 9.102 / 0.49, "course_ms": 9.102 / 0.49}, False, "work was hidden from it"),
+        ({"parent_ms": 9.102 / 0.51, "course_ms": 9.102 / 0.51}, True, None),
+        ({"parent_ms": 0.84 * 9.1, "course_ms": 0.84 * 9.1}, False, "the timed work is not the observed"),
+        ({"parent_ms": 0.86 * 9.1, "course_ms": 0.86 * 9.1}, True, None),
+        ({"course_ms": 4.9}, False, "own do_bench reported 4.900 ms, under 0.5x"),
+        ({"course_ms": 5.1}, True, None),
+    ],
+)
+def test_each_rules_threshold_is_the_documented_one(change: dict, ranked: bool, why: str | None) -> None:
+    row = standing.standing(_evidence(**change))
+    assert row["ranked"] == ranked, row["unranked_because"]
+    assert why is None or why in row["unranked_because"], row["unranked_because"]
+
+
+@pytest.mark.parametrize(("course_ms", "agree"), [(10.9, True), (11.1, False), (9.1, True), (8.9, False)])
+def test_the_two_figures_agree_within_ten_percent(course_ms: float, agree: bool) -> None:
+    row = standing.standing(_evidence(course_ms=course_ms))
+    assert row["agreement"].startswith("agree") == agree, row["agreement"]
 
 
 def test_the_two_figures_disagreeing_is_said_not_hidden() -> None:

@@ -4,12 +4,15 @@ has run its limit beyond what it spent behind another repository's observation."
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from cs336_systems.grading import observer_turn
 from cs336_systems.grading.class_executor import _wait
@@ -58,3 +61,34 @@ def test_the_lock_is_per_host(tmp_path: Path, monkeypatch) -> None:
     a = observer_turn.lock_path(tmp_path)
     monkeypatch.setattr(observer_turn.platform, "node", lambda: "node-b")
     assert observer_turn.lock_path(tmp_path) != a
+
+
+# A stand-in for a repository's grading process: it waited ``sys.argv[2]`` seconds for its observer's turn
+# (the record ``observer_turn.turn`` keeps), then works 2.5 s and writes its results.
+REPO_JOB = """
+import json, pathlib, sys, time
+out, waited = pathlib.Path(sys.argv[1]), float(sys.argv[2])
+if waited:
+    (out / "observer_wait.json").write_text(json.dumps({"waited_s": waited}))
+time.sleep(2.5)
+(out / "results.json").write_text(json.dumps({"score": 0, "tests": []}))
+"""
+
+
+@pytest.mark.parametrize(("waited_s", "outcome"), [(0.0, "grading failed: timed out"), (5.0, "graded in")])
+def test_the_one_machine_class_run_adds_the_wait_to_a_repositorys_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, waited_s: float, outcome: str
+) -> None:
+    """The class run's own scheduler (no ``--executor``) stops a repository at its limit plus its wait."""
+    from cs336_systems.grading import classroom
+    from cs336_systems.grading.repo_job import RepoOptions
+
+    from .grading_run import STUDENTS
+
+    def command(target: Path, out: Path, options: Path) -> list[str]:
+        return [sys.executable, "-c", REPO_JOB, str(out), str(waited_s)]
+
+    monkeypatch.setattr(classroom, "repo_command", command)
+    repos = {"a": STUDENTS / "src_layout"}
+    outcomes = classroom.ClassRun(repos, tmp_path, RepoOptions(), 1.0, jobs=1, log=io.StringIO()).run()
+    assert outcomes["a"].startswith(outcome), outcomes

@@ -128,10 +128,15 @@ fi
     >"$WORK/grade.log" 2>&1
 RC=$?
 cat "$WORK/grade.log"
+# Where finish.py cannot run (the grading interpreter is gone: a broken image), the same fields by hand.
 "$PYTHON" "$SOURCE/finish.py" "$WORK/grade/submission/results.json" "$WORK/grade.log" "$RC" "$START" \
     "$ROOT/results/results.json" || \
-    printf '%s' '{"score": 0, "output": "the autograder failed before it could grade", "tests": []}' \
-    >"$ROOT/results/results.json"
+    printf '{"score": 0, "execution_time": %d, "output": "%s (exit %d)", "visibility": "visible",
+ "stdout_visibility": "hidden", "extra_data": {"grade_exit": %d}, "leaderboard": [],
+ "tests": [{"name": "grader failed", "score": 0, "max_score": 0, "status": "failed", "output": "%s",
+ "tags": ["grader"], "visibility": "visible"}]}\n' "$(($(date +%s) - START))" \
+    "the autograder failed before it could grade" "$RC" "$RC" \
+    "the grading interpreter could not run: see the autograder's output" >"$ROOT/results/results.json"
 """
 
 FINISH_PY = '''"""Write Gradescope's results.json: the grader's, with every top-level field Gradescope documents,
