@@ -78,7 +78,7 @@ def test_shares_of_an_unreliable_step_are_not_printed(tmp_path: Path) -> None:
         assert "25.0%" not in cells and "unreliable [1]" in cells, cells
         assert "comm share" in table.long.columns
     (sharding,) = [t for t in report.build_tables(records) if t.group_key == "sharding"]
-    assert sharding.long["optim_state_share"].item() == "50.0%"  # memory, not time: it stands
+    assert sharding.long["optim state share"].item() == "50.0%"  # memory, not time: it stands
     shown = report.build_tables(records, show_unreliable=True)
     assert "25.0% (unreliable [1])" in _cells(shown[0])
     _, quiet = report.load([_write(tmp_path / "q.json", [_bench("t", "ddp", {}, {**step, **QUIET})])])

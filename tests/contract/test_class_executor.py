@@ -93,6 +93,7 @@ def test_a_rerun_through_the_executor_skips_what_is_up_to_date(class_runs) -> No
 
 def _run_class(tmp_path: Path, timeout: float, gpus_per_job: int) -> tuple[dict[str, str], Path]:
     from cs336_systems.grading.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.classroom import options_json
     from cs336_systems.grading.repo_job import RepoOptions
     from cs336_systems.harness.executor import ExecutorConfig
 
@@ -278,6 +279,7 @@ def test_the_executor_regrades_a_repository_whose_code_is_newer_than_its_results
 
     from cs336_systems.grading import class_executor
     from cs336_systems.grading.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.classroom import options_json
     from cs336_systems.grading.repo_job import RepoOptions
     from cs336_systems.harness.jobs import Outcome
 
@@ -286,6 +288,7 @@ def test_the_executor_regrades_a_repository_whose_code_is_newer_than_its_results
     (out / "repo").mkdir(parents=True)
     results = out / "repo" / "results.json"
     results.write_text(json.dumps(gradescope.results({"cases": []}, gradescope.load_points(None))))
+    (out / "repo" / "options.json").write_text(json.dumps(options_json(RepoOptions())))  # same selection
     when = results.stat().st_mtime - code_age_s
     for path in repo.rglob("*"):
         os.utime(path, (when, when))
