@@ -93,7 +93,6 @@ def test_a_rerun_through_the_executor_skips_what_is_up_to_date(class_runs) -> No
 
 def _run_class(tmp_path: Path, timeout: float, gpus_per_job: int) -> tuple[dict[str, str], Path]:
     from cs336_systems.grading.class_executor import ClassJobs, run_class
-    from cs336_systems.grading.classroom import options_json
     from cs336_systems.grading.repo_job import RepoOptions
     from cs336_systems.harness.executor import ExecutorConfig
 
