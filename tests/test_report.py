@@ -1,7 +1,7 @@
 """The report on JSON the suite itself produces: ``tests/data/sample_benches.py`` is run by pytest-
 benchmark in a subprocess (real ``--benchmark-json`` output, recorded through the suite's
 ``run_benchmark`` / ``record_oom``), then turned into tables, plots and writeup.md. Also checks the
-compare workflow the README documents (save, ``pytest-benchmark compare``, the regression gate).
+compare workflow docs/comparing-runs.md documents (save, ``pytest-benchmark compare``, the regression gate).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def test_formatting() -> None:
 
 
 def test_compare_workflow_and_regression_gate(tmp_path: Path) -> None:
-    """The README's compare commands: save a baseline, compare runs, fail on a regression."""
+    """The compare commands of docs/comparing-runs.md: save a baseline, compare runs, fail on a regression."""
     storage = f"--benchmark-storage=file://{tmp_path}"
     select = ["-k", "sharding"]
     base = _pytest(*select, storage, "--benchmark-save=baseline")

@@ -1,4 +1,4 @@
-"""The reliability rule (README: one verdict per row) held by every figure the report derives: a row of
+"""The reliability rule (docs/timing-verdicts.md: one verdict per row) held by every figure the report derives: a row of
 one round on a loaded host, shares of a step's time, ``--compare``'s cells and counts, and D25's
 hardware figures. Synthetic rows only: no bench runs here."""
 

@@ -101,7 +101,7 @@ def test_a_case_past_the_suites_limit_ends_by_it_with_its_reason(tmp_path: Path)
 
 
 def test_a_partition_sbatch_refuses_is_one_line(tmp_path: Path) -> None:
-    """The README's Slurm command where there is no partition ``gpu``: sbatch's words and the
+    """The Slurm command of docs/beyond-one-machine.md where there is no partition ``gpu``: sbatch's words and the
     cluster's partitions, in one line, instead of submitit's traceback."""
     write_bench(tmp_path, ("quick",))
     bin_dir = tmp_path / "bin"

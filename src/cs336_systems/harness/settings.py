@@ -82,7 +82,7 @@ def _step_checkpoint(env: Mapping[str, str], name: str, default: str) -> str:
 
 @dataclass(frozen=True)
 class Settings:
-    """The bench knobs (README "Knobs"); field ``x_y`` is variable ``CS336_X_Y``."""
+    """The bench knobs (docs/gpu-benchmarks.md, "Knobs"); field ``x_y`` is variable ``CS336_X_Y``."""
 
     # bench_model.py: compile every model case, not only the must-show ones (~1 min of compile each)
     full_grid: bool = False
