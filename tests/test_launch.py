@@ -164,9 +164,9 @@ def test_the_deadline_kills_a_run_that_never_ends(run_distributed, tmp_path: Pat
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="still running at the deadline; killed"):
         run_distributed(
-            _sleeps, 1, str(tmp_path), backend="gloo", timeout=2, startup_grace=40
-        )  # 1 rank: no rendezvous; 40 s: importing torch and torch._dynamo on a loaded 2-core machine
-    assert 42 <= time.monotonic() - start < 80
+            _sleeps, 1, str(tmp_path), backend="gloo", timeout=2, startup_grace=20
+        )  # 1 rank: no rendezvous; 20 s: importing torch took 3-8 s at a load of 2 per core on 2 cores
+    assert 22 <= time.monotonic() - start < 60
     assert _pids(tmp_path) and not _pids_alive(_pids(tmp_path))  # ranks that got going were killed
 
 
