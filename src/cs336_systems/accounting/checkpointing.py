@@ -187,7 +187,7 @@ def step_memory(
     optimizer_in_backward: bool = False,
 ) -> StepMemory:
     """:class:`StepMemory` of the D26 step; 8B, 32,768 tokens per GPU, 2 GPUs: every:1 predicted
-    72.2 GiB compiled / 74.4 eager against 72.7 / 75.8 measured (docs/perf-notes.md, D26). The end of
+    72.2 GiB compiled / 74.4 eager (against the measured peaks: docs/perf-notes.md, D26). The end of
     backward there: 62.9 GiB with the plain step, 47.7 with the optimizer inside the backward."""
     head = config.vocab_size * config.d_model * (4 + 2 + 4)
     return StepMemory(

@@ -44,7 +44,8 @@ def tune_case(shape: Shape, model_layout: bool, dtype: torch.dtype) -> None:
     grid's contiguous (batch, heads, seq, d) tensors (the attention bench's and the handout's), or the
     model's heads-major views of (batch, seq, heads, d) tensors, dO in O's layout. The layout matters: the
     Gluon kernels need contiguous tensors, and a Gluon config runs as its Triton twin otherwise, so a table
-    tuned on views never picks Gluon (H100, 2026-11-25: up to 1.05x the grid's time with such a table)."""
+    tuned on views never picks Gluon, and the grid runs slower with it (docs/perf-notes.md, FlashAttention-2,
+    "A tuning table shipped per GPU model" and "Figures moved out of docstrings")."""
     import torch
 
     from cs336_systems.kernels import flash

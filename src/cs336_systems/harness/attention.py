@@ -54,9 +54,9 @@ ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
 )
 
 # Beyond the grid, in the same group: the shapes the issue first tried "as a new user would" (16 x 12 x
-# 1024 was 2.4x SDPA flash, 8 x 16 x 2048 1.09x, 1 x 1 x 16384 1.28x) and the ends of its batch x heads
-# range: one head of batch 256 (what a (batch, seq, d) input becomes), batch x heads 256 at d 128 and 512 at
-# seq 128.
+# 1024, 8 x 16 x 2048, 1 x 1 x 16384: slower than SDPA flash then; docs/perf-notes.md, FlashAttention-2,
+# "Figures moved out of docstrings") and the ends of its batch x heads range: one head of batch 256 (what
+# a (batch, seq, d) input becomes), batch x heads 256 at d 128 and 512 at seq 128.
 BREADTH_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
     (16, 12, 1024, 1024, 64, True),
     (8, 16, 2048, 2048, 64, True),

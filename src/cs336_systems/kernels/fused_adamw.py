@@ -2,8 +2,10 @@
 
 The step is memory bound: per parameter it must read param, grad, exp_avg and exp_avg_sq (16 bytes) and
 write param and both moments (12 bytes), 28 bytes in all; the xl model's 2.0e9 parameters make 56 GB,
-~19 ms at the H100's ~3 TB/s. The foreach version reads and writes the moments once per elementwise
-stage (8 passes); here each element is loaded once and stored once.
+~19 ms a step at 3 TB/s of memory bandwidth (the design's arithmetic, not a measurement). The foreach
+version reads and writes the moments once per elementwise stage (8 passes); here each element is loaded once
+and stored once. Measured against ``torch.optim.AdamW(fused=True)``: docs/perf-notes.md, "Memory for long
+contexts", "Fused AdamW".
 
 Multi-tensor layout: the grid runs over (tensor, block) pairs flattened into one axis. Two small device
 tables say which tensor and which block of it each program takes (cached: they depend on the sizes

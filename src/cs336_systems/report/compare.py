@@ -28,10 +28,11 @@ from cs336_systems.report.load import STATS_MEAN, Record, _std_key, load, unreli
 from cs336_systems.report.tables import _not_run, format_number
 from cs336_systems.rows.contention import INTERPRETER_NOTE, host_bound, verdict_label
 
-# Two processes timing one device-bound case differ by more than either's p20–p80 band: on 4 x H200
-# (2026-11-28), D11's nine seq-16384 rows timed in one pytest process and as one job each differed by
-# 0.1–1.1% (4 of 9 bands disjoint, one of them on the same card), and two H200s of one host by 0.5%
-# (the suite's kernel) and 1.5% (cuDNN). Within this, a difference is not a finding.
+# Two processes timing one device-bound case differ by more than either's p20–p80 band: D11's device-bound
+# rows timed in one pytest process and as one job each had disjoint bands on some rows (one of them with
+# both runs on the same card), and two GPUs of one host differed too, each time by less than this
+# allowance. Within it, a difference is not a finding. Measured: docs/perf-notes.md, "sweep figures
+# against one process, explained".
 RUN_TO_RUN = 0.02
 NAMES_SHOWN = 10  # rows named in the "not run in either" line; the rest are counted
 

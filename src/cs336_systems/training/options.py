@@ -177,9 +177,9 @@ def recipe(name: str, **changes: Any) -> StepOptions:
 
 STEP_CHECKPOINT_GRAMMAR = "'none', 'every:1', 'keep:N' (N >= 0 last blocks not checkpointed) or 'keep:auto'"
 # keep:auto's default budget: this share of the GPU's memory (112 GiB of an H200's 140, keep:11 for the
-# 8B step compiled). Measured on 2 x H200 at 0.885 (keep:14, predicted 121.4 GiB): OOM with 123.6 GiB
-# allocated and 13.6 GiB reserved but free (fragmentation) when it failed. So the closed form runs low
-# by a few GiB at high N, and the step now uses expandable segments (see ``_use_expandable_segments``).
+# 8B step compiled). A higher share (0.885) ran out of memory: the closed form runs low by a few GiB at
+# high N and fixed-size segments fragment, so the share is lower and the step uses expandable segments
+# (see ``_use_expandable_segments``). Measured: docs/perf-notes.md, D26, the keep:auto OOM.
 KEEP_BUDGET_SHARE = 0.80
 KEEP_BUDGET_CPU_GIB = 112.0  # without a GPU (tests, planning): an H200's budget
 

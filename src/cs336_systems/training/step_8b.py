@@ -335,8 +335,8 @@ def _local_tensors(model: nn.Module) -> list[torch.Tensor]:
 
 def _use_expandable_segments(device: torch.device) -> None:
     """Segments that grow in place instead of many fixed-size ones: with un-checkpointed blocks the step
-    runs near the GPU's capacity, where fixed segments left 13.6 GiB reserved but unusable (measured).
-    A user's own PYTORCH_CUDA_ALLOC_CONF wins."""
+    runs near the GPU's capacity, where fixed segments left GiBs reserved but unusable (measured:
+    docs/perf-notes.md, D26, the keep:auto OOM). A user's own PYTORCH_CUDA_ALLOC_CONF wins."""
     if device.type == "cuda" and not {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(os.environ):
         # The CUDA context exists by now, so the environment variable would be read too late.
         setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)

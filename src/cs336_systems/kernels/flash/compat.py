@@ -6,10 +6,11 @@ change in meaning; read wrongly, a launcher takes shifted arguments and faults. 
 :func:`check_versions` (run when this module, the first that ``kernels.flash`` imports, is imported)
 refuses other versions in one line, at import, instead of letting a hook misbehave.
 
-The hooks, and why each exists (figures: docs/perf-notes.md, H100):
+The hooks, and why each exists:
 - :func:`kernel_launcher`, :func:`encode_descriptor`, :func:`unchecked_descriptor`: a plan calls the
   compiled kernel's C launcher directly, with tensor maps encoded once per address (eager calls at short
-  sequences are host-bound: 0.140 ms per fwd+bwd against SDPA flash's 0.247, 2026-11-24); where it cannot,
+  sequences are host-bound, so the host's time per call is the figure; measured: docs/perf-notes.md,
+  FlashAttention-2, "Per-signature plans and host-aware tuning"); where it cannot,
   it launches through Triton's own launcher and :func:`kernel_launcher` says why (the plan records it).
   Only this module reads a compiled kernel's attributes (``run``, ``function``, ``packed_metadata``,
   ``metadata``): a test scans the other modules of ``kernels/flash`` for them;

@@ -2,8 +2,8 @@
 
 The lists come from the H100 sweeps (docs/notes/attention-kernels.md, docs/perf-notes.md); each entry
 that is not the first is there because a measured case chose it. What never won left the lists: the
-Triton and non-specialized Gluon one-pass backwards (dQ added atomically from the dK/dV pass; 1.6-2x and
-1.12x slower at long sequences) and the 90-config "wide" sweep (its winners are the entries here). The
+Triton and non-specialized Gluon one-pass backwards (dQ added atomically from the dK/dV pass; both slower
+at long sequences) and the 90-config "wide" sweep (its winners are the entries here). The
 warp-specialized one-pass backward is a dK/dV candidate (``one_pass``): a dK/dV key's candidates are
 timed as whole backwards, so choosing it is choosing the backward.
 """
@@ -58,20 +58,22 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
     def G(q: int, k: int, w: int, s: int = 2) -> TileConfig:  # Gluon (Triton's q-k-w-s-tma elsewhere)
         return C(q, k, w, s, T, gluon=True)
 
-    # The warp-specialized Gluon passes (H100, 2026-11-25; docs/perf-notes.md):
-    # - dK/dV: 0.86-0.88x the time of G(64, 128, 8) at d = 128 on (1, 32, 32768), (2, 32, 4096) causal,
-    #   0.86-0.90x at (1, 4, 1024), which it replaced;
-    # - forward: 0.91x the best listed forward at (1, 32, 32768, 128) causal, in the model's layout too,
-    #   0.94x at (2, 32, 4096), 0.96x at d = 64 on (1, 16, 16384) causal and (2, 16, 8192); 2 stages: 1.3x;
-    # - dQ: 0.89x the best listed dQ at (2, 32, 4096, 128) causal, 0.94-0.95x at (4, 16, 1024), (32, 8, 512);
-    #   2 stages: 1.25x; at d = 64 it lost (1.12-1.13x), and 128-key tiles spill at d = 128.
+    # The warp-specialized Gluon passes (measured: docs/perf-notes.md, FlashAttention-2, "Warp-specialized
+    # passes" and "Figures moved out of docstrings"):
+    # - dK/dV: faster than G(64, 128, 8) at d = 128 on (1, 32, 32768), (2, 32, 4096) causal and at
+    #   (1, 4, 1024), which it replaced;
+    # - forward: faster than the best listed forward at (1, 32, 32768, 128) causal, in the model's layout
+    #   too, at (2, 32, 4096), and at d = 64 on (1, 16, 16384) causal and (2, 16, 8192); 3 stages, as 2 lose;
+    # - dQ: faster than the best listed dQ at d = 128 on (2, 32, 4096) causal, (4, 16, 1024), (32, 8, 512);
+    #   3 stages, as 2 lose; at d = 64 it lost, and 128-key tiles spill at d = 128.
     WS = C(64, 128, 4, 2, T, gluon=True, ws=True)
     WS_FWD = C(128, 128, 4, 3, T, gluon=True, ws=True)
     WS_DQ = C(128, 64, 4, 3, T, gluon=True, ws=True)
-    # - one pass (H100, 2026-11-26): the whole backward 0.95x the split one at (1, 32, 32768, 128) causal; at
-    #   (2, 32, 4096, 128) 1.07x in short bursts and 0.98x sustained. At d = 64 0.92-0.94x sustained on
-    #   (1, 16, 16384) (the leaderboard case: 3.22 vs 3.50 ms by do_bench) but 1.02-1.09x in short bursts:
-    #   listed at both head dims; keys are timed sustained (tuner.sustained_time_ms).
+    # - one pass: the whole backward faster than the split one at (1, 32, 32768, 128) causal; at
+    #   (2, 32, 4096, 128), and at d = 64 on (1, 16, 16384) (the leaderboard case), faster when timed
+    #   sustained but slower in short bursts: listed at both head dims; keys are timed sustained
+    #   (tuner.sustained_time_ms). Measured: docs/perf-notes.md, FlashAttention-2, "Warp-specialized
+    #   one-pass backward" and "Figures moved out of docstrings".
     ONE_PASS = replace(WS, one_pass=True)
 
     return {
@@ -81,7 +83,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 4, 4, T),
             C(64, 64, 4, 3),
             # Gluon, S_j issued with P_{j-1} V_{j-1}: chosen for non-causal (2, 16, 8192), (1, 1, 16384)
-            # and (32, 16, 128) (the H100 grid run of 2026-11-24); at d = 128 it lost everywhere (H100, 2026-11-24).
+            # and (32, 16, 128) by the H100 grid's tuning; at d = 128 it lost everywhere.
             G(64, 64, 4, 3),
             WS_FWD,
         ],
@@ -90,7 +92,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(128, 64, 8, 3, T),
             C(64, 64, 4, 4, T),
             C(128, 32, 4, 3, T),
-            C(128, 128, 8, 3, T),  # (2, 32, 4096) and 32k causal (the H100 grid run of 2026-11-24)
+            C(128, 128, 8, 3, T),  # (2, 32, 4096) and 32k causal (the H100 grid's tuning)
             WS_FWD,
         ],
         ("fwd", True, False): [C(128, 32, 8, 3, T), C(128, 64, 8, 2, T), C(64, 32, 4, 3, T)],
@@ -100,8 +102,8 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 3, T),
             C(32, 64, 4, 3, T),
             C(32, 128, 4, 3, T),
-            # Gluon, S^T/dP^T issued together and the exponentials under dP^T: dK/dV 2.04 vs 2.34 ms at
-            # (1, 16, 16384); chosen on every long grid shape (H100, 2026-11-24).
+            # Gluon, S^T/dP^T issued together and the exponentials under dP^T: faster than the Triton dK/dV
+            # at (1, 16, 16384); chosen on every long grid shape (docs/perf-notes.md, "Gluon passes").
             G(64, 64, 4),
             G(32, 64, 4),
             WS,  # not yet measured at d = 64
@@ -112,9 +114,9 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 128, 8, 2, T),
             C(32, 64, 4, 4, T),
             C(32, 128, 4, 3, T),  # the Triton tutorial's dK/dV tiles
-            C(64, 128, 8, 3, T),  # 32k causal: backward -2.8 ms vs q32-k64-w4-s3 (issue 17)
-            C(64, 64, 4, 2, T),  # (4, 16, 1024) causal (the H100 grid run of 2026-11-24)
-            G(64, 64, 4),  # 32k causal: dK/dV 26.96 vs 30.36 ms (H100, 2026-11-24)
+            C(64, 128, 8, 3, T),  # 32k causal: a faster backward than with q32-k64-w4-s3 (issue 17)
+            C(64, 64, 4, 2, T),  # (4, 16, 1024) causal (the H100 grid's tuning)
+            G(64, 64, 4),  # 32k causal: faster than the Triton dK/dV (docs/perf-notes.md, "Gluon passes")
             WS,
             ONE_PASS,
         ],
@@ -125,8 +127,8 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 3, T),
             C(128, 64, 8, 3, T),
             C(64, 32, 4, 3, T),
-            # Gluon, S_j and dP_j issued with dS_{j-1} K_{j-1}: 0.83x the best Triton dQ at (1, 2, 16384),
-            # chosen at (4, 25, 512) and (256, 1, 512) too; at d = 128 it lost everywhere (H100, 2026-11-24).
+            # Gluon, S_j and dP_j issued with dS_{j-1} K_{j-1}: faster than the best Triton dQ at
+            # (1, 2, 16384), chosen at (4, 25, 512) and (256, 1, 512) too; at d = 128 it lost everywhere.
             G(64, 64, 4, 3),
         ],
         ("dq", False, True): [
@@ -135,7 +137,7 @@ def gpu_candidates(kernel: str, d: int, dtype: torch.dtype) -> list[TileConfig]:
             C(64, 64, 4, 3, T),
             C(64, 32, 4, 4, T),
             C(128, 32, 4, 3, T),  # the Triton tutorial's dQ tiles
-            C(128, 64, 8, 3, T),  # 32k causal: backward -2.1 ms vs q128-k32-w4-s3 (issue 17)
+            C(128, 64, 8, 3, T),  # 32k causal: a faster backward than with q128-k32-w4-s3 (issue 17)
             WS_DQ,
         ],
         ("dq", True, False): [C(128, 32, 8, 2, T), C(64, 32, 4, 2, T), C(128, 32, 8, 3, T)],

@@ -124,7 +124,8 @@ def _row_vectors(rows, cols, warps):
     """A layout of 16-byte row vectors of a [rows, cols] tile of 2-byte elements, for the epilogues of the
     warp-specialized passes: a warp's stores cover whole rows. The wgmma accumulator layout holds 2 adjacent
     columns a thread, so storing from it takes 4-byte stores, each warp's spread over 8 rows: at short
-    sequences (4-8 tiles a program) that cost 10-16% of a pass (H100, 2026-11-26, docs/perf-notes.md)."""
+    sequences (4-8 tiles a program) that cost a measurable share of a pass (docs/perf-notes.md,
+    FlashAttention-2, "16-byte epilogues")."""
     lanes = min(cols // 8, 32)
     return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [warps, 1], [1, 0])
 
@@ -134,7 +135,7 @@ def _restage(x, smem):
     """``x`` (a [rows, cols] accumulator), cast to ``smem``'s dtype and read back from ``smem`` (a tile of
     that shape no matmul reads any more) in 16-byte row vectors (:func:`_row_vectors`). Unlike
     ``gl.convert_layout`` it needs no scratch shared memory, of which the forward's ring leaves none; the dQ
-    pass, which would have room, was measured this way (H100, 2026-11-26)."""
+    pass, which would have room, was measured this way."""
     layout: gl.constexpr = _row_vectors(x.type.shape[0], x.type.shape[1], gl.num_warps())
     smem.store(x.to(smem.dtype))
     return smem.load(layout)

@@ -11,18 +11,18 @@ The dK/dV pass: one CTA per key tile of BN = 128 keys (grid (N_KEYS / BN, batch 
 
 Why: in the non-specialized kernel the two warp groups share every barrier (7 CTA-wide ``bar.sync`` per
 query tile), so each waits for the other's exponentials; here each consumer synchronizes only within its
-own 128 threads (2 barriers per tile) and the copies are the producer's alone. Measured on an H100
-(H100, 2026-11-25): 0.86x the time of the non-specialized pass at (1, 32, 32768, 128) causal, 24.7 vs 28.7 ms,
-bitwise equal gradients (the same loop body, in the same order). Ordering the consumers' matmul bursts
-(ping-pong, by mbarrier turn-passing) lost: 0.93x.
+own 128 threads (2 barriers per tile) and the copies are the producer's alone. The gradients are bitwise
+equal to the non-specialized pass's (the same loop body, in the same order). Ordering the consumers' matmul
+bursts (ping-pong, by mbarrier turn-passing) lost, and was dropped.
 
 The dQ pass (:func:`flash_bwd_dq_ws_kernel`): the warp-specialized forward's layout (``gluon_ws_fwd``: CTAs
-of 128 query rows, a consumer per 64, the producer streaming K and V) around ``gluon_bwd``'s dQ loop. At
-(1, 32, 32768, 128) causal: 17.6 vs 20.6 ms for the best Triton dQ pass (750 TFLOP/s, H100, 2026-11-25). Its key
+of 128 query rows, a consumer per 64, the producer streaming K and V) around ``gluon_bwd``'s dQ loop. Its key
 tiles are 64 keys: with 128 the consumers spill (192 bytes at d = 128).
 
-Both passes store their gradients in 16-byte rows, and the dQ pass reads O so (``gluon_common._row_vectors``):
-0.84-0.90x the time at (32, 8, 512, 128) and (4, 16, 1024, 128), where a program runs 4-8 tiles (H100, 2026-11-26).
+Both passes store their gradients in 16-byte rows, and the dQ pass reads O so (``gluon_common._row_vectors``),
+which pays where a program runs 4-8 tiles (short sequences). Measured against the non-specialized and Triton
+passes: docs/perf-notes.md, FlashAttention-2, "Warp-specialized passes", "16-byte epilogues" and "Figures
+moved out of docstrings".
 """
 
 from triton.experimental import gluon
@@ -130,7 +130,8 @@ def _store_key_rows(c: gl.constexpr, dk, dv, dK_ptr, dV_ptr, H, N_KEYS, k_start,
                     SEQ_MAJOR: gl.constexpr):
     """Consumer ``c``'s rows of dV and dK (times the scale). In 16-byte row vectors through scratch shared
     memory: restaged through the K and V halves instead, the loop scheduled differently and the pass took
-    1.9% longer at (1, 32, 32768, 128) (0.9% this way)."""
+    longer at (1, 32, 32768, 128) than this way (docs/perf-notes.md, FlashAttention-2, "Figures moved out of
+    docstrings")."""
     vectors: gl.constexpr = _row_vectors(HALF, D, 4)
     dv = gl.convert_layout(dv.to(dV_ptr.dtype.element_ty), vectors)
     _store_rows(dV_ptr, dv, gl.program_id(1), H, N_KEYS, k_start + c * HALF, SEQ_MAJOR & 32, D)

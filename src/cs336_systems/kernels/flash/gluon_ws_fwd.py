@@ -13,12 +13,13 @@ Why: in ``gluon_fwd`` the two warp groups of a 128-row tile share every barrier 
 themselves; here each consumer waits only on its own matmuls, so one group's softmax runs under the other's
 matmuls (FA3's inter-warpgroup overlap) as well as under its own P V (the intra-warpgroup overlap).
 Q, K and V are read head-major or seq-major (``SEQ_MAJOR`` bits 0-2, :func:`.gluon_common._head_origin`):
-the model's V is a view of its fused projection. Measured on an H100 (2026-11-25): 0.91x the time of the
-best Triton forward at (1, 32, 32768, 128) causal (14.3 vs 15.7 ms, 616 TFLOP/s), with a 3-deep ring; a
-2-deep one is 1.3x slower (the producer waits for a slot that both consumers release only after P V).
-O leaves through the Q tile's shared memory in 16-byte rows (0.88x the time at (32, 8, 512, 128), H100, 2026-11-26).
-Tried and dropped (H100, 2026-11-26): the consumers taking turns to issue their matmuls (FA3's ping-pong; 0.98-1.02x)
-and programs of 2 or 4 query tiles (0.95x at (32, 8, 512, 128), up to 1.16x elsewhere).
+the model's V is a view of its fused projection. The ring is 3 slots deep: with 2 the producer waits for a
+slot that both consumers release only after P V, and the pass is slower. O leaves through the Q tile's
+shared memory in 16-byte rows, which pays at short sequences. Tried and dropped: the consumers taking turns to
+issue their matmuls (FA3's ping-pong: no gain) and programs of 2 or 4 query tiles (a gain at
+(32, 8, 512, 128), losses elsewhere). Measured against the best Triton forward, by shape and ring depth:
+docs/perf-notes.md, FlashAttention-2, "Warp-specialized passes", "16-byte epilogues" and "Figures moved out
+of docstrings".
 """
 
 from triton.experimental import gluon

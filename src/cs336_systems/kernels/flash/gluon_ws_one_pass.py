@@ -18,11 +18,12 @@ A buffer of parity b is rewritten two tiles later only after both consumers pass
 mbarrier, which each reaches after waiting for its own dQ matmul of this tile: no other barrier is needed.
 
 D and the zeroed accumulator come from ``triton_bwd.flash_bwd_delta_kernel``; the plan casts dQ from the
-accumulator (``plan.OnePassBackward``). Measured on an H100 (2026-11-26, docs/perf-notes.md): the whole
-backward 0.94-0.95x the split one at (1, 32, 32768, 128) causal, 40.3 ms against cuDNN's 40.5-42.4, and
-1.07x at (4, 16, 1024) and (32, 8, 512), where the tuner keeps the split one. The 2026-11-24
-non-specialized one-pass kernels lost (1.12x at 32k): there every shared-memory hand-off was a CTA-wide
-barrier; here each consumer synchronizes within its own warp group, and with the other only at dS.
+accumulator (``plan.OnePassBackward``). The tuner chooses it at (1, 32, 32768, 128) causal; at (4, 16, 1024)
+and (32, 8, 512) it is slower than the split backward, which the tuner keeps there. The non-specialized
+one-pass kernels that came before it lost at 32k: there every shared-memory hand-off was a
+CTA-wide barrier; here each consumer synchronizes within its own warp group, and with the other only at dS.
+Measured against the split backward and cuDNN: docs/perf-notes.md, FlashAttention-2, "Warp-specialized
+one-pass backward".
 """
 
 from triton.experimental import gluon
@@ -63,8 +64,9 @@ def _dkdv_tile(k_half, v_half, q_buf, do_buf, l_buf, delta_buf, dk, dv, zeros_s,
     """One query tile's dK/dV work: S^T and dP^T issued together, P^T under dP^T, dS^T under dV += P^T dO.
     Returns dK and dV with their matmuls (dV += P^T dO, dK += dS^T Q) still in flight, and dS^T in Q's
     dtype. The same steps as the split pass's loop (``gluon_ws_bwd._consume``), kept apart: calling this
-    from there changed that kernel's SASS and cost it 2.0% at (1, 32, 32768, 128) (H100, 2026-11-26), while
-    this kernel ran 1.3% faster with it than with the loop written out."""
+    from there changed that kernel's SASS and slowed it at (1, 32, 32768, 128), while this kernel ran faster
+    with it than with the loop written out (docs/perf-notes.md, FlashAttention-2, "Figures moved out of
+    docstrings")."""
     dtype: gl.constexpr = q_buf.dtype
     BM: gl.constexpr = q_buf.type.shape[0]
     s_layout: gl.constexpr = zeros_s.type.layout

@@ -25,7 +25,8 @@ class FlashSettings:
     # A JSON file that keeps tuning results across processes (read at first use, rewritten on change).
     tune_cache: str | None = None
     # Threads that compile a key's candidates side by side before they are timed (1: one after the other).
-    # Measured: 2.07x faster cold tuning of the grid with 8 (H100, 2026-11-24, docs/perf-notes.md).
+    # With 8, cold tuning of the grid takes about half the time (docs/perf-notes.md, FlashAttention-2,
+    # "Compiles side by side").
     compile_threads: int = min(8, os.cpu_count() or 1)
     # The tuning table shipped for this GPU model (tune_table.py): its keys take their config untimed.
     tune_table: bool = True

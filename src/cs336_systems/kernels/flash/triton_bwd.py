@@ -2,7 +2,8 @@
 atomics, so the gradients are the same bit for bit on every run: a dQ pass over key tiles that also
 computes D = rowsum(dO ∘ O) for its rows and stores it, then a dK/dV pass over query tiles that reads D.
 Each recomputes P from L. (A one-pass backward in Triton, adding dQ's shares atomically from the dK/dV
-pass, lost beyond short sequences and was removed: docs/perf-notes.md, H100, 2026-11-25. The warp-specialized
+pass, lost beyond short sequences and was removed: docs/perf-notes.md, FlashAttention-2, "The stack as a
+package". The warp-specialized
 Gluon one-pass backward, ``gluon_ws_one_pass``, takes its D and zeroed accumulator from
 :func:`flash_bwd_delta_kernel`.)"""
 

@@ -1,9 +1,10 @@
 """Tuning tables shipped with the package: each GPU model's tuned configs per tuning key, as vLLM ships its
 fused-MoE configs per device.
 
-Why: a cold key costs its candidates' compiles (7.8 s of the compiled xl step's cold start on an H100,
-H100, 2026-11-25), and near-tie choices flip between processes (docs/perf-notes.md: H100 runs of 2026-11-24 and 11-25). A key
-in the table takes its config without compiling or timing the others; a key not in it is tuned as before.
+Why: a cold key costs its candidates' compiles (seconds of the compiled xl step's cold start), and near-tie
+choices flip between processes. A key in the table takes its config without compiling or timing the others; a
+key not in it is tuned as before. Measured: docs/perf-notes.md, FlashAttention-2, "A tuning table shipped per
+GPU model".
 
 A table is data a command wrote on that GPU (``python -m cs336_systems.cli.flash_tune``), one JSON file
 per device name in ``tuned/``. It is used only with the Triton ``major.minor`` it was tuned with (another

@@ -3,10 +3,10 @@ cached (in memory, and in a JSON file when ``FlashSettings.tune_cache`` names on
 
 Why not ``@triton.autotune``: a key's candidates span two kernel families (Triton and Gluon, whose
 launches take different arguments) and a whole backward; a call pays our launcher's host time, which
-autotune's do_bench leaves out; and the candidates compile side by side before any is timed (2.07x faster
-cold tuning of the grid, H100, 2026-11-24). Candidates are timed in interleaved rounds with the order rotated per
-round and each one's median round counts: timed one after the other, near-ties went whichever way the
-clocks drifted (H100, 2026-11-24).
+autotune's do_bench leaves out; and the candidates compile side by side before any is timed, which halves
+cold tuning. Candidates are timed in interleaved rounds with the order rotated per round and each one's median
+round counts: timed one after the other, near-ties went whichever way the clocks drifted. Measured:
+docs/perf-notes.md, FlashAttention-2, "Compiles side by side" and "Cached tensor maps, a drift-proof tuner".
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def sustained_time_ms(launch: Callable[[], None], budget_ms: float = 300.0, warm
     """Per launch of ~``budget_ms`` of back-to-back launches, after ~``warm_ms`` of them untimed. On a
     host-bound case the events wait for the host, so its time counts as in a loop. It replaced 5 ms bursts
     of event plus host enqueue time, which ranked whole backwards otherwise than do_bench: at (1, 16,
-    16384, 64) the split backward 3.23 ms against the one-pass one's 3.32 in bursts, 3.50 against 3.22 by
-    do_bench (H100, 2026-11-26; not established why: sustained clocks are the first suspect)."""
+    16384, 64) bursts preferred the split backward and do_bench the one-pass one (not established why:
+    sustained clocks are the first suspect). Measured, by timer: docs/perf-notes.md, current figures,
+    "leaderboard backward, split vs one-pass, by timer"."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     launch()
