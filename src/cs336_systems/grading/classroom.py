@@ -33,7 +33,7 @@ from cs336_systems.harness.interrupt import Interrupted, catching_stops
 from . import gradescope, observer_turn, walls
 from .progress import partial_report, progress_line
 from .roots import SKIP_DIRS, GradingSetupError
-from .sandbox import become_subreaper, descendants, kill_descendants
+from .sandbox import become_subreaper, kill_descendants
 from .settings import HIDE_ENV
 
 if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch is imported
@@ -421,15 +421,13 @@ def record_failure(out: Path, why: str, points: Path | None) -> str:
 
 def stop(proc: subprocess.Popen) -> None:
     """Stop a job with everything it started: its process group, and every descendant (a process that
-    left the group with ``setsid`` included: the job is a subreaper, so they are all below it). The job
-    itself first: killed after its children, it could take their deaths for a failure and write it."""
-    below = descendants(proc.pid)
+    left the group with ``setsid`` included: the job is a subreaper, so they are all below it). The job is
+    frozen first: running while its children die, it could take their deaths for a failure and write it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGSTOP)
+    kill_descendants(root=proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    for pid in below:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    kill_descendants(root=proc.pid)
     proc.wait()  # what it left since is re-parented to this process: the run's loop kills it
 
 
