@@ -13,6 +13,7 @@ with a copy (``seed_scratch``). The class's tripwire lists the seed too.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -25,9 +26,9 @@ PROBES = "import torch; torch.compile(lambda x: (x * 2).sin().sum())(torch.randn
 
 
 def seed_folder() -> Path:
-    import torch
-
-    return Path(os.path.expanduser("~")) / ".cache" / "cs336-grader" / f"compile-seed-{torch.__version__}"
+    # torch's version from its metadata: importing torch here cost each repository's job 1.5 s of CPU
+    version = importlib.metadata.version("torch")
+    return Path(os.path.expanduser("~")) / ".cache" / "cs336-grader" / f"compile-seed-{version}"
 
 
 @functools.cache
