@@ -30,14 +30,15 @@ from typing import TYPE_CHECKING
 from cs336_systems.harness.executor import visible_devices
 from cs336_systems.harness.interrupt import Interrupted, catching_stops
 
-from . import gradescope, observer_turn, walls
-from .progress import partial_report, progress_line
-from .roots import SKIP_DIRS, GradingSetupError
-from .sandbox import become_subreaper, descendants, kill_descendants
-from .settings import HIDE_ENV
+from .. import gradescope, walls
+from ..progress import partial_report, progress_line
+from ..repo.leaderboard import observer_turn
+from ..roots import SKIP_DIRS, GradingSetupError
+from ..sandbox import become_subreaper, descendants, kill_descendants
+from ..settings import HIDE_ENV
 
 if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch is imported
-    from .repo_job import RepoOptions
+    from ..repo.repo_job import RepoOptions
 
 
 POLL_S = 0.5  # seconds between two looks at the running jobs
@@ -347,13 +348,13 @@ def prepare_repo(out_root: Path, name: str, options: RepoOptions) -> tuple[Path,
 
 def repo_command(target: Path, out: Path, options: Path) -> list[str]:
     """The process that grades one repository."""
-    cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(target)]
+    cmd = [sys.executable, "-m", "cs336_systems.grading.repo.repo_job", str(target)]
     return [*cmd, "--out", str(out), "--options", str(options)]
 
 
 def anchor_command(json_path: Path) -> list[str]:
     """The process that times the suite's kernel and cuDNN on the GPU it sees."""
-    return [sys.executable, "-m", "cs336_systems.grading.leaderboard", "--json", str(json_path)]
+    return [sys.executable, "-m", "cs336_systems.grading.repo.leaderboard.row", "--json", str(json_path)]
 
 
 def neighbours(repos: dict[str, Path], name: str) -> list[Path]:
@@ -441,7 +442,7 @@ def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out
 
 
 def _tail(log: Path) -> str:
-    from .exchange import text
+    from ..exchange import text
 
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
     return text(lines[-1], 300) if lines else "(no output)"

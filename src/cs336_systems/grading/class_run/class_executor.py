@@ -44,7 +44,10 @@ from cs336_systems.harness.executor import (
 from cs336_systems.harness.interrupt import Interrupted, JobTimeout, work_ends_with_job
 from cs336_systems.harness.jobs import Outcome, Watch, run_jobs
 
-from . import observer_turn, walls
+from .. import walls
+from ..progress import progress_line
+from ..repo.leaderboard import observer_turn
+from ..sandbox import become_subreaper, kill_descendants
 from .classroom import (
     ANCHORS_WORK,
     PROGRESS_S,
@@ -63,11 +66,9 @@ from .classroom import (
     stop,
     up_to_date,
 )
-from .progress import progress_line
-from .sandbox import become_subreaper, kill_descendants
 
 if TYPE_CHECKING:
-    from .repo_job import RepoOptions
+    from ..repo.repo_job import RepoOptions
 
 STARTUP_MIN = 3  # a job's time limit beyond the repository's own: the job's start-up and cleanup
 
