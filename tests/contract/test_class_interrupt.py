@@ -16,8 +16,8 @@ import pytest
 from cs336_systems.grading.class_run.class_executor import ClassJobs, run_class
 from cs336_systems.grading.class_run.classroom import record_failure, up_to_date
 from cs336_systems.grading.repo.repo_job import RepoOptions
-from cs336_systems.harness.executor import ExecutorConfig
-from cs336_systems.harness.jobs import Outcome
+from cs336_systems.jobs.executor import ExecutorConfig
+from cs336_systems.jobs.run import Outcome
 
 from ..helpers.standin import interrupt, processes_naming, wait_until
 from .grading_run import ROOT, STUDENTS, clean_env

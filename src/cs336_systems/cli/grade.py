@@ -50,8 +50,8 @@ import sys
 from pathlib import Path
 
 from cs336_systems.grading.roots import SUITE_ROOT
-from cs336_systems.harness.executor import ExecutorError, add_executor_options
-from cs336_systems.harness.interrupt import Interrupted
+from cs336_systems.jobs.executor import ExecutorError, add_executor_options
+from cs336_systems.jobs.interrupt import Interrupted
 
 PROG = "python -m cs336_systems.cli.grade"
 

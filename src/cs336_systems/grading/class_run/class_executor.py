@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cs336_systems.harness.executor import (
+from cs336_systems.jobs.executor import (
     ExecutorConfig,
     ExecutorError,
     LocalGpus,
@@ -41,8 +41,8 @@ from cs336_systems.harness.executor import (
     describe,
     gpu_claim,
 )
-from cs336_systems.harness.interrupt import Interrupted, JobTimeout, work_ends_with_job
-from cs336_systems.harness.jobs import Outcome, Watch, run_jobs
+from cs336_systems.jobs.interrupt import Interrupted, JobTimeout, work_ends_with_job
+from cs336_systems.jobs.run import Outcome, Watch, run_jobs
 
 from .. import walls
 from ..progress import progress_line

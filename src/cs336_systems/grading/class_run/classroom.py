@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cs336_systems.harness.executor import visible_devices
-from cs336_systems.harness.interrupt import Interrupted, catching_stops
+from cs336_systems.jobs.executor import visible_devices
+from cs336_systems.jobs.interrupt import Interrupted, catching_stops
 
 from .. import gradescope, walls
 from ..progress import partial_report, progress_line
