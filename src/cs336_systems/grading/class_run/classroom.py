@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,6 +101,18 @@ def newest_code(repo: Path) -> float:
     return newest
 
 
+def to_grade(
+    repos: dict[str, Path], out: Path, options: RepoOptions, force: bool, say: Callable[[str], None]
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """The repositories to grade (all with ``force``), and the outcome of the others (up to date), each
+    said: both schedulers, processes here and jobs, skip the same ones with the same line."""
+    todo = {n: p for n, p in repos.items() if force or not up_to_date(p, out / n, options)}
+    kept = {n: UP_TO_DATE for n in repos if n not in todo}
+    for name, outcome in kept.items():
+        say(f"[{name}] {outcome}")
+    return todo, kept
+
+
 def up_to_date(repo: Path, out: Path, options: RepoOptions) -> bool:
     """Whether the repository's results answer this run: newer than its code (and than the points
     table), graded with the same selection (``SELECTION``: the tiers, ``-k``, ``--bench``, the points,
@@ -168,22 +181,19 @@ class ClassRun:
     def _spawn(self, name: str, target: Path, gpu: int | None, threads: int) -> Running:
         out, options = prepare_repo(self.out, name, self.options)
         env = repo_env(threads, gpu, neighbours(self.repos, name))
-        return _start(name, repo_command(target, out, options), env, out / "job.log", gpu, out)
+        return start_job(name, repo_command(target, out, options), env, out / "job.log", gpu, out)
 
     def _anchor(self, gpu: int) -> Running:
         out = self.out / "anchors"
         out.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible_devices([gpu]))
         cmd = anchor_command(out / f"gpu{gpu}.json")
-        return _start(f"anchors (gpu {gpu})", cmd, env, out / f"gpu{gpu}.log", gpu, out)
+        return start_job(f"anchors (gpu {gpu})", cmd, env, out / f"gpu{gpu}.log", gpu, out)
 
     def run(self) -> dict[str, str]:
         """Grade every repository; each one's outcome (graded, up to date, or why grading failed)."""
-        fresh = lambda n, p: up_to_date(p, self.out / n, self.options)
-        todo = [(n, p) for n, p in self.repos.items() if self.force or not fresh(n, p)]
-        outcomes = {n: UP_TO_DATE for n in self.repos if (n, self.repos[n]) not in todo}
-        for name in outcomes:
-            self._say(f"[{name}] {outcomes[name]}")
+        fresh, outcomes = to_grade(self.repos, self.out, self.options, self.force, self._say)
+        todo = list(fresh.items())
         free = self.slots()
         threads = max(1, (os.cpu_count() or 2) // len(free))
         models = self.gpu_models or ["gpu"] * self.gpus
@@ -434,7 +444,7 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()  # what it left since is re-parented to this process: the run's loop kills it
 
 
-def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out: Path) -> Running:
+def start_job(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out: Path) -> Running:
     """A job in a process group of its own (a time limit stops it with everything it started)."""
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
