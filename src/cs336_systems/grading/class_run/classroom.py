@@ -192,8 +192,8 @@ class ClassRun:
 
     def run(self) -> dict[str, str]:
         """Grade every repository; each one's outcome (graded, up to date, or why grading failed)."""
-        fresh, outcomes = to_grade(self.repos, self.out, self.options, self.force, self._say)
-        todo = list(fresh.items())
+        pending, outcomes = to_grade(self.repos, self.out, self.options, self.force, self._say)
+        todo = list(pending.items())  # taken from the front as slots free
         free = self.slots()
         threads = max(1, (os.cpu_count() or 2) // len(free))
         models = self.gpu_models or ["gpu"] * self.gpus
