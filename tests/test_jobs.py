@@ -65,9 +65,7 @@ def test_a_job_that_did_not_finish_says_how() -> None:
     end = job_outcome(cancelled)
     assert end.state == "cancelled" and "CANCELLED AT" in end.error, end
     assert job_outcome(_ended("TIMEOUT", "Job 5 has not produced any output")).state == "timed out"
-    ours = _ended(
-        "FAILED", "Traceback ...\ncs336_systems.jobs.interrupt.JobTimeout: pytest ran past 13 s\n"
-    )
+    ours = _ended("FAILED", "Traceback ...\ncs336_systems.jobs.interrupt.JobTimeout: pytest ran past 13 s\n")
     assert job_outcome(ours).state == "timed out" and job_outcome(ours).error == "pytest ran past 13 s"
     assert job_outcome(_ended("FAILED", "ValueError: bad")).state == "failed"
 
