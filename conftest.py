@@ -8,7 +8,7 @@ Markers (declared in pyproject.toml):
 - ``hook(name, ...)``: a contract test of these grading hooks (``tests/contract/``).
 - ``adapters_row``: a bench case of the adapters' implementation, dropped unless ``--adapters`` is given.
 
-Options (``cs336_systems.grading.pytest_plugin``, loaded by ``-p`` before any conftest):
+Options (``cs336_systems.grading.judge.pytest_plugin``, loaded by ``-p`` before any conftest):
 ``--adapters PATH`` (or ``CS336_ADAPTERS``) points the contract tests at any adapters file (default:
 ``tests/adapters.py``) and adds an ``adapters`` row to the attention, leaderboard, DDP and sharding
 benches. This file's: ``--zip-submission=PATH`` (repeatable; with ``=``, or pytest takes PATH for a
@@ -38,7 +38,7 @@ if not torch.cuda.is_available():
         torch.set_num_threads(1)
 
 from cs336_systems.distributed.launch import find_free_port, spawn
-from cs336_systems.grading.pytest_plugin import requested_adapters, unimplemented
+from cs336_systems.grading.judge.pytest_plugin import requested_adapters, unimplemented
 from cs336_systems.grading.sandbox import become_subreaper, descendants, kill_descendants
 from cs336_systems.harness import adapters as adapters_hooks
 

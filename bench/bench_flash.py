@@ -81,7 +81,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.grading.pytest_plugin import ROOTS
+from cs336_systems.grading.judge.pytest_plugin import ROOTS
 from cs336_systems.grading.shared.cases import LEADERBOARD_CASE
 from cs336_systems.harness.adapters import IMPL, TRITON_HOOK, adapters_param
 from cs336_systems.harness.attention import (
@@ -175,7 +175,7 @@ def test_leaderboard(benchmark, device: torch.device, pytestconfig: pytest.Confi
             return
     free_device_memory()
     if impl == IMPL:  # the student's kernel in a process of its own: the parent's clock and the course's
-        from cs336_systems.grading.leaderboard import row
+        from cs336_systems.grading.repo.leaderboard.row import row
 
         result = row(pytestconfig.stash[ROOTS], None, keep_times=True)
         times = result.pop("course_times_ms", None)

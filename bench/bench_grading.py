@@ -1,4 +1,4 @@
-"""The grader's own speed: one repository graded end to end (``grading.repo_job.grade_repo``, what a
+"""The grader's own speed: one repository graded end to end (``grading.repo.repo_job.grade_repo``, what a
 class run does per repository), by the tiers a TA grades. Each row is one run (grading takes tens of
 seconds); ``extra_info`` splits it into the contract run and the leaderboard row.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336_systems.grading.repo_job import RepoOptions, grade_repo
+from cs336_systems.grading.repo.repo_job import RepoOptions, grade_repo
 from cs336_systems.harness.record import record_times
 from cs336_systems.rows.schema import tag
 

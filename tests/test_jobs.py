@@ -1,4 +1,4 @@
-"""The job layer under sweeps and classes (``harness/jobs.py``, ``harness/executor.py``) with stand-in
+"""The job layer under sweeps and classes (``jobs/run.py``, ``jobs/executor.py``) with stand-in
 work: the counts line, each running job told for its progress, a job Slurm cancelled or has not
 accounted for yet named as such (stand-in ``sacct`` and ``squeue``), and the time a job is given."""
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cs336_systems.harness.executor import ExecutorConfig, make_executor
-from cs336_systems.harness.jobs import Watch, job_outcome, job_phase, run_jobs
+from cs336_systems.jobs.executor import ExecutorConfig, make_executor
+from cs336_systems.jobs.run import Watch, job_outcome, job_phase, run_jobs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,9 +65,7 @@ def test_a_job_that_did_not_finish_says_how() -> None:
     end = job_outcome(cancelled)
     assert end.state == "cancelled" and "CANCELLED AT" in end.error, end
     assert job_outcome(_ended("TIMEOUT", "Job 5 has not produced any output")).state == "timed out"
-    ours = _ended(
-        "FAILED", "Traceback ...\ncs336_systems.harness.interrupt.JobTimeout: pytest ran past 13 s\n"
-    )
+    ours = _ended("FAILED", "Traceback ...\ncs336_systems.jobs.interrupt.JobTimeout: pytest ran past 13 s\n")
     assert job_outcome(ours).state == "timed out" and job_outcome(ours).error == "pytest ran past 13 s"
     assert job_outcome(_ended("FAILED", "ValueError: bad")).state == "failed"
 
@@ -99,7 +97,7 @@ def test_a_job_sacct_lags_behind_is_what_squeue_says(tmp_path: Path, monkeypatch
     squeue)."""
     import submitit
 
-    from cs336_systems.harness.jobs import _Queue
+    from cs336_systems.jobs.run import _Queue
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

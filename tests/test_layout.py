@@ -11,9 +11,12 @@ violation anywhere fails here:
 - the harness (which writes rows) and the report (which reads them) never import each other: what both
   need, the group contract and the verdict on a row's timing, is ``rows/``, which imports nothing else of
   the package;
+- ``jobs/`` (the executor both the sweep and the class run use) imports nothing else of the package, and
+  the grader never imports the harness (the harness may import the grader);
 - no import cycle among the modules of ``src/``, function-local imports included;
+- ``grading/`` is laid out by process (``tests/test_layout_grading.py``, with these helpers);
 - no file under ``src/cs336_systems/`` over 500 lines;
-- ``CS336_*`` environment variables read only in settings modules;
+- ``CS336_*`` environment variables read only in settings modules, spelled out or through a constant;
 - ``scripts/`` holds user tools only: at most 400 lines in all, no probes.
 
 Each check is a function over a tree, so the ``*_sees_*`` tests can show it a broken tree of their own.
@@ -35,12 +38,14 @@ LEAVES = ("nvtx.py", "units.py", "adamw_base.py")  # import nothing of the packa
 LIBRARY = ("model", "attention", "kernels", "distributed", "profiling", "accounting", *LEAVES)
 TRAINING = ("training",)  # composes the library; the harness and the CLI import it, the library does not
 ROWS = ("rows",)  # what a bench row is (its group, its verdict): below the harness and the report
+JOBS = ("jobs",)  # calls run as jobs (submitit): the sweep and the class run share it, importing neither
 ABOVE = ("harness", "grading", "report", "cli")  # grading: the harness of another implementation
-ABOVE_TRAINING = tuple(f"cs336_systems.{part}" for part in (*ROWS, *ABOVE))
+ABOVE_TRAINING = tuple(f"cs336_systems.{part}" for part in (*ROWS, *JOBS, *ABOVE))
 ABOVE_LIBRARY = ("cs336_systems.training", *ABOVE_TRAINING)
 CORE = ("model", "attention", "kernels", "nvtx.py")  # below profiling too
 PACKAGE = ("cs336_systems",)
-OUTSIDE_ROWS = tuple(f"cs336_systems.{p.removesuffix('.py')}" for p in (*LIBRARY, *TRAINING, *ABOVE))
+OUTSIDE_ROWS = tuple(f"cs336_systems.{p.removesuffix('.py')}" for p in (*LIBRARY, *TRAINING, *JOBS, *ABOVE))
+OUTSIDE_JOBS = tuple(f"cs336_systems.{p.removesuffix('.py')}" for p in (*LIBRARY, *TRAINING, *ROWS, *ABOVE))
 
 # (parts, the imports they must not make, id). The last three ids are edges that once ran up the floors:
 # kernels/fused_adamw.py -> model/optim.py (the AdamW base class, now adamw_base.py), and
@@ -52,6 +57,8 @@ LAYER_RULES = [
     (("attention",), ("cs336_systems.model",), "attention-below-model"),
     (LEAVES, PACKAGE, "leaves-import-nothing-of-the-package"),
     (ROWS, OUTSIDE_ROWS, "rows-import-only-rows"),
+    (JOBS, OUTSIDE_JOBS, "jobs-import-only-jobs"),
+    (("grading",), ("cs336_systems.harness",), "grading-never-imports-harness"),
     (("kernels",), ("cs336_systems.model", "cs336_systems.attention"), "kernels-below-model-and-attention"),
     (("harness",), ("cs336_systems.report",), "harness-never-imports-report"),
     (("report",), ("cs336_systems.harness",), "report-never-imports-harness"),
@@ -131,7 +138,7 @@ def test_imports_never_run_upwards(parts: tuple[str, ...], forbidden: tuple[str,
 def test_every_package_has_a_layer() -> None:
     """A new top-level package or module must take a place in the layers above, or nothing checks it."""
     present = {p.name for p in SRC.iterdir() if p.name not in ("__init__.py", "__pycache__")}
-    assert present == {*LIBRARY, *TRAINING, *ROWS, *ABOVE}
+    assert present == {*LIBRARY, *TRAINING, *ROWS, *JOBS, *ABOVE}
 
 
 @pytest.mark.parametrize(
@@ -147,7 +154,7 @@ def test_the_layer_rules_see_the_edges_that_ran_upwards(tmp_path: Path, path: st
     # The three edges of issue 57, planted in a copy of the package's tree one at a time (the last one
     # function-local and relative): the rules flag the planted module, and only it.
     src = tmp_path / "cs336_systems"
-    for part in (*LIBRARY, *TRAINING, *ROWS, *ABOVE):
+    for part in (*LIBRARY, *TRAINING, *ROWS, *JOBS, *ABOVE):
         (src / part).parent.mkdir(parents=True, exist_ok=True)
         if part.endswith(".py"):
             (src / part).write_text("")
@@ -292,10 +299,26 @@ def _env_key(node: ast.expr) -> str | None:
     return None
 
 
-def _env_reads(path: Path) -> list[str]:
+def _env_constants(*roots: Path) -> dict[str, str]:
+    """Names bound to a ``CS336_*`` string anywhere under ``roots`` (``SEED_ENV = "CS336_GRADE_SEED"``):
+    a read through one, imported or not, is a read of that variable."""
+    constants = {}
+    for path in (p for root in roots for p in sorted(root.rglob("*.py"))):
+        for node in ast.walk(_tree(path)):
+            single = isinstance(node, ast.Assign) and len(node.targets) == 1
+            if single and isinstance(node.targets[0], ast.Name) and (name := _env_key(node.value)):
+                constants[node.targets[0].id] = name
+    return constants
+
+
+def _env_reads(path: Path, constants: dict[str, str] | None = None) -> list[str]:
     """``CS336_*`` keys read at any depth: ``m[key]``, ``m.get/pop/setdefault(key)``, ``getenv(key)``
-    and ``key in m``, whatever the mapping is called (an alias of ``os.environ`` reads it too).
-    Writes (``os.environ[key] = ...``, ``monkeypatch.setenv``) and docstrings are not reads."""
+    and ``key in m``, whatever the mapping is called (an alias of ``os.environ`` reads it too), the key
+    spelled out or a name of ``constants`` (``os.environ.get(NCU_ENV)``, ``settings.NCU_ENV``).
+    Writes (``os.environ[key] = ...``, ``monkeypatch.setenv``, a ``pop`` whose value is dropped) and
+    docstrings are not reads."""
+    constants = constants or {}
+    dropped = {id(n.value) for n in ast.walk(_tree(path)) if isinstance(n, ast.Expr)}
     keys = []
     for node in ast.walk(_tree(path)):
         key = None
@@ -307,9 +330,11 @@ def _env_reads(path: Path) -> list[str]:
             getter = name == "getenv" or (
                 isinstance(func, ast.Attribute) and name in ("get", "pop", "setdefault")
             )
-            key = node.args[0] if getter else None
+            key = node.args[0] if getter and not (name == "pop" and id(node) in dropped) else None
         elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In | ast.NotIn):
             key = node.left
+        if isinstance(key, ast.Name | ast.Attribute):
+            key = ast.Constant(constants.get(key.id if isinstance(key, ast.Name) else key.attr))
         if key is not None and (name := _env_key(key)):
             keys.append((node.lineno, name))
     return [f"{path.name}:{line} {name}" for line, name in sorted(keys)]
@@ -317,8 +342,11 @@ def _env_reads(path: Path) -> list[str]:
 
 def _env_readers(root: Path) -> dict[str, list[str]]:
     """Files under ``root`` outside settings modules (any ``settings.py``) that read CS336_* variables."""
+    constants = _env_constants(root, SRC)
     found = {
-        str(p.relative_to(root)): _env_reads(p) for p in sorted(root.rglob("*.py")) if p.name != "settings.py"
+        str(p.relative_to(root)): _env_reads(p, constants)
+        for p in sorted(root.rglob("*.py"))
+        if p.name != "settings.py"
     }
     return {path: keys for path, keys in found.items() if keys}
 
@@ -343,10 +371,17 @@ def test_the_env_check_sees_reads(tmp_path: Path) -> None:
         'os.environ["CS336_WRITE"] = "1"\nA = os.environ["CS336_A"]\n'
         'def f(name):\n    env = os.environ\n    return env.get(f"CS336_{name}"), getenv("CS336_C")\n'
         'B = "CS336_B" in environ\nD = os.getenv("HOME")\n'
+        "from settings import E_ENV\nE = os.environ.get(E_ENV)\nos.environ.pop(E_ENV, None)\n"
     )
-    (tmp_path / "settings.py").write_text('import os\nX = os.environ.get("CS336_X")\n')
+    (tmp_path / "settings.py").write_text('import os\nE_ENV = "CS336_E"\nX = os.environ.get("CS336_X")\n')
     assert _env_readers(tmp_path) == {
-        "lib.py": ["lib.py:5 CS336_A", "lib.py:8 CS336_", "lib.py:8 CS336_C", "lib.py:9 CS336_B"]
+        "lib.py": [
+            "lib.py:5 CS336_A",
+            "lib.py:8 CS336_",
+            "lib.py:8 CS336_C",
+            "lib.py:9 CS336_B",
+            "lib.py:12 CS336_E",
+        ]
     }
 
 

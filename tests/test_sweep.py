@@ -136,8 +136,8 @@ def test_cases_side_by_side_each_claim_their_own_gpu(
     are GPUs 5 and 7: a child told "0" would time on GPU 0, outside what the sweep was given."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cs336_systems.harness.executor import LocalGpus
     from cs336_systems.harness.sweep import BenchCase
+    from cs336_systems.jobs.executor import LocalGpus
 
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -168,8 +168,8 @@ def test_cases_side_by_side_each_claim_their_own_gpu(
 def test_a_case_whose_pytest_failed_is_failed_even_with_rows(tmp_path: Path, rc: int, state: str) -> None:
     """A case can write its row and fail after it (an assertion on what it measured, a teardown): its
     job's pytest failed, so it is not done; the merge shows its error and a rerun submits it again."""
-    from cs336_systems.harness.jobs import Outcome
     from cs336_systems.harness.sweep import BenchCase, finished, job_outcome, unfinished
+    from cs336_systems.jobs.run import Outcome
 
     node_id = "bench/b.py::test_x[a]"
     row = {

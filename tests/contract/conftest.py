@@ -1,11 +1,11 @@
 """Fixtures of the contract tests: every hook runs in worker processes of the graded code, and this
 process makes the inputs, computes the references and decides (``cs336_systems.grading``). This is the
 pytest front end of the judging process; ``python -m cs336_systems.grading.judge`` runs the same cases
-through the same ``Grader`` and report without pytest (``grading/judging.py``).
+through the same ``Grader`` and report without pytest (``grading/judge/judging.py``).
 
 The adapters file under test: ``--adapters PATH`` or ``CS336_ADAPTERS``, else the suite's own
 ``tests/adapters.py``. Each test carries ``@pytest.mark.hook(...)`` and ``@pytest.mark.tier(...)`` and
-records its case's verdict for the report (``grading.summary``). With ``--adapters``, only the hook
+records its case's verdict for the report (``grading.judge.summary``). With ``--adapters``, only the hook
 tests of the file's edition are collected: the suite's self-checks would only cost the student time.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.judging import tier_selected
-from cs336_systems.grading.pytest_plugin import (
+from cs336_systems.grading.judge.judging import tier_selected
+from cs336_systems.grading.judge.pytest_plugin import (
     CASE_PROPERTY,
     PROBE,
     ROOTS,
@@ -22,10 +22,10 @@ from cs336_systems.grading.pytest_plugin import (
     grading_jobs,
     requested_adapters,
 )
+from cs336_systems.grading.judge.session import WORKER_TIMEOUT_S, Grader
+from cs336_systems.grading.judge.summary import case_entry
 from cs336_systems.grading.roots import StudentRoots
-from cs336_systems.grading.session import WORKER_TIMEOUT_S, Grader
 from cs336_systems.grading.shared.cases import UNFINISHED_HERE, Case
-from cs336_systems.grading.summary import case_entry
 from cs336_systems.grading.verdict import FAILED, SKIPPED
 
 # The suite's own hooks in its own tests get twice a student's worker limit: on a busy CI machine (a load of

@@ -1,6 +1,6 @@
 """Grading an adapters file from a test: ``grade`` runs the contract through its pytest front end in a
 subprocess (``pytest tests/contract --adapters PATH --grade-json``) and reads its report; ``verdicts`` grades chosen cases in this process through
-``grading.session.Grader`` (workers still run the graded code in processes of their own)."""
+``grading.judge.session.Grader`` (workers still run the graded code in processes of their own)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cs336_systems.grading.judge.session import Grader
 from cs336_systems.grading.probe import probe
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.session import Grader
 from cs336_systems.grading.shared.cases import CASES
 from cs336_systems.grading.verdict import Verdict
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.grading import judge
-from cs336_systems.grading.judge import training
+from cs336_systems.grading.judge import families, training
 from cs336_systems.grading.shared.cases import (
     CASES,
     DDP_CHECKS,
@@ -118,7 +117,12 @@ def test_the_leaderboard_case_is_declared_only_in_the_case_table() -> None:
 
 
 def test_judges_and_workers_read_a_cases_knobs_not_its_tier() -> None:
-    readers = [p for sub in ("judge", "worker", "shared") for p in (GRADING / sub).glob("*.py")]
+    # the family judges of judge/ (its loop, session and summary select and report cases by tier)
+    judges = [
+        GRADING / "judge" / f"{name}.py"
+        for name in ("attention", "compare", "families", "fsdp", "provenance", "training")
+    ]
+    readers = judges + [p for sub in ("worker", "shared") for p in (GRADING / sub).glob("*.py")]
     found = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for path in readers
@@ -154,7 +158,7 @@ def test_the_ddp_judge_compares_the_ranks_the_case_names() -> None:
     """A rank other than 0 that ends off: caught where the case compares every rank (and asks that the
     ranks agree); let through, as the course does, where the same case says rank 0 only."""
     case = CASES["individual-beyond-ws3-toy-all-adamw"]
-    inputs = judge.make_inputs(case, 0)
+    inputs = families.make_inputs(case, 0)
     cpu = torch.device("cpu")
     assert training.judge_ddp(case, inputs, _ddp_payloads(case, inputs, None), cpu).status == "passed"
     bent = _ddp_payloads(case, inputs, 1)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.grading import gradescope
-from cs336_systems.harness.executor import ExecutorConfig, GpuClaimError, claim_gpus
+from cs336_systems.jobs.executor import ExecutorConfig, GpuClaimError, claim_gpus
 
 from ..helpers.standin import wait_until
 from .grading_run import ROOT, STUDENTS, clean_env
@@ -92,9 +92,9 @@ def test_a_rerun_through_the_executor_skips_what_is_up_to_date(class_runs) -> No
 
 
 def _run_class(tmp_path: Path, timeout: float, gpus_per_job: int) -> tuple[dict[str, str], Path]:
-    from cs336_systems.grading.class_executor import ClassJobs, run_class
-    from cs336_systems.grading.repo_job import RepoOptions
-    from cs336_systems.harness.executor import ExecutorConfig
+    from cs336_systems.grading.class_run.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.repo.repo_job import RepoOptions
+    from cs336_systems.jobs.executor import ExecutorConfig
 
     out = tmp_path / "out"
     config = ExecutorConfig(kind="local", folder=out / "jobs", gpus_per_job=gpus_per_job, poll_s=0.2)
@@ -140,7 +140,7 @@ def test_one_repository_through_slurm(slurm, tmp_path: Path) -> None:
 
 
 def test_a_one_machine_scheduler_names_gpus_among_those_it_sees(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cs336_systems.grading.classroom import repo_env
+    from cs336_systems.grading.class_run.classroom import repo_env
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert repo_env(1, 1, [])["CUDA_VISIBLE_DEVICES"] == "3"  # "1" would be another user's GPU
@@ -155,11 +155,11 @@ def test_on_one_machine_the_anchors_join_the_class_queue(
     """The anchors job is the last of the one queue, so it starts on the first GPU a repository frees;
     run after the class, its whole time was added to the class's. A model it did not time (here: its job
     failed) is timed after the class."""
-    from cs336_systems.grading import class_executor
-    from cs336_systems.grading.class_executor import ANCHORS, ClassJobs, run_class
-    from cs336_systems.grading.repo_job import RepoOptions
-    from cs336_systems.harness.executor import ExecutorConfig
-    from cs336_systems.harness.jobs import Outcome
+    from cs336_systems.grading.class_run import class_executor
+    from cs336_systems.grading.class_run.class_executor import ANCHORS, ClassJobs, run_class
+    from cs336_systems.grading.repo.repo_job import RepoOptions
+    from cs336_systems.jobs.executor import ExecutorConfig
+    from cs336_systems.jobs.run import Outcome
 
     queues: list[list[str]] = []
 
@@ -194,8 +194,8 @@ def _raises() -> None:
 def test_a_job_that_raises_names_its_error(tmp_path: Path) -> None:
     """The outcome names the exception and the job's log (submitit's message ends with its log paths,
     and the error once shown was only those)."""
-    from cs336_systems.harness.executor import ExecutorConfig
-    from cs336_systems.harness.jobs import Watch, run_jobs
+    from cs336_systems.jobs.executor import ExecutorConfig
+    from cs336_systems.jobs.run import Watch, run_jobs
 
     config = ExecutorConfig(kind="local", folder=tmp_path / "jobs", poll_s=0.2)
     (end,) = run_jobs(config, {"job": _raises}, Watch(log=lambda line: None)).values()
@@ -208,11 +208,11 @@ def test_local_jobs_share_the_machines_cores_with_or_without_gpus(
 ) -> None:
     import os
 
-    from cs336_systems.grading import class_executor
-    from cs336_systems.grading.class_executor import ClassJobs, run_class
-    from cs336_systems.grading.repo_job import RepoOptions
-    from cs336_systems.harness.executor import ExecutorConfig
-    from cs336_systems.harness.jobs import Outcome
+    from cs336_systems.grading.class_run import class_executor
+    from cs336_systems.grading.class_run.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.repo.repo_job import RepoOptions
+    from cs336_systems.jobs.executor import ExecutorConfig
+    from cs336_systems.jobs.run import Outcome
 
     threads: list[int | None] = []
 
@@ -233,7 +233,7 @@ def test_local_jobs_share_the_machines_cores_with_or_without_gpus(
 def test_local_jobs_are_looked_at_as_often_as_the_one_machine_scheduler_looks(monkeypatch) -> None:
     """A job that ended is seen, and the next one started, at the next look: at 2 s (Slurm's cadence, one
     sacct a look) a class of three ran 3-4 s longer than the one-machine scheduler's 0.5 s."""
-    from cs336_systems.grading import classroom
+    from cs336_systems.grading.class_run import classroom
 
     assert ExecutorConfig(kind="local").poll_interval() <= classroom.POLL_S
     assert ExecutorConfig(kind="local", poll_s=0.2).poll_interval() == 0.2
@@ -276,11 +276,11 @@ def test_the_executor_regrades_a_repository_whose_code_is_newer_than_its_results
     import os
     import shutil
 
-    from cs336_systems.grading import class_executor
-    from cs336_systems.grading.class_executor import ClassJobs, run_class
-    from cs336_systems.grading.classroom import options_json
-    from cs336_systems.grading.repo_job import RepoOptions
-    from cs336_systems.harness.jobs import Outcome
+    from cs336_systems.grading.class_run import class_executor
+    from cs336_systems.grading.class_run.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.class_run.classroom import options_json
+    from cs336_systems.grading.repo.repo_job import RepoOptions
+    from cs336_systems.jobs.run import Outcome
 
     repo = shutil.copytree(STUDENTS / "src_layout", tmp_path / "repo")
     out = tmp_path / "out"

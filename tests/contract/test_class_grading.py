@@ -161,7 +161,7 @@ def _fake_repo(out: Path, name: str, score: float | None, groups: dict | None, f
 
 
 def test_the_class_report_rows_match_their_header(tmp_path: Path) -> None:
-    from cs336_systems.grading import class_report
+    from cs336_systems.grading.class_run import class_report
 
     long_reason = "cannot grade: " + " ".join(f"word{i}" for i in range(80))
     _fake_repo(tmp_path, "graded", 27.5, {"get_ddp": {"verdict": "ok"}})
@@ -185,7 +185,7 @@ def test_the_class_report_rows_match_their_header(tmp_path: Path) -> None:
 
 
 def test_a_class_of_failures_alone_still_has_a_column_for_why(tmp_path: Path) -> None:
-    from cs336_systems.grading import class_report
+    from cs336_systems.grading.class_run import class_report
 
     _fake_repo(tmp_path, "empty", None, None, "cannot grade: no tests/adapters.py")
     class_report.write(tmp_path, ["empty"])

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading.class_executor import ClassJobs, run_class
-from cs336_systems.grading.classroom import record_failure, up_to_date
-from cs336_systems.grading.repo_job import RepoOptions
-from cs336_systems.harness.executor import ExecutorConfig
-from cs336_systems.harness.jobs import Outcome
+from cs336_systems.grading.class_run.class_executor import ClassJobs, run_class
+from cs336_systems.grading.class_run.classroom import record_failure, up_to_date
+from cs336_systems.grading.repo.repo_job import RepoOptions
+from cs336_systems.jobs.executor import ExecutorConfig
+from cs336_systems.jobs.run import Outcome
 
 from ..helpers.standin import interrupt, processes_naming, wait_until
 from .grading_run import ROOT, STUDENTS, clean_env
@@ -77,7 +77,7 @@ def test_an_interrupted_class_regrades_only_what_did_not_finish(tmp_path: Path, 
 
 def _class(tmp_path: Path, run_jobs, progress_s: float = 15.0) -> tuple[dict[str, str], list[str]]:
     """``run_class`` of one repository with ``run_jobs`` standing in for the jobs."""
-    import cs336_systems.grading.class_executor as class_executor
+    import cs336_systems.grading.class_run.class_executor as class_executor
 
     said: list[str] = []
     config = ExecutorConfig(kind="local", folder=tmp_path / "jobs")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading import class_report
+from cs336_systems.grading.class_run import class_report
 from cs336_systems.grading.shared.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU
 
 pytestmark = pytest.mark.usefixtures("suite_self_check")
@@ -89,7 +89,7 @@ def test_the_dash_of_a_group_a_repository_was_not_graded_in_is_explained(tmp_pat
 def test_adapters_files_of_one_repository_are_told_apart(tmp_path: Path) -> None:
     """A fixture's variants (``tests/adapters_<variant>.py`` of one repository) graded as a class get a
     row each, named by their variant; a repository and its ``adapters.py`` keep the repository's name."""
-    from cs336_systems.grading.classroom import repositories
+    from cs336_systems.grading.class_run.classroom import repositories
 
     tests = tmp_path / "fixture" / "tests"
     tests.mkdir(parents=True)

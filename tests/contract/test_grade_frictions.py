@@ -18,15 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading import access, class_report, course_report, gradescope, imports, progress, runner
-from cs336_systems.grading.classroom import prepare_repo, up_to_date
-from cs336_systems.grading.judging import JudgeConfig, Judged, _failures, select
+from cs336_systems.grading import access, gradescope, progress
+from cs336_systems.grading.class_run import class_report, course_report
+from cs336_systems.grading.class_run.classroom import prepare_repo, up_to_date
+from cs336_systems.grading.judge import imports, runner
+from cs336_systems.grading.judge.judging import JudgeConfig, Judged, _failures, select
+from cs336_systems.grading.judge.session import load_verdict
+from cs336_systems.grading.judge.summary import Recorder, build, exit_status, render
 from cs336_systems.grading.probe import probe
-from cs336_systems.grading.repo_job import RepoOptions
+from cs336_systems.grading.repo.repo_job import RepoOptions
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.session import load_verdict
 from cs336_systems.grading.shared.cases import ATTENTION_HOOKS, CASES, REFUSES_CPU, UNFINISHED_HERE
-from cs336_systems.grading.summary import Recorder, build, exit_status, render
 from cs336_systems.grading.verdict import ERROR, MISSING_DEPENDENCY
 
 from .grading_run import STUDENTS

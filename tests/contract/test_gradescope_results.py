@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading import gradescope, repo_job
+from cs336_systems.grading import gradescope
+from cs336_systems.grading.repo import repo_job
 from cs336_systems.grading.shared.cases import CASES, COURSE
 
 POINTS = gradescope.DEFAULT_POINTS
@@ -230,14 +231,14 @@ def _not_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _unfinished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    from cs336_systems.grading import classroom
+    from cs336_systems.grading.class_run import classroom
 
     classroom.record_failure(tmp_path, "timed out after 1 s", None)
     return tmp_path / "results.json"
 
 
 def _distrusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    from cs336_systems.grading import classroom
+    from cs336_systems.grading.class_run import classroom
 
     classroom.distrust(tmp_path, "could not be trusted: wrote x", None)
     return tmp_path / "results.json"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.grading import runner
-from cs336_systems.grading.classroom import ClassRun, Running
+from cs336_systems.grading.class_run.classroom import ClassRun, Running
+from cs336_systems.grading.judge import runner
+from cs336_systems.grading.judge.runner import Outcome
+from cs336_systems.grading.judge.session import Grader
 from cs336_systems.grading.probe import probe
-from cs336_systems.grading.repo_job import RepoOptions
+from cs336_systems.grading.repo.repo_job import RepoOptions
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.runner import Outcome
-from cs336_systems.grading.session import Grader
 from cs336_systems.grading.shared.cases import CASES
 
 from .grading_run import ROOT

@@ -4,7 +4,7 @@ here. ``course`` is what the course's tests run; ``leaderboard`` the 2025 leader
 GPU); ``beyond`` what a careful implementation also gets right.
 
 The pytest front end of the judging process (``python -m cs336_systems.grading.judge`` is the other): a
-case's test is named as ``grading/keywords.py``'s ``FAMILY_TESTS`` says, so that ``-k`` selects the same
+case's test is named as ``grading/judge/keywords.py``'s ``FAMILY_TESTS`` says, so that ``-k`` selects the same
 cases in both."""
 
 from __future__ import annotations

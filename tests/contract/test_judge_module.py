@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from cs336_systems.grading import gradescope, judging, keywords
+from cs336_systems.grading import gradescope
+from cs336_systems.grading.judge import judging, keywords
+from cs336_systems.grading.judge.summary import Recorder
 from cs336_systems.grading.probe import probe
 from cs336_systems.grading.shared.cases import CASES
-from cs336_systems.grading.summary import Recorder
 from cs336_systems.grading.verdict import Verdict
 
 from .grading_run import ROOT, STUDENTS, clean_env
@@ -157,7 +158,7 @@ def test_an_installed_package_grades_a_repository(tmp_path: Path) -> None:
     work.mkdir()
     options = tmp_path / "options.json"
     options.write_text(json.dumps({"tiers": "course,beyond", "seed": 7, "judge_args": ["-k", SELECTION]}))
-    cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(DQ_BUG), "--out", str(out)]
+    cmd = [sys.executable, "-m", "cs336_systems.grading.repo.repo_job", str(DQ_BUG), "--out", str(out)]
     run = subprocess.run(
         [*cmd, "--options", str(options)], cwd=work, env=env, capture_output=True, text=True, timeout=280
     )

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336_systems.grading import exchange, judge, summary
-from cs336_systems.grading.judge import attention, compare, training
+from cs336_systems.grading import exchange
+from cs336_systems.grading.judge import attention, compare, families, summary, training
+from cs336_systems.grading.judge.runner import Outcome
+from cs336_systems.grading.judge.session import decide
 from cs336_systems.grading.roots import GradingSetupError, discover
-from cs336_systems.grading.runner import Outcome
-from cs336_systems.grading.session import decide
 from cs336_systems.grading.shared.cases import (
     CASES,
     COURSE,
@@ -119,7 +119,7 @@ def test_a_nan_is_outside_every_bound_and_an_inf_outside_a_finite_reference() ->
 def _attention_outputs(case_id: str) -> tuple:
     """A course attention case's inputs and the exact outputs plain attention gives (a passing record)."""
     case = CASES[case_id]
-    inputs = judge.make_inputs(case, 0)
+    inputs = families.make_inputs(case, 0)
     qkv = [inputs[n] for n in ("q", "k", "v")]
     ref = attention.run_reference(qkv, inputs["dO"], False, torch.float32, torch.device("cpu"))
     b, nq = case.shape[:2]
@@ -158,7 +158,7 @@ def test_ddp_course_checks_every_ranks_weights_after_wrapping() -> None:
     """A wrapper that does not broadcast leaves rank 1 with its own initial weights: the course
     compares every rank's with rank 0's, even when every step's parameters come out right."""
     case = CASES["ddp2026-course-ws2-course-toy-all-sgd"]
-    inputs = judge.make_inputs(case, 0)
+    inputs = families.make_inputs(case, 0)
     _, grads, params = training._reference_ddp(case, inputs, torch.device("cpu"))
 
     def rank(started_from: int) -> dict:

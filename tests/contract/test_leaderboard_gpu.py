@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading import leaderboard
-from cs336_systems.grading.observer import ncu_path
+from cs336_systems.grading.repo.leaderboard import row as leaderboard
+from cs336_systems.grading.repo.leaderboard.observer import ncu_path
 from cs336_systems.grading.roots import discover
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]

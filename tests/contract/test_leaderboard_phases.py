@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.grading.judge import standing
-from cs336_systems.grading.observer import PHASE_MARKER, Observed, parse, phases
+from cs336_systems.grading.repo.leaderboard import standing
+from cs336_systems.grading.repo.leaderboard.observer import PHASE_MARKER, Observed, parse, phases
 
 OWN = {"fwd_kernel", "bwd_dkdv_kernel", "bwd_dq_kernel"}
 TRITON_BACKWARD = {"bwd_dkdv_kernel": 5.0, "bwd_dq_kernel": 3.0, "triton_poi_fused_mul_sum_0": 0.1}

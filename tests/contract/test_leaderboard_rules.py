@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336_systems.grading import class_report, leaderboard
-from cs336_systems.grading.judge import clock, standing
-from cs336_systems.grading.kernel_names import kernels_in, repository_kernels
-from cs336_systems.grading.observer import Observed, parse, phases
+from cs336_systems.grading.class_run import class_report
+from cs336_systems.grading.judge.kernel_names import kernels_in, repository_kernels
+from cs336_systems.grading.repo.leaderboard import clock, standing
+from cs336_systems.grading.repo.leaderboard import row as leaderboard
+from cs336_systems.grading.repo.leaderboard.observer import Observed, parse, phases
 from cs336_systems.grading.roots import discover
 from cs336_systems.grading.shared.clock import FIELDS, iterations
 

@@ -63,7 +63,7 @@ def test_repository_job_with_subreapers_alone(tmp_path: Path) -> None:
     marker = f"left-behind-{uuid.uuid4().hex}"
     out, options = tmp_path / "out", tmp_path / "options.json"
     options.write_text(json.dumps({"tiers": "course", "judge_args": JUDGE_ARGS}))
-    cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(ADAPTERS), "--out", str(out)]
+    cmd = [sys.executable, "-m", "cs336_systems.grading.repo.repo_job", str(ADAPTERS), "--out", str(out)]
     run = subprocess.run(
         [*cmd, "--options", str(options)],
         cwd=ROOT,

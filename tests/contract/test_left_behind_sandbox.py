@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading.classroom import ClassRun, stop
+from cs336_systems.grading.class_run.classroom import ClassRun, stop
+from cs336_systems.grading.judge.runner import Machine
+from cs336_systems.grading.judge.session import Grader
 from cs336_systems.grading.probe import probe
-from cs336_systems.grading.repo_job import RepoOptions, grade_repo
+from cs336_systems.grading.repo.repo_job import RepoOptions, grade_repo
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.runner import Machine
 from cs336_systems.grading.sandbox import JobFolder, Sandbox, namespaces_work
-from cs336_systems.grading.session import Grader
 from cs336_systems.grading.shared.cases import CASES, UNFINISHED_HERE
 from cs336_systems.grading.verdict import FAILED, SKIPPED, Verdict
 

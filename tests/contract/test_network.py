@@ -136,7 +136,7 @@ def _repo_job(target: Path, out: Path, judge_args: list[str]) -> tuple[int, dict
     """``repo_job`` as a class run starts it: its exit status and ``grade.json``."""
     options = out.parent / "options.json"
     options.write_text(json.dumps({"tiers": "course", "judge_args": judge_args}))
-    cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(target), "--out", str(out)]
+    cmd = [sys.executable, "-m", "cs336_systems.grading.repo.repo_job", str(target), "--out", str(out)]
     run = subprocess.run(
         [*cmd, "--options", str(options)], cwd=ROOT, env=clean_env(), capture_output=True, timeout=280
     )

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.grading import observer_turn
-from cs336_systems.grading.class_executor import _wait
+from cs336_systems.grading.class_run.class_executor import _wait
+from cs336_systems.grading.repo.leaderboard import observer_turn
 
 
 def test_a_second_observer_waits_and_its_wait_is_recorded(tmp_path: Path) -> None:
@@ -80,8 +80,8 @@ def test_the_one_machine_class_run_adds_the_wait_to_a_repositorys_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, waited_s: float, outcome: str
 ) -> None:
     """The class run's own scheduler (no ``--executor``) stops a repository at its limit plus its wait."""
-    from cs336_systems.grading import classroom
-    from cs336_systems.grading.repo_job import RepoOptions
+    from cs336_systems.grading.class_run import classroom
+    from cs336_systems.grading.repo.repo_job import RepoOptions
 
     from .grading_run import STUDENTS
 

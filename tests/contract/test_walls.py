@@ -231,7 +231,7 @@ def test_writes_outside(tmp_path):
 def test_the_course_tests_run_inside_the_walls(tmp_path: Path) -> None:
     """A repository's own tests (``--course-tests own``) are its code too: they run in the same walls as a
     worker, and one that writes outside them fails there without writing."""
-    from cs336_systems.grading import course_tests
+    from cs336_systems.grading.repo import course_tests
     from cs336_systems.grading.roots import discover
 
     repo = shutil.copytree(STUDENTS / "src_layout", tmp_path / "repo")

@@ -51,8 +51,8 @@ import sys
 from pathlib import Path
 
 from cs336_systems.grading.roots import SUITE_ROOT
-from cs336_systems.harness.executor import ExecutorError, add_executor_options
-from cs336_systems.harness.interrupt import Interrupted
+from cs336_systems.jobs.executor import ExecutorError, add_executor_options
+from cs336_systems.jobs.interrupt import Interrupted
 
 PROG = "python -m cs336_systems.cli.grade"
 
@@ -174,7 +174,7 @@ def _gpu_present() -> bool:
 
 
 def _options(args: argparse.Namespace):
-    from cs336_systems.grading.repo_job import RepoOptions
+    from cs336_systems.grading.repo.repo_job import RepoOptions
 
     workers = args.workers or (4 if _gpu_present() else 1)
     return RepoOptions(
@@ -229,7 +229,7 @@ def _check_paths(args: argparse.Namespace) -> None:
 def _repositories(args: argparse.Namespace) -> dict[str, Path]:
     """The repositories to grade, after every check that needs no import of torch or of graded code."""
     from cs336_systems.grading.access import worker_cannot_read
-    from cs336_systems.grading.classroom import repositories
+    from cs336_systems.grading.class_run.classroom import repositories
     from cs336_systems.grading.probe import syntax_problem
     from cs336_systems.grading.roots import GradingSetupError
 
@@ -284,7 +284,7 @@ def _walls_hold(args: argparse.Namespace, repos: dict[str, Path], out: Path) -> 
     False (after one line) when a class would run where one repository's code can write another's tree
     or the grading environment, and the TA has not accepted that risk by name."""
     from cs336_systems.grading import walls
-    from cs336_systems.grading.classroom import neighbours
+    from cs336_systems.grading.class_run.classroom import neighbours
     from cs336_systems.grading.sandbox import Sandbox
 
     first = next(iter(repos))
@@ -311,7 +311,7 @@ def _walls_hold(args: argparse.Namespace, repos: dict[str, Path], out: Path) -> 
 def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alone: bool = False):
     """The job machinery of a class; ``alone``: one repository with the whole machine (every core and
     every GPU visible to it, as the graded code's multi-rank cases may use them; no anchors)."""
-    from cs336_systems.grading.classroom import ClassRun
+    from cs336_systems.grading.class_run.classroom import ClassRun
 
     gpus, models = (0, []) if alone else _gpus()  # alone, torch is not imported here (1.4 s of CPU)
     return ClassRun(
@@ -348,7 +348,7 @@ def grade_one(args: argparse.Namespace, repos: dict[str, Path]) -> int:
     run = _class_run(args, repos, out, alone=True)
     run.run()
     if args.out is not None:
-        from cs336_systems.grading import class_report
+        from cs336_systems.grading.class_run import class_report
 
         written, _ = class_report.write(out, list(repos))
         print(f"class report: {written['md']}, {written['csv']}, {written['html']}")
@@ -359,7 +359,7 @@ def _say_repository(args: argparse.Namespace, folder: Path, code: int | str | No
     """A graded repository's log, its isolation, where its results are, and its table (the last thing
     printed); its exit status (``code``: its job's; None: the one its results give, as when they were
     up to date)."""
-    from cs336_systems.grading import summary
+    from cs336_systems.grading.judge import summary
 
     report = json.loads((folder / "grade.json").read_text()) if (folder / "grade.json").is_file() else None
     failure = (folder / "failure.txt").read_text().strip() if (folder / "failure.txt").is_file() else None
@@ -386,7 +386,8 @@ def _say_repository(args: argparse.Namespace, folder: Path, code: int | str | No
 
 
 def _print_report(report: dict, folder: Path) -> None:
-    from cs336_systems.grading import class_report, course_report, summary
+    from cs336_systems.grading.class_run import class_report, course_report
+    from cs336_systems.grading.judge import summary
 
     lb = report.get("leaderboard")
     if lb:
@@ -413,7 +414,7 @@ def _executor_run(args: argparse.Namespace, repos: dict[str, Path], out: Path) -
     """The class as one job per repository (``--executor``), through submitit."""
     import torch
 
-    from cs336_systems.grading.class_executor import ClassJobs, config_for_class, run_class
+    from cs336_systems.grading.class_run.class_executor import ClassJobs, config_for_class, run_class
 
     local_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     config = config_for_class(args, len(repos), local_gpus, out / "jobs")
@@ -424,7 +425,7 @@ def _executor_run(args: argparse.Namespace, repos: dict[str, Path], out: Path) -
 
 
 def grade_class(args: argparse.Namespace, repos: dict[str, Path]) -> int:
-    from cs336_systems.grading import class_report
+    from cs336_systems.grading.class_run import class_report
 
     out = _out(args)
     _say_isolation(args)

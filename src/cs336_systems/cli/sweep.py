@@ -22,17 +22,6 @@ import sys
 from pathlib import Path
 
 from cs336_systems.cli.common import Parser, check_outputs
-from cs336_systems.harness.executor import (
-    ExecutorConfig,
-    ExecutorError,
-    LocalGpus,
-    add_executor_options,
-    config_from_args,
-    describe,
-    local_gpu_count,
-)
-from cs336_systems.harness.interrupt import Interrupted
-from cs336_systems.harness.jobs import Outcome, Watch, run_jobs
 from cs336_systems.harness.sweep import (
     BenchCase,
     SweepError,
@@ -43,6 +32,17 @@ from cs336_systems.harness.sweep import (
     merge,
     unfinished,
 )
+from cs336_systems.jobs.executor import (
+    ExecutorConfig,
+    ExecutorError,
+    LocalGpus,
+    add_executor_options,
+    config_from_args,
+    describe,
+    local_gpu_count,
+)
+from cs336_systems.jobs.interrupt import Interrupted
+from cs336_systems.jobs.run import Outcome, Watch, run_jobs
 
 
 def parser() -> Parser:

@@ -14,6 +14,8 @@
   (a machine where they get in the way of the GPU's drivers); passed on to the judge like the others.
 - ``CS336_GRADE_NETWORK``: set by ``repo_job`` when it made a network of its own (``network``): that
   namespace's name, so that its judge can say so (a record naming another namespace says nothing).
+- ``CS336_NCU``: the Nsight Compute binary that observes the leaderboard's run (``observer``), or ``0`` to
+  grade without an observer (default: ``ncu`` on ``PATH``, then the usual install places).
 - ``CS336_COURSE_TESTS_PORT``: set for a run of the course's tests (``course_tests``): the port its process
   groups use instead of the course's fixed 12390, so that runs side by side do not collide.
 """
@@ -31,6 +33,7 @@ SCRATCH_ENV = "CS336_GRADE_SCRATCH"
 WORKER_USER_ENV = "CS336_GRADE_WORKER_USER"
 ISOLATION_ENV = "CS336_GRADE_ISOLATION"
 NETWORK_ENV = "CS336_GRADE_NETWORK"
+NCU_ENV = "CS336_NCU"
 
 
 def adapters_from_env() -> str | None:
@@ -68,6 +71,11 @@ def worker_user_from_env() -> str | None:
 
 def namespaces_wanted() -> bool:
     return os.environ.get(ISOLATION_ENV, "") != "subreaper"
+
+
+def ncu_from_env() -> str | None:
+    """The configured ``ncu`` (a path, or ``"0"``: no observer); ``None`` when unset."""
+    return os.environ.get(NCU_ENV) or None
 
 
 def network_from_env() -> str | None:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from cs336_systems.grading.judge import provenance
-from cs336_systems.grading.pytest_plugin import PROBE, ROOTS
-from cs336_systems.grading.runner import Job, run
+from cs336_systems.grading.judge.pytest_plugin import PROBE, ROOTS
+from cs336_systems.grading.judge.runner import Job, run
 from cs336_systems.grading.shared.cases import TRITON_HOOK  # noqa: F401  (the benches' rows name it)
 
 IMPL = "adapters"  # the implementation value of the benches' adapters rows

@@ -30,9 +30,9 @@ from typing import Any
 
 import submitit
 
-from .executor import LocalGpus, gpu_claim
-from .interrupt import JobTimeout, work_ends_with_job
-from .jobs import Outcome
+from ..jobs.executor import LocalGpus, gpu_claim
+from ..jobs.interrupt import JobTimeout, work_ends_with_job
+from ..jobs.run import Outcome
 
 FAILED_GROUP = "sweep: jobs that failed"
 TAIL = 1500  # characters of a failed run's output kept as its error

@@ -1,46 +1,6 @@
-"""The judging side of grading: every input is made here, every reference computed here, every output
-of a graded process compared here (never in the graded process). One module per hook family; run as a
-module (``python -m cs336_systems.grading.judge``, ``__main__.py``) it is the judging process itself,
-whose loop is ``grading/judging.py``."""
-
-from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
-
-import torch
-
-from ..shared.cases import Case
-from ..verdict import Verdict
-from . import attention, fsdp, training
-
-MAKERS = {
-    "attention": attention.make_inputs,
-    "ddp": training.make_ddp_inputs,
-    "sharded": training.make_sharded_inputs,
-    "fsdp": fsdp.make_inputs,
-}
-
-
-def make_inputs(case: Case, seed: int) -> dict[str, Any]:
-    """The case's inputs, drawn from ``seed`` (fresh for every run unless the grader asks for one)."""
-    gen = torch.Generator().manual_seed(seed)
-    return MAKERS[case.family](case, gen)
-
-
-def reference_device(case: Case, on_gpu: bool) -> torch.device:
-    """Where the reference runs: where the worker ran the case (the course's placement on a GPU host),
-    so that both compute with the same kernels."""
-    return torch.device("cuda", 0) if on_gpu and case.device in ("cuda", "course") else torch.device("cpu")
-
-
-def judge(case: Case, inputs: dict, payloads: list[dict], roots: list[Path], on_gpu: bool) -> Verdict:
-    """The case's verdict from every rank's validated output record (status ``done``)."""
-    device = reference_device(case, on_gpu)
-    if case.family == "attention":
-        return attention.judge(case, inputs, payloads[0], roots, device)
-    if case.family == "fsdp":
-        return fsdp.judge(case, inputs, payloads, device)
-    return (training.judge_ddp if case.family == "ddp" else training.judge_sharded)(
-        case, inputs, payloads, device
-    )
+"""The judging process: every input is made here, every reference computed here, every output of a
+graded process compared here (never in the graded process). Run as a module (``python -m
+cs336_systems.grading.judge``, ``__main__.py``) it is the judging process itself: ``judging`` is its loop,
+``session`` plans the jobs and decides, ``runner`` starts and reads the workers, ``summary`` reports,
+``families`` and one module per hook family judge; ``pytest_plugin`` is the same pieces under pytest.
+Nothing is imported here, so that importing one of these modules costs only what it needs."""

@@ -1,9 +1,9 @@
 """The judging process: ``python -m cs336_systems.grading.judge --adapters PATH [OPTIONS] [-k EXPR]``.
 
 Grades one adapters file against the case table, the graded code in worker processes of its own, the
-inputs, references and verdicts made here (``grading/judging.py``, the loop). The options are the pytest
-front end's (``pytest tests/contract --adapters PATH ...``, ``grading/options.py``); ``-k EXPR`` selects
-cases with pytest's keyword expressions (``grading/keywords.py``). ``repo_job`` runs this for every
+inputs, references and verdicts made here (``grading/judge/judging.py``, the loop). The options are the pytest
+front end's (``pytest tests/contract --adapters PATH ...``, ``grading/judge/options.py``); ``-k EXPR`` selects
+cases with pytest's keyword expressions (``grading/judge/keywords.py``). ``repo_job`` runs this for every
 repository of a class run; it needs no ``tests/`` folder.
 """
 
@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from ..judging import USAGE_ERROR, JudgeConfig, run
-from ..options import OPTIONS
+from .judging import USAGE_ERROR, JudgeConfig, run
+from .options import OPTIONS
 
 PROG = "python -m cs336_systems.grading.judge"
 

@@ -178,7 +178,7 @@ def judge_raised(case: Case, payload: dict, roots: list[Path], on_gpu: bool) -> 
 
 @functools.lru_cache(maxsize=64)
 def source_kernels(roots: tuple[Path, ...]) -> frozenset[str]:
-    from ..kernel_names import repository_kernels
+    from .kernel_names import repository_kernels
 
     return frozenset(repository_kernels(list(roots)))
 

@@ -8,7 +8,7 @@ learns only when the parent starts its clock, runs ``call(q, k, v).sum().backwar
 protocol does, and reduces what came out to a fingerprint: per batch row, the dot product of dQ, dK, dV
 and O with a projection drawn from the same generator. A fingerprint costs one fused pass over each
 tensor; it cannot be produced without the iteration's outputs, so an iteration skipped, cached,
-precomputed or computed on other inputs fails the parent's comparison (``judge/clock.py``).
+precomputed or computed on other inputs fails the parent's comparison (``repo/leaderboard/clock.py``).
 
 The protocol between the two processes, through files in the job's folder: the worker writes
 ``out/ready.<round>`` when it is warm and waits for ``inputs/go.<round>.json`` (``{"seed", "iterations"}``,

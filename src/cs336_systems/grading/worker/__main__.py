@@ -1,4 +1,4 @@
-"""A grading worker: ``python <this file> JOB.json``, started by ``cs336_systems.grading.runner``.
+"""A grading worker: ``python <this file> JOB.json``, started by ``cs336_systems.grading.judge.runner``.
 
 It computes and never judges. Run as a file, never as ``-m cs336_systems...``: this process's
 ``cs336_systems`` must be the student's. It loads this folder and ``../shared`` as the private packages

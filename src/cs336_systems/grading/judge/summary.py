@@ -15,10 +15,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .probe import ALL_HOOKS
-from .progress import append
-from .shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE, Case
-from .verdict import ERROR, FAILED, PASSED, SKIPPED, Verdict
+from ..probe import ALL_HOOKS
+from ..progress import append
+from ..shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE, Case
+from ..verdict import ERROR, FAILED, PASSED, SKIPPED, Verdict
 
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR)
 SKIP_WORDS = {
@@ -162,7 +162,7 @@ class Recorder:
 
     def write(self, grade_json: Path | None, isolation: dict | None) -> None:
         if isolation is not None:
-            from .sandbox import kill_descendants
+            from ..sandbox import kill_descendants
 
             kill_descendants()
         if self.cases and grade_json:

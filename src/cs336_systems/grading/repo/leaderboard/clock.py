@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from ..exchange import Untrusted, tensor
-from ..shared.clock import FIELDS, go_file, iterations, ready_file, result_name, wait_for
+from ...exchange import Untrusted, tensor
+from ...shared.clock import FIELDS, go_file, iterations, ready_file, result_name, wait_for
 
 # |got - ref| <= TOLERANCE x the reference's projected norm, per fingerprint. bf16 rounding of a correct
 # kernel moves a fingerprint by about 1e-2 of that norm (random signs: the errors add as a random walk); a

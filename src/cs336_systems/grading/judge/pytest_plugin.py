@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ..settings import adapters_from_env, loaded_before, mark_loaded
 from .options import OPTIONS
-from .settings import adapters_from_env, loaded_before, mark_loaded
 
 DEFAULT_ADAPTERS = "tests/adapters.py"
 CASE_PROPERTY = "grade_case"  # the user_properties key of a case's entry (they travel to xdist's controller)
@@ -40,7 +40,7 @@ def requested_adapters(config: pytest.Config) -> Path | None:
 
 
 def student_roots(config: pytest.Config, adapters: Path):
-    from .roots import discover
+    from ..roots import discover
 
     return discover(
         adapters, *(config.getoption(f) for f in ("--repo-root", "--package-root", "--basics-root"))
@@ -99,8 +99,8 @@ class GradeSummary:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .probe import probe
-    from .roots import SUITE_ROOT, GradingSetupError
+    from ..probe import probe
+    from ..roots import SUITE_ROOT, GradingSetupError
     from .session import check_loads, run_seed
     from .summary import Recorder
 

@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from ..probe import Probe, probe
+from ..roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
+from ..sandbox import Sandbox, become_subreaper, kill_descendants
+from ..settings import adapters_from_env, loaded_before, mark_loaded
+from ..shared.cases import FAMILIES, Case, of_family
+from ..verdict import ERROR, FAILED, GRADER_RAISED, PASSED, SKIPPED, Verdict
 from . import keywords
-from .probe import Probe, probe
-from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
-from .sandbox import Sandbox, become_subreaper, kill_descendants
 from .session import WORKER_TIMEOUT_S, Grader, check_loads, default_jobs, load_verdict, run_seed
-from .settings import adapters_from_env, loaded_before, mark_loaded
-from .shared.cases import FAMILIES, Case, of_family
 from .summary import STATUSES, Recorder, case_entry, exit_status, render
-from .verdict import ERROR, FAILED, GRADER_RAISED, PASSED, SKIPPED, Verdict
 
 OK, FAILURES, INTERRUPTED, USAGE_ERROR, NONE_SELECTED = 0, 1, 2, 4, 5
 DEFAULT_ADAPTERS = SUITE_ROOT / "tests" / "adapters.py"  # the suite's own hooks, in a checkout

@@ -26,11 +26,11 @@ from pathlib import Path
 
 from cs336_systems.distributed.launch import find_free_port
 
-from .probe import ALL_HOOKS
-from .roots import GradingSetupError, StudentRoots, grader_pythonpath
-from .sandbox import JobFolder, Sandbox, jobs_parent, walls_message
-from .settings import COURSE_PORT_ENV
-from .shared.cases import CASES
+from ..probe import ALL_HOOKS
+from ..roots import GradingSetupError, StudentRoots, grader_pythonpath
+from ..sandbox import JobFolder, Sandbox, jobs_parent, walls_message
+from ..settings import COURSE_PORT_ENV
+from ..shared.cases import CASES
 
 GROUP_OF = {h: case.hooks[0] for case in CASES.values() for h in case.hooks}
 

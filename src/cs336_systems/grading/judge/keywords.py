@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from .shared.cases import Case
+from ..shared.cases import Case
 
 # The contract test of each family (``tests/contract/test_hooks.py``): its name is in each case's.
 FAMILY_TESTS = {

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
 
-from .roots import SUITE_ROOT, StudentRoots, suite_paths
+from ..roots import SUITE_ROOT, StudentRoots, suite_paths
 
 STUDENT_PACKAGES = ("cs336_systems", "cs336_basics")  # only ever the student's, never the grader's
 COURSE_DEPENDENCIES = SUITE_ROOT / "requirements" / "students.txt"

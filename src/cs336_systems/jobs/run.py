@@ -1,5 +1,5 @@
 """Running calls as jobs and watching them to the end (:func:`run_jobs`), through the executor that
-``harness/executor.py`` builds.
+``jobs/executor.py`` builds.
 
 What the caller hears, through a :class:`Watch`: each job's id as it is submitted, each job's outcome as
 soon as it ends (so that a run stopped half-way has recorded what finished), each running job at every

@@ -2,7 +2,7 @@
 
 A row is ranked only when all of these hold, and otherwise says "no rank" naming each that failed:
 1. **Correct work.** The Triton hook passes the course tier, and every timed iteration's outputs match
-   the reference on the leaderboard's shape (``judge/clock.py``). A different output dtype with the
+   the reference on the leaderboard's shape (``repo/leaderboard/clock.py``). A different output dtype with the
    right values costs nothing.
 2. **The parent's time.** A finite, positive time per iteration on this process's clock, not under the
    GPU's dense peak for the FLOPs.
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..exchange import text
-from ..kernel_names import GEMM_KIND, INDUCTOR_KIND, LIBRARY, OWN, by_kind, kind
-from ..observer import Observed, Phases
-from . import provenance
+from ...exchange import text
+from ...judge import provenance
+from ...judge.kernel_names import GEMM_KIND, INDUCTOR_KIND, LIBRARY, OWN, by_kind, kind
+from .observer import Observed, Phases
 
 # 90%, per phase: the real repositories whose forward and backward are Triton keep 94-99% of the observed
 # GPU time in their own kernels (the rest is inductor's sum, the ones of the gradient, and torch's

@@ -29,11 +29,11 @@ import torch
 
 from cs336_systems.distributed.launch import host_store
 
-from .exchange import Untrusted, read_payload, text
-from .roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
-from .sandbox import JobFolder, Sandbox, jobs_parent, returncode, walls_message
+from ..exchange import Untrusted, read_payload, text
+from ..roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
+from ..sandbox import JobFolder, Sandbox, jobs_parent, returncode, walls_message
 
-WORKER = Path(__file__).resolve().parent / "worker" / "__main__.py"
+WORKER = Path(__file__).resolve().parents[1] / "worker" / "__main__.py"
 JOB_STARTS, JOB_ENDED = "starts", "ended"  # ``CaseRuns.on_job``'s notes besides a rerun's reason
 RUNS_ALONE = "alone: a crash left it without records"
 EXIT_MEANING = {

@@ -24,15 +24,16 @@ from typing import Any
 
 import torch
 
-from . import judge, progress
-from .exchange import text
+from .. import progress
+from ..exchange import text
+from ..probe import Probe
+from ..roots import GradingSetupError, StudentRoots
+from ..settings import share_seed, shared_seed
+from ..shared.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
+from ..verdict import FAILED, MISSING_DEPENDENCY, Verdict
+from . import attention, families
 from .imports import DECLARED, NO_BASICS, missing_import
-from .probe import Probe
-from .roots import GradingSetupError, StudentRoots
 from .runner import JOB_ENDED, JOB_STARTS, CaseRuns, Job, Machine, Outcome, run
-from .settings import share_seed, shared_seed
-from .shared.cases import CASES, NEEDS_GPU, NOT_IMPLEMENTED, UNFINISHED_HERE, Case
-from .verdict import FAILED, MISSING_DEPENDENCY, Verdict
 
 WORKER_TIMEOUT_S = 240.0  # one job of the graded code (a family at one world size)
 IMPORT_FAILED = "import"  # a failure's kind: the adapters file imports what is nowhere (read from source)
@@ -102,7 +103,7 @@ class Grader:
             if case_id not in self._inputs:
                 digest = hashlib.sha256(f"{self.seed}/{case_id}".encode()).digest()
                 seed = int.from_bytes(digest[:4], "little")
-                self._inputs[case_id] = judge.make_inputs(CASES[case_id], seed)
+                self._inputs[case_id] = families.make_inputs(CASES[case_id], seed)
             return self._inputs[case_id]
 
     def batch_key(self, case: Case) -> tuple[str, int, str]:
@@ -219,10 +220,10 @@ def decide(case: Case, inputs: dict, outcome: Outcome, roots: StudentRoots, on_g
         if dep := record.get("missing_dependency"):
             return needs(text(dep, 60))
         if case.family == "attention":
-            return judge.attention.judge_raised(case, record, folders, on_gpu)
+            return attention.judge_raised(case, record, folders, on_gpu)
         frame = text(record.get("student_frame") or record.get("innermost_frame") or "", 300)
         prefix = f"rank {rank} " if case.world_size > 1 else ""
         return Verdict.failed(
             f"{prefix}raised {text(record.get('message', ''))}" + (f" (at {frame})" if frame else "")
         )
-    return judge.judge(case, inputs, outcome.records, folders, on_gpu)
+    return families.judge(case, inputs, outcome.records, folders, on_gpu)

@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ...settings import ncu_from_env
 
 METRIC = "gpu__time_duration.sum"
 # The kernel ``torch.cuda._sleep(0)`` launches: the marker ``shared/clock.py`` puts first in each observed
 # range (a forward's, then its backward's).
 PHASE_MARKER = "spin_kernel"
-NCU_ENV = "CS336_NCU"  # a path to ncu, or "0" to grade without an observer
 
 
 def ncu_path() -> str | None:
-    configured = os.environ.get(NCU_ENV)
+    configured = ncu_from_env()
     if configured == "0":
         return None
     found = configured or shutil.which("ncu")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cs336_systems.harness.executor import (
+from cs336_systems.jobs.executor import (
     ExecutorConfig,
     ExecutorError,
     LocalGpus,
@@ -41,15 +41,16 @@ from cs336_systems.harness.executor import (
     describe,
     gpu_claim,
 )
-from cs336_systems.harness.interrupt import Interrupted, JobTimeout, work_ends_with_job
-from cs336_systems.harness.jobs import Outcome, Watch, run_jobs
+from cs336_systems.jobs.interrupt import Interrupted, JobTimeout, work_ends_with_job
+from cs336_systems.jobs.run import Outcome, Watch, run_jobs
 
-from . import observer_turn, walls
+from .. import walls
+from ..progress import progress_line
+from ..repo.leaderboard import observer_turn
+from ..sandbox import become_subreaper, kill_descendants
 from .classroom import (
     ANCHORS_WORK,
     PROGRESS_S,
-    UP_TO_DATE,
-    _start,
     anchor_command,
     anchors_folder,
     distrust,
@@ -60,14 +61,13 @@ from .classroom import (
     record_failure,
     repo_command,
     repo_env,
+    start_job,
     stop,
-    up_to_date,
+    to_grade,
 )
-from .progress import progress_line
-from .sandbox import become_subreaper, kill_descendants
 
 if TYPE_CHECKING:
-    from .repo_job import RepoOptions
+    from ..repo.repo_job import RepoOptions
 
 STARTUP_MIN = 3  # a job's time limit beyond the repository's own: the job's start-up and cleanup
 
@@ -115,7 +115,7 @@ class ProcessJob:
                 env["CUDA_VISIBLE_DEVICES"] = devices
             become_subreaper()  # what the grading process leaves behind comes here, and is killed
             started = time.monotonic()
-            job = _start(self.name, self.cmd, env, self.log, None, self.out)
+            job = start_job(self.name, self.cmd, env, self.log, None, self.out)
             try:
                 code = _wait(job.proc, self.timeout_s, self.out)
             finally:
@@ -162,11 +162,7 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     frees, beside the last repositories (as the one-machine scheduler does); timed after the class it
     added its whole time to the class's (about 80 s on an H200). A GPU
     model it did not time, and every model on Slurm, is timed after the class (:func:`_time_anchors`)."""
-    fresh = lambda n, p: up_to_date(p, jobs.out / n, jobs.options)
-    todo = {n: p for n, p in jobs.repos.items() if jobs.force or not fresh(n, p)}
-    outcomes = {n: UP_TO_DATE for n in jobs.repos if n not in todo}
-    for name in outcomes:
-        say(f"[{name}] {outcomes[name]}")
+    todo, outcomes = to_grade(jobs.repos, jobs.out, jobs.options, jobs.force, say)
     if not todo:
         return outcomes
     config = jobs.config

@@ -3,7 +3,7 @@
 One typed configuration (:class:`ExecutorConfig`) is shared by every command that submits jobs (the
 bench sweep, the class run); it builds submitit's ``AutoExecutor`` for Slurm or its ``LocalExecutor`` for
 one machine, so CI runs the same code path as a cluster: job folders, pickled calls and results, logs
-and states all come from submitit. ``harness/jobs.py`` submits a list of calls and watches them to the end.
+and states all come from submitit. ``jobs/run.py`` submits a list of calls and watches them to the end.
 
 A job's time: submitit asks Slurm for a warning (USR2) ``signal_lead_s`` before the limit, fitted to the
 limit, and the suite's own limit on the job's work (``work_limit_s``) ends it before that warning can

@@ -7,7 +7,7 @@ machine could not run (no GPU there, a kernel that refuses CPU tensors, an overl
 line per reason and hook group, not one per case id. The leaderboard ranks the repositories' rows
 on the parent's clock (``leaderboard.py``), the course's own figure (``do_bench`` mean in the graded
 process) beside it, with the suite's kernel and cuDNN timed the same way on each model of GPU; a row that
-breaks a rule of ``judge/standing.py`` gets no rank and says why.
+breaks a rule of ``repo/leaderboard/standing.py`` gets no rank and says why.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..probe import ALL_HOOKS
+from ..repo.leaderboard.standing import finite_positive, order
+from ..shared.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 from .course_report import COURSE_NOTE, COURSE_TITLE, agreement_summary, course_table
-from .judge.standing import finite_positive, order
-from .probe import ALL_HOOKS
-from .shared.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 
 
 def load(path: Path) -> Any:

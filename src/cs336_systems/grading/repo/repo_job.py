@@ -1,11 +1,11 @@
 """Grading one repository into a folder of its own: what a class run does for each repository, in a
-process of its own (``python -m cs336_systems.grading.repo_job --out DIR TARGET``).
+process of its own (``python -m cs336_systems.grading.repo.repo_job --out DIR TARGET``).
 
 The folder gets ``grade.json`` (every case's verdict and message, the seed), ``results.json``
 (Gradescope's format, written even when grading fails), ``contract.log`` and ``progress.jsonl`` (one
 line per graded case, which the class run reads for its progress lines), and with ``--bench``
 ``leaderboard.json``: the 2025 leaderboard case timed on this side's clock over iterations it verifies,
-observed from outside where the machine can, and whether it may be ranked (``leaderboard.py``).
+observed from outside where the machine can, and whether it may be ranked (``leaderboard/``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from typing import Any
 
 # No import here may start a thread (torch's does: ``course_tests``, ``exchange`` are imported where
 # used): ``main`` first moves this process to a network of its own, which must be its only thread.
-from . import caches, gradescope, network, observer_turn, progress
-from .access import worker_cannot_read
-from .probe import syntax_problem
-from .roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
-from .sandbox import become_subreaper, kill_descendants
-from .settings import LOADED_ENV, SCRATCH_ENV, WORKER_USER_ENV, namespaces_wanted
-from .shared.cases import TRITON_HOOK
+from .. import caches, gradescope, network, progress
+from ..access import worker_cannot_read
+from ..probe import syntax_problem
+from ..roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
+from ..sandbox import become_subreaper, kill_descendants
+from ..settings import LOADED_ENV, SCRATCH_ENV, WORKER_USER_ENV, namespaces_wanted
+from ..shared.cases import TRITON_HOOK
+from .leaderboard import observer_turn
 
 RESERVE_S = 30.0  # of a repository's time limit, kept for writing its results and stopping what it left
 MIN_ROW_S = 60.0  # a leaderboard row needs at least this (a compile, the course's do_bench, the rounds)
@@ -68,7 +69,7 @@ def adapters_of(target: Path) -> Path:
 
 
 def contract_command(adapters: Path, opts: RepoOptions, out: Path) -> list[str]:
-    """The judging process of this repository (``grading/judging.py``), from the package: no ``tests/``
+    """The judging process of this repository (``grading/judge/judging.py``), from the package: no ``tests/``
     folder needed. ``--grade-json=PATH`` in one argument, as a left-behind process would look for it."""
     cmd = [sys.executable, "-m", "cs336_systems.grading.judge", f"--adapters={adapters}"]
     cmd += [f"--grade-json={out / 'grade.json'}", f"--grade-progress={out / 'progress.jsonl'}"]
@@ -163,7 +164,7 @@ def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, po
     reap()  # the course tests and the bench ran the graded code too
     (out / "grade.json").write_text(json.dumps(report, indent=2))
     gradescope.write(out / "results.json", gradescope.results(report, points))
-    from .summary import exit_status
+    from ..judge.summary import exit_status
 
     return exit_status(report, not roots.self_grade, code)
 
@@ -201,8 +202,8 @@ def repository_sandbox(opts: RepoOptions) -> Iterator[Path]:
 def walls_here(out: Path) -> dict[str, str]:
     """What a worker of this repository can write, probed as it starts (``walls.py``): the class's
     other repositories, the grading environment, the suite, the results, the grader's home and caches."""
-    from . import walls
-    from .sandbox import Sandbox
+    from .. import walls
+    from ..sandbox import Sandbox
 
     sandbox = Sandbox.from_env()
     return walls.probe(sandbox, walls.places(list(sandbox.hidden), [out, out.parent]))
@@ -228,8 +229,8 @@ def _leaderboard_or_why_not(
 ) -> dict[str, Any]:
     import torch
 
-    from . import leaderboard
-    from .probe import probe
+    from ..probe import probe
+    from .leaderboard.row import row
 
     blank = probe(adapters).reason(TRITON_HOOK)
     if blank:
@@ -244,7 +245,7 @@ def _leaderboard_or_why_not(
         why = f"not timed: {max(0.0, budget_s):.0f} s of the repository's time limit were left for it"
         return {"error": why, "ranked": False, "unranked_because": "not timed"}
     lock, record = observer_turn.lock_path(out.parent), out / observer_turn.WAIT_FILE
-    return leaderboard.row(roots, report, lock=lock, wait_record=record, budget_s=budget_s)
+    return row(roots, report, lock=lock, wait_record=record, budget_s=budget_s)
 
 
 def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:
@@ -255,7 +256,7 @@ def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:
 
 
 def _last_line(log: Path) -> str:
-    from .exchange import text
+    from ..exchange import text
 
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     return text(
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     # First, while this is the process's only thread: the judge, its stores and workers, the course's
     # tests and the leaderboard all start below, on this repository's network alone.
     network.isolate(namespaces_wanted())
-    p = argparse.ArgumentParser(prog="python -m cs336_systems.grading.repo_job", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m cs336_systems.grading.repo.repo_job", description=__doc__)
     p.add_argument("target", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--options", type=Path, required=True, help="the RepoOptions of the class run, as JSON")

@@ -23,21 +23,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cs336_systems.harness.executor import visible_devices
-from cs336_systems.harness.interrupt import Interrupted, catching_stops
+from cs336_systems.jobs.executor import visible_devices
+from cs336_systems.jobs.interrupt import Interrupted, catching_stops
 
-from . import gradescope, observer_turn, walls
-from .progress import partial_report, progress_line
-from .roots import SKIP_DIRS, GradingSetupError
-from .sandbox import become_subreaper, kill_descendants
-from .settings import HIDE_ENV
+from .. import gradescope, walls
+from ..progress import partial_report, progress_line
+from ..repo.leaderboard import observer_turn
+from ..roots import SKIP_DIRS, GradingSetupError
+from ..sandbox import become_subreaper, kill_descendants
+from ..settings import HIDE_ENV
 
 if TYPE_CHECKING:  # the CLI checks its targets with repositories() before torch is imported
-    from .repo_job import RepoOptions
+    from ..repo.repo_job import RepoOptions
 
 
 POLL_S = 0.5  # seconds between two looks at the running jobs
@@ -97,6 +99,18 @@ def newest_code(repo: Path) -> float:
             if f.endswith((".py", ".toml")):
                 newest = max(newest, (Path(folder) / f).stat().st_mtime)
     return newest
+
+
+def to_grade(
+    repos: dict[str, Path], out: Path, options: RepoOptions, force: bool, say: Callable[[str], None]
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """The repositories to grade (all with ``force``), and the outcome of the others (up to date), each
+    said: both schedulers, processes here and jobs, skip the same ones with the same line."""
+    todo = {n: p for n, p in repos.items() if force or not up_to_date(p, out / n, options)}
+    kept = {n: UP_TO_DATE for n in repos if n not in todo}
+    for name, outcome in kept.items():
+        say(f"[{name}] {outcome}")
+    return todo, kept
 
 
 def up_to_date(repo: Path, out: Path, options: RepoOptions) -> bool:
@@ -167,22 +181,19 @@ class ClassRun:
     def _spawn(self, name: str, target: Path, gpu: int | None, threads: int) -> Running:
         out, options = prepare_repo(self.out, name, self.options)
         env = repo_env(threads, gpu, neighbours(self.repos, name))
-        return _start(name, repo_command(target, out, options), env, out / "job.log", gpu, out)
+        return start_job(name, repo_command(target, out, options), env, out / "job.log", gpu, out)
 
     def _anchor(self, gpu: int) -> Running:
         out = self.out / "anchors"
         out.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible_devices([gpu]))
         cmd = anchor_command(out / f"gpu{gpu}.json")
-        return _start(f"anchors (gpu {gpu})", cmd, env, out / f"gpu{gpu}.log", gpu, out)
+        return start_job(f"anchors (gpu {gpu})", cmd, env, out / f"gpu{gpu}.log", gpu, out)
 
     def run(self) -> dict[str, str]:
         """Grade every repository; each one's outcome (graded, up to date, or why grading failed)."""
-        fresh = lambda n, p: up_to_date(p, self.out / n, self.options)
-        todo = [(n, p) for n, p in self.repos.items() if self.force or not fresh(n, p)]
-        outcomes = {n: UP_TO_DATE for n in self.repos if (n, self.repos[n]) not in todo}
-        for name in outcomes:
-            self._say(f"[{name}] {outcomes[name]}")
+        pending, outcomes = to_grade(self.repos, self.out, self.options, self.force, self._say)
+        todo = list(pending.items())  # taken from the front as slots free
         free = self.slots()
         threads = max(1, (os.cpu_count() or 2) // len(free))
         models = self.gpu_models or ["gpu"] * self.gpus
@@ -347,13 +358,13 @@ def prepare_repo(out_root: Path, name: str, options: RepoOptions) -> tuple[Path,
 
 def repo_command(target: Path, out: Path, options: Path) -> list[str]:
     """The process that grades one repository."""
-    cmd = [sys.executable, "-m", "cs336_systems.grading.repo_job", str(target)]
+    cmd = [sys.executable, "-m", "cs336_systems.grading.repo.repo_job", str(target)]
     return [*cmd, "--out", str(out), "--options", str(options)]
 
 
 def anchor_command(json_path: Path) -> list[str]:
     """The process that times the suite's kernel and cuDNN on the GPU it sees."""
-    return [sys.executable, "-m", "cs336_systems.grading.leaderboard", "--json", str(json_path)]
+    return [sys.executable, "-m", "cs336_systems.grading.repo.leaderboard.row", "--json", str(json_path)]
 
 
 def neighbours(repos: dict[str, Path], name: str) -> list[Path]:
@@ -431,7 +442,7 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()  # what it left since is re-parented to this process: the run's loop kills it
 
 
-def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out: Path) -> Running:
+def start_job(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out: Path) -> Running:
     """A job in a process group of its own (a time limit stops it with everything it started)."""
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
@@ -439,7 +450,7 @@ def _start(name: str, cmd: list[str], env: dict, log: Path, gpu: int | None, out
 
 
 def _tail(log: Path) -> str:
-    from .exchange import text
+    from ..exchange import text
 
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
     return text(lines[-1], 300) if lines else "(no output)"

@@ -1,9 +1,9 @@
 """One leaderboard row: the 2025 case timed on the parent's clock, observed from outside, judged here.
 
 ``row`` runs a timing worker of the repository's code (``worker/timing.leaderboard``) with the parent's
-clock talking to it (``judge/clock.py``), then, where this machine has Nsight Compute, an observed run of
+clock talking to it (``repo/leaderboard/clock.py``), then, where this machine has Nsight Compute, an observed run of
 one more round under ``ncu`` (``observer.py``); it verifies every timed iteration against the reference
-and decides the rank (``judge/standing.py``). ``anchors`` times the suite's own kernel and cuDNN the same
+and decides the rank (``repo/leaderboard/standing.py``). ``anchors`` times the suite's own kernel and cuDNN the same
 way. Where each number of a row comes from: ``docs/grading.md``, "The leaderboard".
 """
 
@@ -16,13 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import observer_turn
-from .exchange import text
-from .judge import clock, standing
+from ...exchange import text
+from ...roots import SUITE_ROOT, StudentRoots, discover
+from ...sandbox import jobs_parent
+from ...shared.cases import LEADERBOARD_CASE, TRITON_HOOK
+from . import clock, observer_turn, standing
 from .observer import Observed, command, ncu_path, parse, phases
-from .roots import SUITE_ROOT, StudentRoots, discover
-from .sandbox import jobs_parent
-from .shared.cases import LEADERBOARD_CASE, TRITON_HOOK
 
 TIMED_SHARE = 0.6  # of a row's time budget, for the timed run (compile, the course's do_bench, two rounds)
 PROTOCOL = "torch.compile(apply) (eager where compiling fails); parent's clock over verified iterations"
@@ -101,7 +100,7 @@ def row(
         evidence.observed = seen
         if seen is not None:
             evidence.phases = phases(seen, evidence.observed_iterations)
-        from .kernel_names import repository_kernels
+        from ...judge.kernel_names import repository_kernels
 
         evidence.repo_kernels = repository_kernels(roots.folders())
     decided = standing.standing(evidence)
@@ -184,7 +183,7 @@ def _clock_run(
     round it handed back verified: what the job left, the clock's rounds, and why they do not count."""
     import torch
 
-    from .runner import Job, run
+    from ...judge.runner import Job, run
 
     base = {"shape": shape, "device": device, "dtype": dtype, "rounds": plan.rounds, "wait_s": plan.wait_s}
     job = Job(
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     p = argparse.ArgumentParser(
-        prog="python -m cs336_systems.grading.leaderboard",
+        prog="python -m cs336_systems.grading.repo.leaderboard.row",
         description="Time the leaderboard's references (the suite's kernel, cuDNN) as the students' rows are "
         "timed, on this machine's first GPU; write them as JSON.",
     )

@@ -4,7 +4,7 @@ decides; ``grade.json`` keeps its ``"agreement"`` and ``"course_tests"``)."""
 
 from __future__ import annotations
 
-from .probe import ALL_HOOKS
+from ..probe import ALL_HOOKS
 
 COURSE_TITLE = "The course's own tests beside the grader (--course-tests)"
 COURSE_NOTE = (
