@@ -439,6 +439,8 @@ def stop(proc: subprocess.Popen) -> None:
     kill_descendants(root=proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # a job that leads no group of its own: frozen till now
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait()  # what it left since is re-parented to this process: the run's loop kills it
 
 
