@@ -178,11 +178,13 @@ def test_problems_are_named() -> None:
 def test_only_a_ranked_row_reaches_gradescopes_leaderboard() -> None:
     points = gradescope.load_points(None)
     ranked = {"cases": [], "seed": 1, "seconds": {"contract": 40.2, "bench": 61.0}}
-    ranked["leaderboard"] = {"ranked": True, "mean_ms": 9.12345}
+    ranked["leaderboard"] = {"ranked": True, "parent_ms": 9.12345, "course_ms": 1.0}
     doc = gradescope.results(ranked, points)
     assert doc["leaderboard"] == [{"name": gradescope.LEADERBOARD_NAME, "value": 9.123, "order": "asc"}]
     assert doc["execution_time"] == 101
-    for unranked in ({"ranked": False, "mean_ms": 2.0}, {"ranked": True, "mean_ms": float("nan")}):
+    earlier = {**ranked, "leaderboard": {"ranked": True, "mean_ms": 9.12345}}  # a row of the earlier name
+    assert gradescope.results(earlier, points)["leaderboard"] == doc["leaderboard"]
+    for unranked in ({"ranked": False, "parent_ms": 2.0}, {"ranked": True, "parent_ms": float("nan")}):
         assert "leaderboard" not in gradescope.results({**ranked, "leaderboard": unranked}, points)
     bad = {**doc, "leaderboard": [{"name": "x", "value": float("inf"), "order": "asc"}]}
     assert any("leaderboard[0]" in p for p in gradescope.problems(bad))

@@ -110,7 +110,7 @@ def test_the_parents_clock_times_a_worker_and_verifies_it() -> None:
     )
     assert row["iterations"] == 2
     assert "1 of 2 timed iterations do not match" in row["unranked_because"], row
-    assert row["mean_ms"] is None and not row["ranked"]
+    assert row["parent_ms"] is None and not row["ranked"]
 
 
 def standing_hook() -> str:
@@ -271,21 +271,21 @@ def test_the_class_leaderboard_ranks_only_what_the_rules_allow(tmp_path: Path) -
     import json
 
     rows = {
-        "honest": {"mean_ms": 9.0, "course_ms": 9.3, "ranked": True, "attribution": "observed (ncu)"},
-        "faster-self": {"mean_ms": 5.0, "course_ms": 5.0, "ranked": True, "attribution": "self-reported"},
+        "honest": {"parent_ms": 9.0, "course_ms": 9.3, "ranked": True, "attribution": "observed (ncu)"},
+        "faster-self": {"parent_ms": 5.0, "course_ms": 5.0, "ranked": True, "attribution": "self-reported"},
         "wrong": {
-            "mean_ms": 2.0,
+            "parent_ms": 2.0,
             "ranked": False,
             "unranked_because": "the Triton hook fails the course tier",
         },
-        "no-time": {"mean_ms": None, "ranked": True, "attribution": "observed (ncu)"},
-        "nan": {"mean_ms": math.nan, "ranked": True, "attribution": "observed (ncu)"},
+        "no-time": {"parent_ms": None, "ranked": True, "attribution": "observed (ncu)"},
+        "nan": {"parent_ms": math.nan, "ranked": True, "attribution": "observed (ncu)"},
     }
     for name, lb in rows.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "leaderboard.json").write_text(json.dumps(lb))
     (tmp_path / "anchors").mkdir()
-    anchor = {"rows": [{"name": "cuDNN (SDPA)", "mean_ms": 4.5, "course_ms": 4.4, "agreement": "agree"}]}
+    anchor = {"rows": [{"name": "cuDNN (SDPA)", "parent_ms": 4.5, "course_ms": 4.4, "agreement": "agree"}]}
     (tmp_path / "anchors" / "gpu0.json").write_text(json.dumps(anchor))
     board = class_report.leaderboard(
         class_report.collect(tmp_path, list(rows)), class_report.anchors(tmp_path)

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .leaderboard_row import LeaderboardRow
 from .shared.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU, REFUSES_CPU, TIERS, TRITON_HOOK, UNFINISHED_HERE
 from .verdict import ERROR, GRADER_RAISED, MISSING_DEPENDENCY, PASSED, SKIPPED
 
@@ -142,9 +143,9 @@ def _document(
         "extra_data": {"seed": report.get("seed")},
         "tests": tests,
     }
-    lb = report.get("leaderboard") or {}
-    if isinstance(lb, dict) and lb.get("ranked") and _number(lb.get("mean_ms")) and lb["mean_ms"] > 0:
-        doc["leaderboard"] = [{"name": LEADERBOARD_NAME, "value": round(lb["mean_ms"], 3), "order": "asc"}]
+    row = LeaderboardRow.read(report.get("leaderboard"))
+    if row is not None and row.ranked and row.parent_ms is not None:
+        doc["leaderboard"] = [{"name": LEADERBOARD_NAME, "value": round(row.parent_ms, 3), "order": "asc"}]
     return doc
 
 

@@ -23,8 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..leaderboard_row import LeaderboardRow
 from ..probe import ALL_HOOKS
-from ..repo.leaderboard.standing import finite_positive, order
+from ..repo.leaderboard.standing import order
 from ..shared.cases import CASES, NEEDS_GPU, REFUSES_CPU, TIERS, UNFINISHED_HERE
 from .course_report import COURSE_NOTE, COURSE_TITLE, agreement_summary, course_table
 
@@ -84,8 +85,9 @@ def anchors(out: Path) -> list[dict]:
     for path in sorted((out / "anchors").glob("gpu*.json")):
         data = load(path) or {}
         for row in data.get("rows", []) if isinstance(data, dict) else []:
-            if isinstance(row, dict) and finite_positive(row.get("mean_ms")):
-                rows.append({**row, "at": path.stem})
+            read = LeaderboardRow.read(row)
+            if read is not None and read.parent_ms is not None:
+                rows.append({"name": str(row.get("name")), "row": read, "at": path.stem})
     return rows
 
 
@@ -232,47 +234,35 @@ def leaderboard(repos: dict[str, dict], anchor_rows: list[dict]) -> list[dict]:
     reason, then the references."""
     rows = []
     for name, r in repos.items():
-        lb = r["leaderboard"]
-        if not isinstance(lb, dict):
+        lb = LeaderboardRow.read(r["leaderboard"])
+        if lb is None:
             continue
-        how = "compiled" if lb.get("compiled") else f"eager ({_compile_failure(lb.get('compile_error'))})"
-        rows.append(
-            {
-                "name": name,
-                "mean_ms": finite_positive(lb.get("mean_ms")),
-                "course_ms": finite_positive(lb.get("course_ms")),
-                "agreement": str(lb.get("agreement") or "-"),
-                "attribution": str(lb.get("attribution") or "-"),
-                "share": lb.get("repository_share"),
-                "backward": str(lb.get("backward") or "-"),
-                "how": how,
-                "ranked": bool(lb.get("ranked")) and finite_positive(lb.get("mean_ms")) is not None,
-                "why": str(lb.get("unranked_because") or lb.get("error") or ""),
-                "ran": ", ".join(map(str, lb.get("repository_kernels_ran") or [])) or "-",
-            }
-        )
-    ranked = order([dict(r, parent_ms=r["mean_ms"]) for r in rows if r["ranked"]])
+        how = "compiled" if lb.compiled else f"eager ({_compile_failure(lb.compile_error)})"
+        rows.append(_board_row(name, lb, how))
+    ranked = order([r for r in rows if r["ranked"]])
     for i, r in enumerate(ranked, 1):
         r["rank"] = str(i)
     unranked = [dict(r, rank="no rank") for r in rows if not r["ranked"]]
-    refs = [
-        {
-            "rank": "ref",
-            "name": a["name"],
-            "mean_ms": a["mean_ms"],
-            "course_ms": finite_positive(a.get("course_ms")),
-            "agreement": str(a.get("agreement") or "-"),
-            "attribution": "reference",
-            "share": None,
-            "backward": "-",
-            "how": f"on {a['at']}",
-            "ranked": False,
-            "why": "",
-            "ran": "-",
-        }
-        for a in anchor_rows
-    ]
+    refs = [_board_row(a["name"], a["row"], f"on {a['at']}", reference=True) for a in anchor_rows]
     return ranked + unranked + refs
+
+
+def _board_row(name: str, lb: LeaderboardRow, how: str, reference: bool = False) -> dict:
+    """A line of the ranking, from the row its repository's job wrote (or a reference's)."""
+    return {
+        "rank": "ref" if reference else "",
+        "name": name,
+        "parent_ms": lb.parent_ms,
+        "course_ms": lb.course_ms,
+        "agreement": lb.agreement,
+        "attribution": "reference" if reference else lb.attribution,
+        "share": None if reference else lb.repository_share,
+        "backward": "-" if reference else lb.backward,
+        "how": how,
+        "ranked": lb.ranked and not reference,
+        "why": "" if reference else lb.unranked_because,
+        "ran": ", ".join(lb.repository_kernels_ran) or "-",
+    }
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -288,7 +278,7 @@ def _lb_rows(board: list[dict]) -> list[list[str]]:
         [
             b["rank"],
             b["name"],
-            ms(b["mean_ms"]),
+            ms(b["parent_ms"]),
             ms(b["course_ms"]),
             b["agreement"],
             b["attribution"],
@@ -330,8 +320,8 @@ LB_NOTE = (
 def chart(board: list[dict], path: Path) -> bytes | None:
     """A dot plot on a linear axis: each row's parent-clock time, references as vertical lines (a
     log-scale bar starts nowhere)."""
-    timed = [b for b in board if isinstance(b["mean_ms"], int | float) and b["rank"] != "ref"]
-    refs = [b for b in board if b["rank"] == "ref" and isinstance(b["mean_ms"], int | float)]
+    timed = [b for b in board if isinstance(b["parent_ms"], int | float) and b["rank"] != "ref"]
+    refs = [b for b in board if b["rank"] == "ref" and isinstance(b["parent_ms"], int | float)]
     if not timed and not refs:
         return None
     import matplotlib
@@ -343,12 +333,12 @@ def chart(board: list[dict], path: Path) -> bytes | None:
     names = [b["name"] for b in timed][::-1]
     for y, b in enumerate(timed[::-1]):
         color = "tab:blue" if b["ranked"] else "tab:red"
-        ax.plot(b["mean_ms"], y, "o", color=color)
+        ax.plot(b["parent_ms"], y, "o", color=color)
         if isinstance(b["course_ms"], int | float):
             ax.plot(b["course_ms"], y, "x", color="0.4")
     for i, r in enumerate(refs):
         ax.axvline(
-            r["mean_ms"], color=f"C{i + 2}", linestyle="--", label=f"{r['name']} {r['mean_ms']:.2f} ms"
+            r["parent_ms"], color=f"C{i + 2}", linestyle="--", label=f"{r['name']} {r['parent_ms']:.2f} ms"
         )
     ax.set_yticks(range(len(names)), names)
     ax.set_xlim(left=0)

@@ -106,7 +106,6 @@ def row(
     decided = standing.standing(evidence)
     return {
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
-        "mean_ms": decided["parent_ms"],  # the rank's time: the parent's clock
         "compiled": bool(result.get("compiled")),
         "compile_error": text(result["compile_error"], 600) if result.get("compile_error") else None,
         "error": text(result["error"]) if result.get("error") else None,
@@ -235,7 +234,7 @@ def anchors(plan: clock.ClockPlan | None = None) -> list[dict[str, Any]]:
     rows = []
     for name, adapters in REFERENCES.items():
         got = row(discover(adapters), None, plan, observe=False)
-        rows.append({"name": name, **{k: got.get(k) for k in ("mean_ms", "course_ms", "agreement", "gpu")}})
+        rows.append({"name": name, **{k: got.get(k) for k in ("parent_ms", "course_ms", "agreement", "gpu")}})
     return rows
 
 

@@ -26,7 +26,6 @@ and the parent's time disagree by more than ``AGREEMENT``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 from ...exchange import text
 from ...judge import provenance
 from ...judge.kernel_names import GEMM_KIND, INDUCTOR_KIND, LIBRARY, OWN, by_kind, kind
+from ...leaderboard_row import OBSERVED, finite_positive
 from .observer import Observed, Phases
 
 # 90%, per phase: the real repositories whose forward and backward are Triton keep 94-99% of the observed
@@ -73,11 +73,6 @@ class Evidence:
     roots: list[Path] = field(default_factory=list)
 
 
-def finite_positive(x: Any) -> float | None:
-    ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-    return float(x) if ok else None
-
-
 def standing(e: Evidence) -> dict[str, Any]:
     misses: list[str] = []
     if e.course_failures is None:
@@ -115,7 +110,7 @@ def _observed(e: Evidence, parent: float | None, misses: list[str]) -> dict[str,
     others = sorted(((ms, n) for n, ms in seen.kernels.items() if n not in mine), reverse=True)
     calls = max(1, e.observed_iterations)
     row: dict[str, Any] = {
-        "attribution": "observed (ncu)",
+        "attribution": OBSERVED,
         "repository_share": round(seen.share(mine), 4),
         "repository_kernels_ran": sorted(mine),
         "observed_ms_per_iteration": round(seen.total_ms() / calls, 4),
@@ -218,4 +213,4 @@ def _agreement(parent: float | None, course: float | None) -> str:
 def order(rows: list[dict]) -> list[dict]:
     """Ranked rows, observed ones first then self-reported, fastest first within each."""
     ranked = [r for r in rows if r.get("ranked") and finite_positive(r.get("parent_ms"))]
-    return sorted(ranked, key=lambda r: (r.get("attribution") != "observed (ncu)", r["parent_ms"]))
+    return sorted(ranked, key=lambda r: (r.get("attribution") != OBSERVED, r["parent_ms"]))
