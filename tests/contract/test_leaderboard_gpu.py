@@ -51,7 +51,15 @@ def observer() -> None:
 
 
 def _show(name: str, row: dict) -> None:
-    keys = ("parent_ms", "course_ms", "agreement", "forward", "backward", "observed_ms_per_iteration", "ranked")
+    keys = (
+        "parent_ms",
+        "course_ms",
+        "agreement",
+        "forward",
+        "backward",
+        "observed_ms_per_iteration",
+        "ranked",
+    )
     print(f"\n{name}: " + json.dumps({k: row.get(k) for k in keys} | {"why": row.get("unranked_because")}))
 
 
