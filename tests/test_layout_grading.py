@@ -26,8 +26,8 @@ PROCESSES = ("class_run", "repo", "judge")
 SIDES = ("worker", "shared")  # beside the graded code; what both sides load
 # grading's top level: what two processes or more load, importing only itself and shared/.
 COMMON = (
-    *("access", "caches", "exchange", "gradescope", "gradescope_zip", "mounts", "network", "probe"),
-    *("progress", "roots", "sandbox", "settings", "verdict", "walls"),
+    *("access", "caches", "exchange", "gradescope", "gradescope_zip", "leaderboard_row", "mounts", "network"),
+    *("probe", "progress", "roots", "sandbox", "settings", "verdict", "walls"),
 )
 FLOORS = {
     "class_run": {"class_run", "repo", "judge", "common", "shared"},
