@@ -239,6 +239,34 @@ def test_kernel_names_are_read_from_source_without_importing_it(tmp_path: Path) 
     assert kernels_in("def broken(:") == set()
 
 
+def test_the_worker_counts_no_kernel_of_an_environment_inside_the_repository(tmp_path: Path) -> None:
+    """The worker's record of the repository's kernels (the modules it loaded from the repository's
+    folders) leaves out an environment there, as uv's ``.venv`` or tox's ``.tox``: the suite's own tox
+    environment sits in its folder, and every module of torch was scanned for kernels at every case."""
+    import importlib.util
+    import sys
+
+    from cs336_systems.grading.worker import provenance
+
+    kernel = "import triton\n@triton.jit\ndef {name}(x): pass\n"
+    (tmp_path / "own.py").write_text(kernel.format(name="own_kernel"))
+    vendored = tmp_path / ".venv" / "lib" / "site-packages" / "lib_kernels.py"
+    vendored.parent.mkdir(parents=True)
+    vendored.write_text(kernel.format(name="library_kernel"))
+    loaded = []
+    try:
+        for name, path in (("cs336_probe_own", tmp_path / "own.py"), ("cs336_probe_lib", vendored)):
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            loaded.append(name)
+            spec.loader.exec_module(module)
+        assert set(provenance.repository_kernels([str(tmp_path)])) == {"own_kernel"}
+    finally:
+        for name in loaded:
+            sys.modules.pop(name, None)
+
+
 def test_the_fixture_repository_defines_its_kernels() -> None:
     assert {
         "lb_fwd_kernel",

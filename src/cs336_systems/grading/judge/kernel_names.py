@@ -15,6 +15,8 @@ import os
 import re
 from pathlib import Path
 
+from ..shared.repository import ENVIRONMENT_DIRS
+
 # An attention kernel the repository did not write: torch's SDPA backends (flash, memory-efficient,
 # cuDNN), flash-attn, xformers, and inductor's compiled ``flex_attention`` (its templates name the op).
 LIBRARY_ATTENTION = re.compile(r"attention|attn|sdpa|fmha|flash|cudnn|flex|xformers", re.I)
@@ -26,7 +28,7 @@ OWN, LIBRARY, INDUCTOR_KIND, GEMM_KIND, OTHER = (
     "GEMMs",
     "other",
 )
-SKIP_DIRS = {".git", ".venv", "venv", "site-packages", ".tox", "__pycache__", "node_modules", "wandb"}
+SKIP_DIRS = ENVIRONMENT_DIRS | {".git", "__pycache__", "node_modules", "wandb"}
 INDUCTOR = re.compile(r"^triton_(poi|red|per|tem|mm|bmm|for|spl|tma|helper)_|^triton_\d")
 
 

@@ -12,6 +12,7 @@ matched against the repository's kernel names, tell.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..shared.repository import ENVIRONMENT_DIRS
 
 
 def _triton_classes() -> tuple[type, ...]:
@@ -34,13 +37,23 @@ def _triton_classes() -> tuple[type, ...]:
     return tuple(found)
 
 
+@functools.cache
+def _kernel_interface() -> type | None:
+    """Triton's base of kernel objects (JIT functions, autotuners), imported once: the check runs on every
+    value of every module the repository loaded."""
+    try:
+        from triton.runtime.jit import KernelInterface
+    except ImportError:
+        return None
+    return KernelInterface
+
+
 def _kernel_source(obj: Any) -> tuple[str, str] | None:
     """(name, source file) of a Triton kernel object (a JIT function, or an autotuner / heuristics
     wrapping one), None for anything else."""
-    with contextlib.suppress(ImportError):
-        from triton.runtime.jit import KernelInterface
-
-        if not isinstance(obj, KernelInterface):
+    interface = _kernel_interface()
+    if interface is not None:
+        if not isinstance(obj, interface):
             return None
         fn = obj
         for _ in range(8):  # Autotuner -> Heuristics -> JITFunction -> the Python function
@@ -55,11 +68,11 @@ def _kernel_source(obj: Any) -> tuple[str, str] | None:
 def repository_kernels(roots: list[str]) -> dict[str, str]:
     """Triton kernels defined in modules loaded from ``roots`` (module attributes and class attributes
     one level down): name -> source file."""
-    folders = [Path(r).resolve() for r in roots]
+    folders = tuple(Path(r).resolve() for r in roots)
     found: dict[str, str] = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if not file or not any(Path(file).resolve().is_relative_to(f) for f in folders):
+        if not file or not _repositorys(file, folders):
             continue
         values = list(vars(module).values())
         values += [v for cls in values if inspect.isclass(cls) for v in vars(cls).values()]
@@ -68,6 +81,18 @@ def repository_kernels(roots: list[str]) -> dict[str, str]:
             if source and any(Path(source[1]).is_relative_to(f) for f in folders):
                 found.setdefault(*source)
     return found
+
+
+@functools.cache
+def _repositorys(file: str, folders: tuple[Path, ...]) -> bool:
+    """Whether a module's file is the repository's own code: under one of its folders, and not in a Python
+    environment there (the grading environment may itself sit in a repository's folder, as tox's does in
+    the suite's: its thousands of modules were scanned for kernels at every case)."""
+    path = Path(file).resolve()
+    for folder in folders:
+        if path.is_relative_to(folder):
+            return not ENVIRONMENT_DIRS.intersection(path.relative_to(folder).parts)
+    return False
 
 
 def _events(profiler: torch.profiler.profile) -> Iterator[tuple[str, Any, float]]:
