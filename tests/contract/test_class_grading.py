@@ -32,7 +32,7 @@ PYTORCH_COURSE = "course-pytorch"  # one quick case per repository
 
 def _grade(targets: list[Path], out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "cs336_systems.cli.grade", *map(str, targets), "--out", str(out)]
-    cmd += ["--jobs", "2", "--tiers", "course", "--timeout", "45", *extra, "--", "-k", PYTORCH_COURSE]
+    cmd += ["--jobs", "2", "--tiers", "course", "--timeout", "30", *extra, "--", "-k", PYTORCH_COURSE]
     return subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -74,7 +74,7 @@ def test_each_failure_is_one_row_and_the_others_are_graded(class_run) -> None:
     run, out, _ = class_run
     assert run.returncode == 1, "a repository whose grading failed fails the class run"
     report = (out / "class.md").read_text()
-    assert "timed out after 45 s" in run.stdout and "hangs" in run.stdout, run.stdout[-3000:]
+    assert "timed out after 30 s" in run.stdout and "hangs" in run.stdout, run.stdout[-3000:]
     rows = {
         line.split("|")[1].strip(): line
         for line in report.splitlines()
