@@ -125,7 +125,14 @@ def test_versions_sizes_and_times_are_stated_and_pinned() -> None:
 
     text = README.read_text()
     bench = ("builds its environment the first time", "then runs for about 2.5 minutes at a load of 1.6–2.8")
-    for fact in ("torch 2.13.0", "torch 2.11", "triton\n3.6.0", "1.8 GB", *bench, "11 to 12 minutes on 2 quiet cores"):
+    for fact in (
+        "torch 2.13.0",
+        "torch 2.11",
+        "triton\n3.6.0",
+        "1.8 GB",
+        *bench,
+        "11 to 12 minutes on 2 quiet cores",
+    ):
         assert fact.replace("\n", " ") in " ".join(text.split()), fact
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     tox = configparser.ConfigParser()
