@@ -5,7 +5,7 @@ Repositories x hook groups, each cell the group's verdict (course, then the tier
 repository that could not be graded is a row saying why. Under the table, the cases a repository's
 machine could not run (no GPU there, a kernel that refuses CPU tensors, an overloaded machine), one
 line per reason and hook group, not one per case id. The leaderboard ranks the repositories' rows
-on the parent's clock (``leaderboard.py``), the course's own figure (``do_bench`` mean in the graded
+on the parent's clock (``repo/leaderboard/row.py``), the course's own figure (``do_bench`` mean in the graded
 process) beside it, with the suite's kernel and cuDNN timed the same way on each model of GPU; a row that
 breaks a rule of ``repo/leaderboard/standing.py`` gets no rank and says why.
 """
