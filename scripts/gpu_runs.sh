@@ -146,10 +146,17 @@ for stage in "$@"; do
         --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --timeout 420 \
         ${GRADE_EXECUTOR:+--executor "$GRADE_EXECUTOR" --gpus-per-job 1} \
         ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} ${GRADE_K:+-- -k "$GRADE_K"} > "$OUT/class.log" 2>&1
-      echo "grade rc=$?"; grep -v "cases done\|loading its code" "$OUT/class.log" | tail -30 ;;
+      echo "grade rc=$?"; grep -v "cases done\|loading its code\| now: " "$OUT/class.log" | tail -30
+      for f in "$OUT"/class/*/leaderboard.json; do  # one line per row: the device returns only 8 files a call
+        [ -f "$f" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], json.dumps({k: d.get(k) for k in ('parent_ms', 'course_ms', 'forward', 'backward', 'ranked', 'unranked_because')}))" "$f" "$(basename "$(dirname "$f")")"
+      done
+      tar czf "$OUT/class.tgz" -C "$OUT" class && rm -rf "$OUT/class" ;;
     walls)  # the walls on a GPU machine: every way out in a class; workers walled on CUDA; ncu observing inside them
-      python3 -m pytest -p no:cacheprovider -q tests/contract/test_walls.py tests/contract/test_adversaries.py 2>&1 | tail -3
-      python3 -m pytest -p no:cacheprovider -q -s tests/contract/test_leaderboard_gpu.py 2>&1 | grep -E "^adapters|passed|failed|Error" ;;
+      python3 -m pytest -p no:cacheprovider -q tests/contract/test_walls.py tests/contract/test_adversaries.py 2>&1 | tail -3 ;;
+    leaderboard-fixtures)  # every leaderboard fixture's row on the parent's clock, observed by ncu, and its rank or reason
+      # FIXTURES_K: -k over the leaderboard fixtures (13 rows, about 60 s each on an H200: more than one command holds)
+      python3 -m pytest -p no:cacheprovider -q -s tests/contract/test_leaderboard_gpu.py ${FIXTURES_K:+-k "$FIXTURES_K"} 2>&1 \
+        | grep -E "^adapters|passed|failed|Error" ;;
     sweep-d11)  # D11 (d 64, bf16, seq 1024, 16384) in one pytest process on GPU 0, then as sweep jobs, one per GPU; compared
       sel=(bench/bench_flash.py --only d=64 --only dtype=bf16 --only seq=1024,16384 -k 'test_flash_sweep and (flash_triton or sdpa_flash or sdpa_cudnn)')
       CUDA_VISIBLE_DEVICES=0 "${BENCH[@]}" "${sel[@]}" --benchmark-json="$OUT/d11-plain.json" 2>&1 | tail -2
