@@ -20,9 +20,10 @@ from cs336_systems.grading.judge.pytest_plugin import (
     ROOTS,
     SEED,
     grading_jobs,
+    grading_limits,
     requested_adapters,
 )
-from cs336_systems.grading.judge.session import WORKER_TIMEOUT_S, Grader
+from cs336_systems.grading.judge.session import Grader
 from cs336_systems.grading.judge.summary import case_entry
 from cs336_systems.grading.roots import StudentRoots
 from cs336_systems.grading.shared.cases import UNFINISHED_HERE, Case
@@ -30,7 +31,7 @@ from cs336_systems.grading.verdict import FAILED, SKIPPED
 
 # The suite's own hooks in its own tests get twice a student's worker limit: on a busy CI machine (a load of
 # 5 on 2 cores) the PyTorch attention's course batch alone ran past 240 s.
-SELF_CHECK_TIMEOUT_S = 2 * WORKER_TIMEOUT_S
+SELF_CHECK_FACTOR = 2
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +43,8 @@ def roots(pytestconfig: pytest.Config) -> StudentRoots:
 def grader(request: pytest.FixtureRequest, pytestconfig: pytest.Config, roots: StudentRoots):
     """The run's grader, planned with every selected case (its jobs start at once when side by side)."""
     stash = pytestconfig.stash
-    timeout = SELF_CHECK_TIMEOUT_S if roots.self_grade else WORKER_TIMEOUT_S
+    worker_s = grading_limits(pytestconfig).worker_s
+    timeout = SELF_CHECK_FACTOR * worker_s if roots.self_grade else worker_s
     found = Grader(roots, stash[PROBE], stash[SEED], timeout, jobs=grading_jobs(pytestconfig))
     found.plan([c for item in request.session.items if isinstance(c := _case_of(item), Case)])
     yield found

@@ -93,12 +93,14 @@ def test_a_rerun_through_the_executor_skips_what_is_up_to_date(class_runs) -> No
 
 def _run_class(tmp_path: Path, timeout: float, gpus_per_job: int) -> tuple[dict[str, str], Path]:
     from cs336_systems.grading.class_run.class_executor import ClassJobs, run_class
+    from cs336_systems.grading.limits import Limits
     from cs336_systems.grading.repo.repo_job import RepoOptions
     from cs336_systems.jobs.executor import ExecutorConfig
 
     out = tmp_path / "out"
     config = ExecutorConfig(kind="local", folder=out / "jobs", gpus_per_job=gpus_per_job, poll_s=0.2)
-    jobs = ClassJobs({"repo": STUDENTS / "src_layout"}, out, RepoOptions(), config, timeout, local_gpus=1)
+    options = RepoOptions(limits=Limits(timeout))
+    jobs = ClassJobs({"repo": STUDENTS / "src_layout"}, out, options, config, local_gpus=1)
     return run_class(jobs, say=lambda line: None), out / "repo"
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from cs336_systems.grading.class_run.class_executor import ClassJobs, run_class
 from cs336_systems.grading.class_run.classroom import record_failure, up_to_date
+from cs336_systems.grading.limits import Limits
 from cs336_systems.grading.repo.repo_job import RepoOptions
 from cs336_systems.jobs.executor import ExecutorConfig
 from cs336_systems.jobs.run import Outcome
@@ -82,7 +83,11 @@ def _class(tmp_path: Path, run_jobs, progress_s: float = 15.0) -> tuple[dict[str
     said: list[str] = []
     config = ExecutorConfig(kind="local", folder=tmp_path / "jobs")
     jobs = ClassJobs(
-        {"a": STUDENTS / "src_layout"}, tmp_path / "out", RepoOptions(), config, 60.0, progress_s=progress_s
+        {"a": STUDENTS / "src_layout"},
+        tmp_path / "out",
+        RepoOptions(limits=Limits(60.0)),
+        config,
+        progress_s=progress_s,
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(class_executor, "run_jobs", run_jobs)

@@ -25,6 +25,7 @@ from cs336_systems.grading.judge import imports, runner
 from cs336_systems.grading.judge.judging import JudgeConfig, Judged, _failures, select
 from cs336_systems.grading.judge.session import load_verdict
 from cs336_systems.grading.judge.summary import Recorder, build, exit_status, render
+from cs336_systems.grading.limits import Limits
 from cs336_systems.grading.probe import probe
 from cs336_systems.grading.repo.repo_job import RepoOptions
 from cs336_systems.grading.roots import discover
@@ -118,7 +119,7 @@ def test_results_of_another_selection_are_not_up_to_date(tmp_path: Path, change:
     time.sleep(0.05)
     (out / "results.json").write_text("{}")
     assert up_to_date(repo, out, graded), "the same selection, results newer than the code"
-    assert up_to_date(repo, out, RepoOptions(**{**vars(graded), "workers": 4, "timeout_s": 9.0}))
+    assert up_to_date(repo, out, RepoOptions(**{**vars(graded), "workers": 4, "limits": Limits(9.0)}))
     assert not up_to_date(repo, out, RepoOptions(**{**vars(graded), **change}))
 
 

@@ -81,6 +81,7 @@ def test_the_one_machine_class_run_adds_the_wait_to_a_repositorys_limit(
 ) -> None:
     """The class run's own scheduler (no ``--executor``) stops a repository at its limit plus its wait."""
     from cs336_systems.grading.class_run import classroom
+    from cs336_systems.grading.limits import Limits
     from cs336_systems.grading.repo.repo_job import RepoOptions
 
     from .grading_run import STUDENTS
@@ -90,5 +91,7 @@ def test_the_one_machine_class_run_adds_the_wait_to_a_repositorys_limit(
 
     monkeypatch.setattr(classroom, "repo_command", command)
     repos = {"a": STUDENTS / "src_layout"}
-    outcomes = classroom.ClassRun(repos, tmp_path, RepoOptions(), 1.0, jobs=1, log=io.StringIO()).run()
+    outcomes = classroom.ClassRun(
+        repos, tmp_path, RepoOptions(limits=Limits(1.0)), jobs=1, log=io.StringIO()
+    ).run()
     assert outcomes["a"].startswith(outcome), outcomes

@@ -50,6 +50,7 @@ import os
 import sys
 from pathlib import Path
 
+from cs336_systems.grading.limits import DEFAULT_S, Limits
 from cs336_systems.grading.roots import SUITE_ROOT
 from cs336_systems.jobs.executor import ExecutorError, add_executor_options
 from cs336_systems.jobs.interrupt import Interrupted
@@ -88,8 +89,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=float,
-        default=1800.0,
-        help="seconds one repository may take before it is stopped (default: 1800)",
+        default=DEFAULT_S,
+        help="seconds one repository may take before it is stopped (default: 1800); each piece inside "
+        "(a worker job of its code, the course's tests, the leaderboard's runs) gets a share of it",
     )
     p.add_argument(
         "--force",
@@ -189,7 +191,7 @@ def _options(args: argparse.Namespace):
         roots=(args.repo_root, args.package_root, args.basics_root),
         judge_args=tuple(args.judge_args),
         worker_user=args.worker_user,
-        timeout_s=args.timeout,
+        limits=Limits(args.timeout),
     )
 
 
@@ -234,6 +236,10 @@ def _repositories(args: argparse.Namespace) -> dict[str, Path]:
     from cs336_systems.grading.roots import GradingSetupError
 
     _check_tiers(args.tiers)
+    if not args.timeout > 0:  # also NaN
+        raise BadInput(
+            f"--timeout {args.timeout}: a repository's time limit must be a positive number of seconds"
+        )
     _check_paths(args)
     try:
         repos = repositories(args.targets)
@@ -318,7 +324,6 @@ def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alon
         repos,
         out,
         _options(args),
-        timeout=args.timeout,
         jobs=1 if alone else args.jobs,
         force=args.force,
         gpus=gpus,
@@ -420,7 +425,7 @@ def _executor_run(args: argparse.Namespace, repos: dict[str, Path], out: Path) -
     config = config_for_class(args, len(repos), local_gpus, out / "jobs")
     # Each job's GPUs are its workers' (4 side by side with one), as in a one-machine run.
     args.workers = args.workers or (4 if config.gpus_per_job else 1)
-    jobs = ClassJobs(repos, out, _options(args), config, args.timeout, args.force, local_gpus)
+    jobs = ClassJobs(repos, out, _options(args), config, args.force, local_gpus)
     return run_class(jobs, say=lambda line: print(line, flush=True))
 
 

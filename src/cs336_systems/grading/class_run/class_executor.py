@@ -45,6 +45,7 @@ from cs336_systems.jobs.interrupt import Interrupted, JobTimeout, work_ends_with
 from cs336_systems.jobs.run import Outcome, Watch, run_jobs
 
 from .. import walls
+from ..limits import Limits
 from ..progress import progress_line
 from ..repo.leaderboard import observer_turn
 from ..sandbox import become_subreaper, kill_descendants
@@ -79,9 +80,8 @@ class ClassJobs:
 
     repos: dict[str, Path]
     out: Path
-    options: RepoOptions
+    options: RepoOptions  # its ``limits`` hold each repository's time limit (``--timeout``)
     config: ExecutorConfig
-    timeout: float = 1800.0
     force: bool = False
     local_gpus: int = 0
     progress_s: float = PROGRESS_S
@@ -160,8 +160,7 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
 
     On one machine the anchors job joins the queue last, so it starts on the first GPU a repository
     frees, beside the last repositories (as the one-machine scheduler does); timed after the class it
-    added its whole time to the class's (about 80 s on an H200). A GPU
-    model it did not time, and every model on Slurm, is timed after the class (:func:`_time_anchors`)."""
+    added its whole time to the class's. A GPU model it did not time, and every model on Slurm, is timed after the class (:func:`_time_anchors`)."""
     todo, outcomes = to_grade(jobs.repos, jobs.out, jobs.options, jobs.force, say)
     if not todo:
         return outcomes
@@ -170,10 +169,12 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     # On one machine the jobs share its cores; on Slurm each has the CPUs it was given.
     one_machine = config.resolved_kind() == "local"
     threads = max(1, (os.cpu_count() or 2) // config.parallelism) if one_machine else None
-    timeout_s = min(jobs.timeout, config.work_limit_s())
+    # A job's own limit on Slurm (the executor's work limit) caps the repository's: its inner shares follow.
+    limits = Limits(min(jobs.options.limits.repository_s, config.work_limit_s()))
+    timeout_s = limits.repository_s
     calls = {}
     for name, target in todo.items():
-        out, options = prepare_repo(jobs.out, name, dataclasses.replace(jobs.options, timeout_s=timeout_s))
+        out, options = prepare_repo(jobs.out, name, dataclasses.replace(jobs.options, limits=limits))
         cmd = repo_command(target, out, options)
         hidden, watched = tuple(neighbours(jobs.repos, name)), tuple(walls.watched(list(jobs.repos.values())))
         calls[name] = ProcessJob(

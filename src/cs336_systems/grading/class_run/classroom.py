@@ -8,9 +8,9 @@ others. A repository whose ``results.json`` is newer than every file of its code
 died: ``unfinished.txt`` beside it). SIGINT or SIGTERM stops the repositories being graded, records
 them as cancelled, and ends the run (``Interrupted``); those already graded are kept. With ``bench``, the suite's kernel and cuDNN are timed once on each model of GPU
 the run has (``anchors/gpu<i>.json``, on the first of them to have no repository left), beside which the
-class report ranks the students' rows. Once per GPU would add a whole job (about 80 s) to the end of
-every GPU's queue, to catch a spread between cards of one model that measured 0.5% (the suite's kernel)
-and 1.5% (cuDNN) on two H200s of one host.
+class report ranks the students' rows. Once per GPU would add a whole job to the end of every GPU's
+queue, to catch a spread between cards of one model smaller than the band a row is judged in (both
+measured: docs/grading.md).
 """
 
 from __future__ import annotations
@@ -163,8 +163,7 @@ class Running:
 class ClassRun:
     repos: dict[str, Path]
     out: Path
-    options: RepoOptions
-    timeout: float = 1800.0
+    options: RepoOptions  # its ``limits`` hold each repository's time limit (``--timeout``)
     jobs: int | None = None
     force: bool = False
     gpus: int = 0
@@ -279,7 +278,7 @@ class ClassRun:
     def _finished(self, job: Running, outcomes: dict[str, str]) -> bool:
         elapsed = time.monotonic() - job.started
         code = job.proc.poll()
-        if code is None and elapsed > self.timeout + observer_turn.waited_s(job.out):
+        if code is None and elapsed > self.options.limits.repository_s + observer_turn.waited_s(job.out):
             stop(job.proc)
             code = "timeout"
         anchors = job.name.startswith("anchors")  # grades no case: neither progress lines nor an outcome
@@ -321,7 +320,7 @@ class ClassRun:
         self._say(f"class stopped: {wrote} changed while {names} ran; no repository is graded on it")
 
     def _outcome(self, job: Running, code: int | str, elapsed: float) -> str:
-        return job_outcome(job.out, code, elapsed, self.timeout, self.options.points)
+        return job_outcome(job.out, code, elapsed, self.options.limits.repository_s, self.options.points)
 
     def _say(self, line: str) -> None:
         print(line, file=self.log, flush=True)

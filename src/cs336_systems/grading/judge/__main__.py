@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from ..limits import Limits
 from .judging import USAGE_ERROR, JudgeConfig, run
 from .options import OPTIONS
 
@@ -61,6 +62,7 @@ def config_of(args: argparse.Namespace) -> JudgeConfig:
         jobs=args.grade_jobs,
         keyword=args.keyword,
         summary=args.grade_summary == "table",
+        limits=Limits(args.grade_timeout) if args.grade_timeout is not None else Limits(),
     )
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from ..limits import Limits
 from ..probe import Probe, probe
 from ..roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from ..sandbox import Sandbox, become_subreaper, kill_descendants
@@ -32,7 +33,7 @@ from ..settings import adapters_from_env, loaded_before, mark_loaded
 from ..shared.cases import FAMILIES, Case, of_family
 from ..verdict import ERROR, FAILED, GRADER_RAISED, PASSED, SKIPPED, Verdict
 from . import keywords
-from .session import WORKER_TIMEOUT_S, Grader, check_loads, default_jobs, load_verdict, run_seed
+from .session import Grader, check_loads, default_jobs, load_verdict, run_seed
 from .summary import STATUSES, Recorder, case_entry, exit_status, render
 
 OK, FAILURES, INTERRUPTED, USAGE_ERROR, NONE_SELECTED = 0, 1, 2, 4, 5
@@ -55,7 +56,9 @@ class JudgeConfig:
     jobs: int | None = None  # None: session.default_jobs()
     keyword: str | None = None  # pytest's -k expression on the cases (``keywords``)
     summary: bool = True  # print the hook x tier table at the end
-    timeout: float = WORKER_TIMEOUT_S
+    limits: Limits = field(
+        default_factory=Limits
+    )  # the repository's --timeout (``--grade-timeout``) and its workers' share
 
     def requested(self) -> Path | None:
         """The adapters file asked for (option, then environment); None grades the suite's own."""
@@ -112,7 +115,7 @@ def prepare(config: JudgeConfig) -> Prepared:
     # An import missing from the source is every case's verdict (``session.load_verdict``), found
     # without a worker: the load check would only say it again, as the grading's error.
     if requested is not None and not loaded_before(str(roots.adapters)) and load_verdict(roots) is None:
-        check_loads(roots)
+        check_loads(roots, config.limits)
         mark_loaded(str(roots.adapters))
     external = requested is not None and not roots.self_grade
     return Prepared(roots, found, selection, run_seed(config.seed), external)
@@ -210,7 +213,12 @@ def judge_selected(config: JudgeConfig, prepared: Prepared, isolation: dict | No
     judged = Judged(Recorder(prepared.seed, str(prepared.roots.adapters), config.progress))
     jobs = max(1, config.jobs) if config.jobs is not None else default_jobs()
     grader = Grader(
-        prepared.roots, prepared.probe, prepared.seed, config.timeout, jobs=jobs, progress=config.progress
+        prepared.roots,
+        prepared.probe,
+        prepared.seed,
+        config.limits.worker_s,
+        jobs=jobs,
+        progress=config.progress,
     )
     try:
         judge_cases(

@@ -80,4 +80,11 @@ OPTIONS = (
         choices=("table", "none"),
         default="table",
     ),
+    Option(
+        "--grade-timeout",
+        "the repository's whole time limit (cli.grade's --timeout): each worker job of the graded code, "
+        "and the check that the adapters file loads, gets its share of it (grading/limits.py; default 1800)",
+        "SECONDS",
+        type=float,
+    ),
 )

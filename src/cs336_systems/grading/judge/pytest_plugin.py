@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ..limits import Limits
 from ..settings import adapters_from_env, loaded_before, mark_loaded
 from .options import OPTIONS
 
@@ -45,6 +46,12 @@ def student_roots(config: pytest.Config, adapters: Path):
     return discover(
         adapters, *(config.getoption(f) for f in ("--repo-root", "--package-root", "--basics-root"))
     )
+
+
+def grading_limits(config: pytest.Config) -> Limits:
+    """The repository's time limit (``--grade-timeout``) and the shares of it its workers get."""
+    asked = config.getoption("--grade-timeout", None)
+    return Limits(asked) if asked is not None else Limits()
 
 
 def grading_jobs(config: pytest.Config) -> int:
@@ -114,7 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[ROOTS] = roots
         config.stash[PROBE] = probe(roots.adapters)
         if adapters is not None and not loaded_before(str(roots.adapters)):
-            check_loads(roots)
+            check_loads(roots, grading_limits(config))
             mark_loaded(str(roots.adapters))
     except GradingSetupError as exc:
         raise pytest.UsageError(str(exc)) from None

@@ -30,6 +30,7 @@ import torch
 from cs336_systems.distributed.launch import host_store
 
 from ..exchange import Untrusted, read_payload, text
+from ..limits import Limits
 from ..roots import SUITE_PACKAGE, StudentRoots, grader_pythonpath, suite_paths
 from ..sandbox import JobFolder, Sandbox, jobs_parent, returncode, walls_message
 
@@ -51,7 +52,7 @@ class Job:
     inputs: dict[str, dict] = field(default_factory=dict)
     args: dict = field(default_factory=dict)
     world_size: int = 1
-    timeout: float = 300.0
+    timeout: float = field(default_factory=lambda: Limits().worker_s)  # callers pass their share
     backend: str = "gloo"
     # Run in this process while the workers run, given the job's folder and a check that they are all
     # still alive (the parent's clock talks to a timing worker this way); its return value is kept.

@@ -26,6 +26,7 @@ import torch
 
 from .. import progress
 from ..exchange import text
+from ..limits import Limits
 from ..probe import Probe
 from ..roots import GradingSetupError, StudentRoots
 from ..settings import share_seed, shared_seed
@@ -35,7 +36,6 @@ from . import attention, families
 from .imports import DECLARED, NO_BASICS, missing_import
 from .runner import JOB_ENDED, JOB_STARTS, CaseRuns, Job, Machine, Outcome, run
 
-WORKER_TIMEOUT_S = 240.0  # one job of the graded code (a family at one world size)
 IMPORT_FAILED = "import"  # a failure's kind: the adapters file imports what is nowhere (read from source)
 
 
@@ -57,9 +57,10 @@ def default_jobs() -> int:
     return 4 if torch.cuda.is_available() else max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
-def check_loads(roots: StudentRoots) -> None:
-    """One worker imports the adapters file; one line (``GradingSetupError``) when it cannot."""
-    got = run(Job(roots, "load", timeout=180))
+def check_loads(roots: StudentRoots, limits: Limits) -> None:
+    """One worker imports the adapters file, within its share of ``limits``; one line
+    (``GradingSetupError``) when it cannot."""
+    got = run(Job(roots, "load", timeout=limits.load_s))
     record = got.records.get(("load", 0))
     if got.job_problem is None and record is not None and record.get("status") == "loaded":
         return

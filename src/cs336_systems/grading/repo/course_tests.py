@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cs336_systems.distributed.launch import find_free_port
 
+from ..limits import Limits
 from ..probe import ALL_HOOKS
 from ..roots import GradingSetupError, StudentRoots, grader_pythonpath
 from ..sandbox import JobFolder, Sandbox, jobs_parent, walls_message
@@ -105,8 +106,10 @@ def _place(roots: StudentRoots, release: Path | None, folder: Path) -> Path:
     return folder
 
 
-def run(roots: StudentRoots, release: Path | None = None, timeout: float = 900.0) -> dict[str, dict]:
-    """Per hook group: the course tests' counts (passed / failed / skipped) and the failing tests."""
+def run(roots: StudentRoots, release: Path | None = None, timeout: float | None = None) -> dict[str, dict]:
+    """Per hook group: the course tests' counts (passed / failed / skipped) and the failing tests; the
+    tests get ``timeout`` seconds (default: their share of the default repository limit)."""
+    timeout = Limits().course_tests_s if timeout is None else timeout
     job = JobFolder.make(jobs_parent(), prefix="course-tests-")
     try:
         return _run(roots, _place(roots, release, job.path / "root"), job, timeout)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from typing import Any
 # used): ``main`` first moves this process to a network of its own, which must be its only thread.
 from .. import caches, gradescope, network, progress
 from ..access import worker_cannot_read
+from ..limits import Limits
 from ..probe import syntax_problem
 from ..roots import SUITE_ROOT, GradingSetupError, StudentRoots, discover
 from ..sandbox import become_subreaper, kill_descendants
@@ -35,7 +36,6 @@ from ..settings import LOADED_ENV, SCRATCH_ENV, WORKER_USER_ENV, namespaces_want
 from ..shared.cases import TRITON_HOOK
 from .leaderboard import observer_turn
 
-RESERVE_S = 30.0  # of a repository's time limit, kept for writing its results and stopping what it left
 MIN_ROW_S = 60.0  # a leaderboard row needs at least this (a compile, the course's do_bench, the rounds)
 
 
@@ -50,7 +50,7 @@ class RepoOptions:
     roots: tuple[Path | None, Path | None, Path | None] = (None, None, None)  # repo, package, basics
     judge_args: tuple[str, ...] = ()  # more arguments of the judge: the case selection, -k EXPR
     worker_user: str | None = None  # run the graded code as this user when grading as root
-    timeout_s: float | None = None  # the repository's whole time limit (``--timeout``); inner limits fit it
+    limits: Limits = field(default_factory=Limits)  # ``--timeout`` and each inner piece's share of it
 
 
 def adapters_of(target: Path) -> Path:
@@ -82,6 +82,7 @@ def contract_command(adapters: Path, opts: RepoOptions, out: Path) -> list[str]:
     if opts.tiers:
         cmd.append(f"--grade-tiers={opts.tiers}")
     cmd.append(f"--grade-jobs={opts.workers}")
+    cmd.append(f"--grade-timeout={opts.limits.repository_s}")
     return cmd + list(opts.judge_args)
 
 
@@ -144,7 +145,8 @@ def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, po
         started = time.monotonic()
         with _phase(out, "course-tests", "the course's tests (pytest on its adapters file)"):
             try:
-                report["course_tests"] = course_tests.run(roots, course_tests.release_for(roots, given))
+                release = course_tests.release_for(roots, given)
+                report["course_tests"] = course_tests.run(roots, release, opts.limits.course_tests_s)
             except GradingSetupError as exc:
                 report["course_tests"] = {}
                 report["course_tests_error"] = str(exc)
@@ -153,13 +155,14 @@ def _grade(roots: StudentRoots, adapters: Path, out: Path, opts: RepoOptions, po
             report["course_tests"], report["groups"], report["cases"]
         )
     if opts.bench:
-        budget = opts.timeout_s - (time.monotonic() - began) - RESERVE_S if opts.timeout_s else None
+        budget = opts.limits.repository_s - (time.monotonic() - began) - opts.limits.reserve_s
         started = time.monotonic()
         with _phase(out, "leaderboard", "the leaderboard row (the course's protocol, timed and observed)"):
-            report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report, out, budget)
+            report["leaderboard"] = _leaderboard_or_why_not(roots, adapters, report, out, budget, opts.limits)
         seconds["bench"] = round(time.monotonic() - started, 1)
         (out / "leaderboard.json").write_text(json.dumps(report["leaderboard"], indent=2))
     report["seconds"] = seconds
+    report["limits"] = opts.limits.as_dict()
     report["walls"] = held
     reap()  # the course tests and the bench ran the graded code too
     (out / "grade.json").write_text(json.dumps(report, indent=2))
@@ -225,11 +228,12 @@ def _load_failure(report: dict) -> str | None:
 
 
 def _leaderboard_or_why_not(
-    roots: StudentRoots, adapters: Path, report: dict, out: Path, budget_s: float | None
+    roots: StudentRoots, adapters: Path, report: dict, out: Path, budget_s: float, limits: Limits
 ) -> dict[str, Any]:
     import torch
 
     from ..probe import probe
+    from .leaderboard.clock import ClockPlan
     from .leaderboard.row import row
 
     blank = probe(adapters).reason(TRITON_HOOK)
@@ -241,11 +245,12 @@ def _leaderboard_or_why_not(
             "ranked": False,
             "unranked_because": "not timed",
         }
-    if budget_s is not None and budget_s < MIN_ROW_S:
+    if budget_s < MIN_ROW_S:
         why = f"not timed: {max(0.0, budget_s):.0f} s of the repository's time limit were left for it"
         return {"error": why, "ranked": False, "unranked_because": "not timed"}
     lock, record = observer_turn.lock_path(out.parent), out / observer_turn.WAIT_FILE
-    return row(roots, report, lock=lock, wait_record=record, budget_s=budget_s)
+    plan = ClockPlan(wait_s=limits.leaderboard_wait_s)
+    return row(roots, report, plan, lock=lock, wait_record=record, budget_s=budget_s)
 
 
 def _failed(out: Path, points: dict, why: str, parses: bool = True) -> int:
@@ -276,11 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--options", type=Path, required=True, help="the RepoOptions of the class run, as JSON")
     args = p.parse_args(argv)
-    raw = json.loads(args.options.read_text())
+    return grade_repo(args.target, args.out, options_of(json.loads(args.options.read_text())))
+
+
+def options_of(raw: dict) -> RepoOptions:
+    """The class run's ``options.json`` (``classroom.options_json``) as the options it was written from."""
+    raw = dict(raw)
     raw["roots"] = tuple(Path(r) if r else None for r in raw.get("roots", (None, None, None)))
     raw["points"] = Path(raw["points"]) if raw.get("points") else None
     raw["judge_args"] = tuple(raw.get("judge_args", ()))
-    return grade_repo(args.target, args.out, RepoOptions(**raw))
+    raw["limits"] = Limits(**raw.get("limits", {}))
+    return RepoOptions(**raw)
 
 
 if __name__ == "__main__":

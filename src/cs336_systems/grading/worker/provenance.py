@@ -97,9 +97,9 @@ def _repositorys(file: str, folders: tuple[Path, ...]) -> bool:
 
 def _events(profiler: torch.profiler.profile) -> Iterator[tuple[str, Any, float]]:
     """(name, device type, duration in ms) of every event the profiler kept. Read from the raw results:
-    building ``key_averages()`` parses every event into a tree first, 35x slower for a call of 60,000
-    small operators (16.6 s against 0.47 s on a 2-core CPU), and a backward written in PyTorch operators
-    at the leaderboard's shape is such a call."""
+    building ``key_averages()`` parses every event into a tree first, an order of magnitude slower for a
+    call of tens of thousands of small operators (docs/grading.md has the figure), and a backward written
+    in PyTorch operators at the leaderboard's shape is such a call."""
     results = getattr(profiler.profiler, "kineto_results", None)
     if results is None:
         yield from ((e.key, e.device_type, 0.0) for e in profiler.key_averages())

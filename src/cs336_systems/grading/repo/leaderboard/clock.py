@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ...exchange import Untrusted, tensor
+from ...limits import Limits
 from ...shared.clock import FIELDS, go_file, iterations, ready_file, result_name, wait_for
 
 # |got - ref| <= TOLERANCE x the reference's projected norm, per fingerprint. bf16 rounding of a correct
@@ -42,7 +43,8 @@ class ClockPlan:
     target_ms: float = 2000.0  # how long each later round should run
     min_iterations: int = 5
     max_iterations: int = 400
-    wait_s: float = 900.0  # for the worker's warm-up (compiling, autotuning) and each round
+    # for the worker's warm-up (compiling, autotuning) and each round: the repository's share for it
+    wait_s: float = field(default_factory=lambda: Limits().leaderboard_wait_s)
 
     def files(self) -> tuple[str, ...]:
         return tuple(f"ready.{r}" for r in range(self.rounds))

@@ -1,7 +1,7 @@
 """Observed runs of one machine take turns, and the time a repository waits for its turn is not its own.
 
-Two Nsight Compute sessions side by side starve each other (on 2 x H200 one saw no kernel and the other
-waited past its limit), so a repository's observed round takes an exclusive lock first. The lock is per
+Two Nsight Compute sessions side by side starve each other (one sees no kernel, the other waits past its
+limit: docs/grading.md), so a repository's observed round takes an exclusive lock first. The lock is per
 host: jobs of one class on other nodes of a cluster do not wait for each other. While a job waits, it keeps
 a record in its own folder (``WAIT_FILE``), from which the class run adds the wait to that repository's
 time limit: a repository is never stopped for time spent behind another's observation.

@@ -60,8 +60,8 @@ def row(
 ) -> dict[str, Any]:
     """The row of one repository; ``report`` is its grade (the course tier's verdicts). ``keep_times``
     keeps the course figure's every do_bench time (the benches' rows record them). ``lock``: a file the
-    observed runs of one machine take in turn (concurrent ncu sessions starve each other: on 2 x H200,
-    one of two side by side saw nothing and the other waited past its limit); ``wait_record``: where the
+    observed runs of one machine take in turn (concurrent ncu sessions starve each other: ``observer_turn``);
+    ``wait_record``: where the
     wait for that turn is recorded, for the class run to add to the repository's time limit.
     ``budget_s``: what is left of the repository's time limit for the row (None: the clock's own
     limits): the timed run takes at most ``TIMED_SHARE`` of it and the observed run the rest, so that a
@@ -69,7 +69,9 @@ def row(
     import torch
 
     deadline = time.monotonic() + budget_s if budget_s is not None else None
-    plan = within(plan or clock.ClockPlan(), budget_s * TIMED_SHARE if budget_s is not None else None)
+    plan = plan or clock.ClockPlan()
+    observed_wait_s = plan.wait_s  # the observed run's own, cut below to what is left then
+    plan = within(plan, budget_s * TIMED_SHARE if budget_s is not None else None)
     shape = shape or LEADERBOARD_CASE.shape  # another shape: a stand-in workload (the CPU's tests)
     timed, ms, problem = _timed(roots, plan, shape, device, compile, dtype)
     result = timed.get("result") or {}
@@ -89,7 +91,9 @@ def row(
         # class run extends its limit by the wait).
         left = deadline - time.monotonic() if deadline is not None else None
         with observer_turn.turn(lock, wait_record):
-            seen, evidence.observed_iterations, why = _observed(roots, ncu, shape, device, left)
+            seen, evidence.observed_iterations, why = _observed(
+                roots, ncu, shape, device, observed_wait_s, left
+            )
         if why:
             evidence.clock_problem = "; ".join(filter(None, [evidence.clock_problem, why]))
         if seen is not None and not seen.connected:
@@ -148,10 +152,16 @@ def within(plan: clock.ClockPlan, seconds: float | None) -> clock.ClockPlan:
 
 
 def _observed(
-    roots: StudentRoots, ncu: str, shape: tuple[int, int, int], device: str, seconds: float | None = None
+    roots: StudentRoots,
+    ncu: str,
+    shape: tuple[int, int, int],
+    device: str,
+    wait_s: float,
+    seconds: float | None = None,
 ) -> tuple[Observed | None, int, str | None]:
-    """One round under ncu, verified like a timed one: the kernels it ran and their GPU time."""
-    plan = within(clock.ClockPlan(rounds=1), seconds)
+    """One round under ncu, verified like a timed one: the kernels it ran and their GPU time; its
+    waits ``wait_s``, cut to fit ``seconds``."""
+    plan = within(clock.ClockPlan(rounds=1, wait_s=wait_s), seconds)
     # the observer's report lives beside the job folders, which the grader's sandbox keeps read-only to
     # the graded code
     folder = Path(tempfile.mkdtemp(prefix="observed-", dir=jobs_parent()))
