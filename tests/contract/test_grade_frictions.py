@@ -137,6 +137,28 @@ def test_results_older_than_the_points_table_are_not_up_to_date(tmp_path: Path) 
     assert not up_to_date(repo, out, options)
 
 
+@pytest.mark.parametrize("where", ["env/lib/python3.11/site-packages", ".venv/lib", "pkg"])
+def test_a_change_in_an_environment_inside_the_repository_leaves_its_results_up_to_date(
+    tmp_path: Path, where: str
+) -> None:
+    """An environment in the repository's folder is libraries, not its code: freshness, the worker user's
+    access and the names of its kernels all skip the same folders (``roots.SKIP_DIRS``)."""
+    from cs336_systems.grading.judge.kernel_names import SKIP_DIRS as kernel_skips
+    from cs336_systems.grading.roots import SKIP_DIRS
+    from cs336_systems.grading.shared.repository import ENVIRONMENT_DIRS
+
+    assert kernel_skips is SKIP_DIRS and ENVIRONMENT_DIRS <= SKIP_DIRS
+    repo = shutil.copytree(STUDENTS / "src_layout", tmp_path / "repo")
+    options = RepoOptions()
+    out, _ = prepare_repo(tmp_path / "out", "repo", options)
+    time.sleep(0.05)
+    (out / "results.json").write_text("{}")
+    time.sleep(0.05)
+    (repo / where).mkdir(parents=True)
+    (repo / where / "changed.py").write_text("x = 1\n")
+    assert up_to_date(repo, out, options) == (where != "pkg"), where
+
+
 # ---- 3. the course's tests beside the grader, in the class report and the console ----------------
 
 

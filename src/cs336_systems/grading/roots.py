@@ -15,13 +15,16 @@ from pathlib import Path
 
 import cs336_systems
 
+from .shared.repository import ENVIRONMENT_DIRS
+
 SUITE_PACKAGE = Path(cs336_systems.__file__).resolve().parent
 SUITE_SRC = SUITE_PACKAGE.parent
 SUITE_ROOT = SUITE_SRC.parent if SUITE_SRC.name == "src" else SUITE_SRC
 
 
-# Folders of a repository that hold none of its code: not walked for its files (freshness, access).
-SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".tox", "node_modules", ".pytest_cache", "wandb"}
+# Folders of a repository that hold none of its code: not walked for its files (freshness, access, its
+# kernels' names). A Python environment inside it is libraries (``shared/repository.py``), on both sides.
+SKIP_DIRS = ENVIRONMENT_DIRS | {".git", "__pycache__", "node_modules", ".pytest_cache", "wandb"}
 
 
 class GradingSetupError(Exception):

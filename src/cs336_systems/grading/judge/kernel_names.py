@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from ..shared.repository import ENVIRONMENT_DIRS
+from ..roots import SKIP_DIRS
 
 # An attention kernel the repository did not write: torch's SDPA backends (flash, memory-efficient,
 # cuDNN), flash-attn, xformers, and inductor's compiled ``flex_attention`` (its templates name the op).
@@ -28,7 +28,6 @@ OWN, LIBRARY, INDUCTOR_KIND, GEMM_KIND, OTHER = (
     "GEMMs",
     "other",
 )
-SKIP_DIRS = ENVIRONMENT_DIRS | {".git", "__pycache__", "node_modules", "wandb"}
 INDUCTOR = re.compile(r"^triton_(poi|red|per|tem|mm|bmm|for|spl|tma|helper)_|^triton_\d")
 
 
