@@ -333,7 +333,9 @@ def _class_run(args: argparse.Namespace, repos: dict[str, Path], out: Path, alon
 
 
 def _gpus() -> tuple[int, list[str]]:
-    """The GPUs this process sees, and their models."""
+    """The GPUs this process sees, and their models (torch is imported only where a GPU is present)."""
+    if not _gpu_present():
+        return 0, []
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -11,9 +11,10 @@ what was wrong: a malformed output is never a pass.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MAX_BYTES = 4 << 30  # far above any case's record: a bound on what a worker can make the judge load
 
@@ -30,6 +31,8 @@ def read_payload(path: Path, token: str, name: str, rank: int, max_bytes: int = 
     size = path.stat().st_size
     if size > max_bytes:
         raise Untrusted(f"{path.name} is {size} bytes, more than any case writes ({max_bytes})")
+    import torch  # here: the class run's report reads ``text`` alone, without torch's 1.7 s import
+
     try:
         body = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # a file that is not a weights-only torch archive
@@ -64,6 +67,7 @@ def tensor(
     finite: bool = True,
 ) -> torch.Tensor:
     """``value`` as a tensor of ``shape`` and ``dtype``, with no NaN or inf (when ``finite``)."""
+    import torch
     if not isinstance(value, torch.Tensor):
         raise Untrusted(
             f"{name} is {'missing' if value is None else 'a ' + type(value).__name__}, not a tensor"
