@@ -20,6 +20,7 @@ from cs336_systems.grading.shared.cases import (
     FSDP_CHECKS,
     LEADERBOARD_CASE,
     SHARDED_CHECKS,
+    TIERS,
     TRITON_HOOK,
     Case,
     of_family,
@@ -131,6 +132,20 @@ def test_judges_and_workers_read_a_cases_knobs_not_its_tier() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "tier"
     ]
     assert not found, f"a rule decided by tier outside the case table (declare it as a knob): {found}"
+
+
+def test_no_module_compares_a_tier_with_its_name_spelled_out() -> None:
+    """A tier is compared through the table's constants or its ``TIERS`` record (``graded``,
+    ``gates_rank``), never as a string: what a tier means is read from one place."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted(GRADING.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        for leaf in ast.walk(node)
+        if isinstance(leaf, ast.Constant) and leaf.value in TIERS
+    ]
+    assert not found, f"a tier's name compared as a literal (use cases.COURSE, ..., or TIERS): {found}"
 
 
 def test_every_data_parallel_case_declares_what_its_judge_checks() -> None:

@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 
 def _dtype() -> torch.dtype:
-    import torch
+    from cs336_systems.grading.shared.dtypes import DTYPES
 
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[LEADERBOARD_CASE.dtype]
+    return DTYPES[LEADERBOARD_CASE.dtype]
 
 
 def _case() -> tuple:

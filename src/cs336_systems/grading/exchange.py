@@ -68,6 +68,7 @@ def tensor(
 ) -> torch.Tensor:
     """``value`` as a tensor of ``shape`` and ``dtype``, with no NaN or inf (when ``finite``)."""
     import torch
+
     if not isinstance(value, torch.Tensor):
         raise Untrusted(
             f"{name} is {'missing' if value is None else 'a ' + type(value).__name__}, not a tensor"

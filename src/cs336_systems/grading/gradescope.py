@@ -33,11 +33,22 @@ from pathlib import Path
 from typing import Any
 
 from .leaderboard_row import LeaderboardRow
-from .shared.cases import ATTENTION_HOOKS, CASES, NEEDS_GPU, REFUSES_CPU, TIERS, TRITON_HOOK, UNFINISHED_HERE
+from .shared.cases import (
+    ATTENTION_HOOKS,
+    BEYOND,
+    COURSE,
+    LEADERBOARD,
+    NEEDS_GPU,
+    REFUSES_CPU,
+    TIERS,
+    TRITON_HOOK,
+    UNFINISHED_HERE,
+    hook_groups,
+)
 from .verdict import ERROR, GRADER_RAISED, MISSING_DEPENDENCY, PASSED, SKIPPED
 
 DEFAULT_POINTS: dict[str, dict[str, float]] = {
-    "course": {
+    COURSE: {
         ATTENTION_HOOKS["pytorch"]: 5,
         TRITON_HOOK: 10,
         "get_ddp_individual_parameters": 5,
@@ -47,8 +58,8 @@ DEFAULT_POINTS: dict[str, dict[str, float]] = {
         "get_fsdp": 10,
         "default": 0,
     },
-    "leaderboard": {"default": 0},
-    "beyond": {"default": 0},
+    LEADERBOARD: {"default": 0},
+    BEYOND: {"default": 0},
 }
 ENVIRONMENT = (NEEDS_GPU, REFUSES_CPU, UNFINISHED_HERE)
 DEPENDENCY_HINT = "course staff: add it to the autograder with `cli.autograder --student-deps NAME`"
@@ -204,8 +215,7 @@ def students_error(why: str, points: dict[str, dict[str, float]]) -> dict[str, A
     parse): every hook group that carries points in a tier fails at 0 of them, saying why."""
     tests = []
     for tier in TIERS:
-        groups = dict.fromkeys(c.hooks[0] for c in CASES.values() if c.tier == tier)
-        for group in groups:
+        for group in hook_groups(tier):
             if cents := _group_points(points, tier, group):
                 tests.append(_entry(f"{group}: {tier} tier", 0, cents, "failed", why, [tier, group]))
     return _document(tests, 0, f"not graded: {why}"[:MAX_OUTPUT])

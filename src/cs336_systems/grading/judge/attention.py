@@ -17,19 +17,19 @@ import torch
 
 from ..exchange import Untrusted, field, tensor, text
 from ..shared.cases import REFUSES_CPU, Case, Tolerance
+from ..shared.dtypes import DTYPES
 from ..verdict import Verdict, fmt
 from . import provenance
 from .compare import max_diff, outside
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CHUNK_BYTES = 1 << 31  # the reference's scores are computed a batch slice at a time under this size
 
 
 def make_inputs(case: Case, gen: torch.Generator) -> dict[str, torch.Tensor]:
     b, nq, nk, d = case.shape
     check = case.knob("check")
-    if check == "compile":  # the leaderboard's inputs: one bf16 leaf of (3, heads, seq, d)
-        return {"qkv": torch.randn(3, b, nq, d, generator=gen).to(torch.bfloat16)}
+    if check == "compile":  # the leaderboard's inputs: one leaf of (3, heads, seq, d) in its dtype
+        return {"qkv": torch.randn(3, b, nq, d, generator=gen).to(DTYPES[case.dtype])}
     if check != "match":
         return {}
     q, k, v = (torch.randn(b, n, d, generator=gen, dtype=torch.float64) for n in (nq, nk, nk))

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..shared.cases import Case
+from ..shared.cases import COURSE_PLACEMENT, Case
 from ..verdict import Verdict
 from . import attention, fsdp, training
 
@@ -30,7 +30,8 @@ def make_inputs(case: Case, seed: int) -> dict[str, Any]:
 def reference_device(case: Case, on_gpu: bool) -> torch.device:
     """Where the reference runs: where the worker ran the case (the course's placement on a GPU host),
     so that both compute with the same kernels."""
-    return torch.device("cuda", 0) if on_gpu and case.device in ("cuda", "course") else torch.device("cpu")
+    placed_on_gpu = case.device in ("cuda", COURSE_PLACEMENT)
+    return torch.device("cuda", 0) if on_gpu and placed_on_gpu else torch.device("cpu")
 
 
 def judge(case: Case, inputs: dict, payloads: list[dict], roots: list[Path], on_gpu: bool) -> Verdict:

@@ -30,6 +30,7 @@ from ..exchange import Untrusted, field, tensor, text
 from ..shared import course_layers
 from ..shared.cases import Case
 from ..shared.course_layers import probe_layers
+from ..shared.dtypes import DTYPES
 from ..shared.models import LayersModel
 from ..shared.training import make_optimizer
 from ..verdict import Verdict, fmt
@@ -45,7 +46,7 @@ OURS = (
 )
 SHARDED = (0, 2, 4, 5)  # Linear / Embedding weights, by position
 LAYERS = (course_layers.Linear, course_layers.Embedding, course_layers.RMSNorm)
-LOW = {"fp16": torch.float16, "bf16": torch.bfloat16}
+LOW = {name: DTYPES[name] for name in ("fp16", "bf16")}  # the low-precision compute dtypes
 PROBE_TOL = {"fp32": 1e-5, "fp16": 2e-3}  # relative: the course's math, whatever the order of a product
 
 

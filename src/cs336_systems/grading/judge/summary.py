@@ -17,7 +17,15 @@ from typing import Any
 
 from ..probe import ALL_HOOKS
 from ..progress import append
-from ..shared.cases import NEEDS_GPU, NOT_IMPLEMENTED, REFUSES_CPU, TIERS, UNFINISHED_HERE, Case
+from ..shared.cases import (
+    GRADED_TIERS,
+    NEEDS_GPU,
+    NOT_IMPLEMENTED,
+    REFUSES_CPU,
+    TIERS,
+    UNFINISHED_HERE,
+    Case,
+)
 from ..verdict import ERROR, FAILED, PASSED, SKIPPED, Verdict
 
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR)
@@ -30,20 +38,22 @@ SKIP_WORDS = {
 
 
 def group_verdict(cases: list[dict]) -> str:
-    """One word for a hook group: FAIL on a course failure; ``cannot grade`` on an error of the
-    grading; else whether the course tier passed, or why it was skipped, and the other tiers that fail."""
+    """One word for a hook group: FAIL on a failure in a graded tier (the course's); ``cannot grade`` on
+    an error of the grading; else whether the graded tier passed, or why it was skipped, and the other
+    tiers that fail."""
     errors = [c for c in cases if c["status"] == ERROR]
     if errors:
         first = errors[0]["message"].splitlines()[0][:160]
         return first if first.startswith("cannot grade") else f"cannot grade: {first}"
-    course = [c for c in cases if c["tier"] == "course"]
-    if any(c["status"] == FAILED for c in course):
+    graded = [c for c in cases if c["tier"] in GRADED_TIERS]
+    if any(c["status"] == FAILED for c in graded):
         return "FAIL"
-    failing = [t for t in TIERS[1:] if any(c["status"] == FAILED and c["tier"] == t for c in cases)]
-    if any(c["status"] == PASSED for c in course) or not course:
-        head = "ok" if not failing else "course ok"
+    others = [t for t in TIERS if t not in GRADED_TIERS]
+    failing = [t for t in others if any(c["status"] == FAILED and c["tier"] == t for c in cases)]
+    if any(c["status"] == PASSED for c in graded) or not graded:
+        head = "ok" if not failing else f"{' and '.join(GRADED_TIERS)} ok"
     else:
-        kinds = Counter(c["kind"] for c in course)
+        kinds = Counter(c["kind"] for c in graded)
         head = SKIP_WORDS.get(kinds.most_common(1)[0][0], "skipped") if kinds else "skipped"
     return head + (f"; fails {', '.join(failing)}" if failing else "")
 
@@ -90,7 +100,7 @@ def exit_status(report: dict, external: bool, status: int) -> int:
 
 def _fails_the_run(case: dict) -> bool:
     if case["status"] == FAILED:
-        return case["tier"] == "course"
+        return case["tier"] in GRADED_TIERS
     return case["status"] == ERROR or (case["status"] == SKIPPED and case.get("kind") == UNFINISHED_HERE)
 
 

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from ..exchange import Untrusted, field, tensors
 from ..shared.cases import Case, Tolerance
+from ..shared.dtypes import DTYPES
 from ..shared.models import IN, OUT, VOCAB, loss_fn, make_model
 from ..shared.training import make_optimizer, optimizer_params, optimizer_spec, sharded_loss
 from ..verdict import Verdict, fmt
@@ -54,7 +55,7 @@ def _state(case: Case, seed: int) -> dict[str, torch.Tensor]:
 def _batch(
     case: Case, gen: torch.Generator, batch: int, uniform: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    dtype = torch.float64 if case.dtype == "fp64" else torch.float32
+    dtype = DTYPES[case.dtype]
     if case.model == "tied":
         return torch.randint(VOCAB, (batch, 6), generator=gen), torch.randint(
             VOCAB, (batch, 6), generator=gen

@@ -31,7 +31,7 @@ from ..probe import ALL_HOOKS
 from ..roots import GradingSetupError, StudentRoots, grader_pythonpath
 from ..sandbox import JobFolder, Sandbox, jobs_parent, walls_message
 from ..settings import COURSE_PORT_ENV
-from ..shared.cases import CASES
+from ..shared.cases import CASES, COURSE, NOT_IMPLEMENTED
 
 GROUP_OF = {h: case.hooks[0] for case in CASES.values() for h in case.hooks}
 
@@ -183,7 +183,7 @@ def agreement(course: dict[str, dict], groups: dict[str, dict], cases: list[dict
     """Per hook group: whether the grader's course tier and the course tests say the same. A blank hook
     fails the course's tests (it raises NotImplementedError) and is "not implemented" to the grader: the
     same finding."""
-    blank = {c["hooks"][0] for c in cases if c["tier"] == "course" and c["kind"] == "not-implemented"}
+    blank = {c["hooks"][0] for c in cases if c["tier"] == COURSE and c["kind"] == NOT_IMPLEMENTED}
     out = {}
     for name, row in groups.items():
         theirs = course.get(name)
@@ -192,7 +192,7 @@ def agreement(course: dict[str, dict], groups: dict[str, dict], cases: list[dict
             continue
         c = theirs["counts"]
         course_says = "fail" if c.get("failed") else "pass" if c.get("passed") else "skip"
-        ours = row["course"]
+        ours = row[COURSE]
         grader_says = (
             "fail" if ours.get("failed") or ours.get("error") else "pass" if ours.get("passed") else "skip"
         )

@@ -13,17 +13,19 @@ case depends on the machine except whether it can run there (``Case.runs_here``)
 
 Device values: ``cpu``; ``cuda`` (skipped with kind ``needs-gpu`` where there is none, unless
 ``interpreter_stand_in``: then it runs on the CPU under Triton's interpreter, the same function at the
-same tolerance); ``course`` (the course's placement above). This module imports nothing but the
-standard library: it is the one table both sides of the process boundary read.
+same tolerance); ``course`` (the course's placement above). What each tier means is one
+``TierRules`` record in ``TIERS``: the case builders read it, and so do the report, the exit status and
+the leaderboard's gate, instead of comparing tier names. This module imports nothing but the standard
+library: it is the one table both sides of the process boundary read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 COURSE, LEADERBOARD, BEYOND = "course", "leaderboard", "beyond"
-TIERS = (COURSE, LEADERBOARD, BEYOND)
+COURSE_PLACEMENT = "course"  # a device value: the course's placement (above), not the tier
 
 # Structured skip kinds (never searched for in message text).
 NOT_IMPLEMENTED, NEEDS_GPU, REFUSES_CPU = "not-implemented", "needs-gpu", "refuses-cpu"
@@ -106,9 +108,67 @@ class Case:
         return self.device != "cuda" or has_gpu or bool(self.knob("interpreter_stand_in"))
 
 
-# -- attention ----------------------------------------------------------------------------------------
+# -- tiers --------------------------------------------------------------------------------------------
 
 COURSE_ATTENTION_TOL = Tolerance(1e-2, 1e-2, source="the course's assert_close(rtol=1e-2, atol=1e-2)")
+
+
+@dataclass(frozen=True)
+class TierRules:
+    """What a tier means, declared once. The case builders below read it, so that a tier's device,
+    dtype or batch is not decided again in each builder; the report, the exit status and the
+    leaderboard's gate read ``graded`` and ``gates_rank`` instead of comparing tier names."""
+
+    # Attention: the bound every case of the tier is held to; None: relative to plain PyTorch in the
+    # case's dtype (``PLAIN_FACTOR``, ``BEYOND_FLOOR``).
+    attention_tolerance: Tolerance | None
+    # Whether its small Triton cases run under Triton's interpreter where there is no GPU (never the
+    # leaderboard's: a GPU's case, skipped without one).
+    stand_in: bool
+    # The data-parallel families (DDP, sharded optimizer, FSDP): where their inputs and ranks sit, and the
+    # dtype the DDP and sharded models train in (their reference trains in it too).
+    trained_device: str
+    trained_dtype: str
+    fsdp_batch: int  # FSDP's global batch, split over the ranks
+    state_checked: bool  # FSDP: each rank's state checked after every step, not only what it gathers
+    graded: bool  # a failure fails the hook group (FAIL) and the run's exit status
+    gates_rank: bool  # the Triton hook's cases here must pass before a leaderboard row is ranked
+
+
+# A careful implementation: float64 toy models on the CPU, where any mismatch is a bug.
+CAREFUL = TierRules(
+    attention_tolerance=None,
+    stand_in=True,
+    trained_device="cpu",
+    trained_dtype="fp64",
+    fsdp_batch=6,
+    state_checked=True,
+    graded=False,
+    gates_rank=False,
+)
+TIERS: dict[str, TierRules] = {
+    # The course's own tests: their tolerances, their placement and dtype, a batch of 20; neither sharded
+    # storage nor fp32 masters nor the compute dtype in training checked.
+    COURSE: TierRules(
+        attention_tolerance=COURSE_ATTENTION_TOL,
+        stand_in=True,
+        trained_device=COURSE_PLACEMENT,
+        trained_dtype="fp32",
+        fsdp_batch=20,
+        state_checked=False,
+        graded=True,
+        gates_rank=True,
+    ),
+    # The 2025 leaderboard's case: attention only (its data-parallel rules are beyond's, never read).
+    LEADERBOARD: replace(CAREFUL, stand_in=False),
+    BEYOND: CAREFUL,
+}
+GRADED_TIERS = tuple(t for t, rules in TIERS.items() if rules.graded)
+RANK_GATES = tuple(t for t, rules in TIERS.items() if rules.gates_rank)
+
+
+# -- attention ----------------------------------------------------------------------------------------
+
 # Beyond: relative to plain PyTorch in the same dtype. The floor of fp32 on a GPU allows for tl.dot's
 # default TF32 (10 mantissa bits, about 2e-3 of the largest value at these sizes); a Triton case keeps
 # the GPU's floor when its stand-in runs under the interpreter, so one id means one tolerance.
@@ -134,13 +194,12 @@ def _attention(
 ) -> Case:
     b, nq, nk, d = shape
     name = f"{tier}-{kind}-{check}-b{b}-q{nq}-k{nk}-d{d}-{'causal' if causal else 'full'}-{dtype}-{device}"
-    tol = (
-        COURSE_ATTENTION_TOL
-        if tier == COURSE
-        else Tolerance(plain_factor=PLAIN_FACTOR, floor=BEYOND_FLOOR[(dtype, device)])
-    )
+    rules = TIERS[tier]
+    tol = rules.attention_tolerance
+    if tol is None:
+        tol = Tolerance(plain_factor=PLAIN_FACTOR, floor=BEYOND_FLOOR[(dtype, device)])
     # A Triton case small enough for the interpreter runs there where no GPU is (the course skips).
-    stand_in = kind == "triton" and tier != LEADERBOARD and max(nq, nk) <= 128
+    stand_in = kind == "triton" and rules.stand_in and max(nq, nk) <= 128
     return Case(
         id=name,
         family="attention",
@@ -187,8 +246,11 @@ def _attention_cases() -> list[Case]:
             for c in (False, True)
             for dt in ("fp32", "bf16")
         ]
-    cases.append(_attention("triton", LEADERBOARD, (16, 2048, 2048, 64), True, "bf16", "cuda"))
-    cases.append(_attention("triton", LEADERBOARD, LEADERBOARD_SHAPE, True, "bf16", "cuda", check="compile"))
+    lb = LEADERBOARD_CASE  # a length short enough to match, then the leaderboard's own under compile
+    cases.append(_attention("triton", LEADERBOARD, (16, 2048, 2048, 64), lb.causal, lb.dtype, "cuda"))
+    cases.append(
+        _attention("triton", LEADERBOARD, LEADERBOARD_SHAPE, lb.causal, lb.dtype, "cuda", check="compile")
+    )
     return cases
 
 
@@ -240,15 +302,16 @@ def _ddp(family: str, tier: str, ws: int, model: str, tol: Tolerance, **knobs: A
 def _trained(
     cid: str, family: str, hooks: tuple[str, ...], tier: str, ws: int, model: str, tol: Tolerance, knobs: dict
 ) -> Case:
-    """A data-parallel case: the course's models in fp32 where the course places them; beyond, float64
-    toy models on the CPU, where any mismatch is a bug."""
+    """A data-parallel case, placed and typed by its tier's rules: the course's models in fp32 where the
+    course places them; beyond, float64 toy models on the CPU, where any mismatch is a bug."""
+    rules = TIERS[tier]
     return Case(
         id=cid,
         family=family,
         hooks=hooks,
         tier=tier,
-        device="course" if tier == COURSE else "cpu",
-        dtype="fp32" if tier == COURSE else "fp64",
+        device=rules.trained_device,
+        dtype=rules.trained_dtype,
         tolerance=tol,
         world_size=ws,
         model=model,
@@ -361,23 +424,24 @@ FSDP_CHECKS = ("state_checked",)
 FSDP_TOL = {
     # The course compares fp32 with torch.equal in one process; across processes with fresh inputs the
     # half-batch sums round differently, so fp32 allows that rounding (and a sum over ranks is 2x off).
-    ("course", "fp32"): Tolerance(
+    (COURSE, "fp32"): Tolerance(
         1e-6, 1e-4, source="torch.equal in the course's process; rounding of the split batch here"
     ),
-    ("course", "fp16"): Tolerance(1e-4, 1e-4, source="the course's torch.allclose(atol=1e-4, rtol=1e-4)"),
-    ("beyond", "fp32"): Tolerance(1e-5, 1e-5),
-    ("beyond", "fp16"): Tolerance(1e-4, 1e-4),
-    ("beyond", "bf16"): Tolerance(1e-3, 1e-3),
+    (COURSE, "fp16"): Tolerance(1e-4, 1e-4, source="the course's torch.allclose(atol=1e-4, rtol=1e-4)"),
+    (BEYOND, "fp32"): Tolerance(1e-5, 1e-5),
+    (BEYOND, "fp16"): Tolerance(1e-4, 1e-4),
+    (BEYOND, "bf16"): Tolerance(1e-3, 1e-3),
 }
 
 
 def _fsdp(tier: str, ws: int, dtype: str, check: str, opt: str, sizes: tuple[int, int, int]) -> Case:
+    rules = TIERS[tier]
     return Case(
         id=f"fsdp-{tier}-{check}-ws{ws}-{dtype}-{opt}",
         family="fsdp",
         hooks=FSDP_HOOKS,
         tier=tier,
-        device="course" if tier == COURSE else "cpu",
+        device=rules.trained_device,
         dtype=dtype,
         tolerance=FSDP_TOL[(tier, dtype)],
         world_size=ws,
@@ -387,10 +451,8 @@ def _fsdp(tier: str, ws: int, dtype: str, check: str, opt: str, sizes: tuple[int
             "optimizer": opt,
             "sizes": sizes,
             "steps": 3,
-            "global_batch": 20 if tier == COURSE else 6,
-            # The course's tests check neither sharded storage nor fp32 masters nor the compute dtype in
-            # training: beyond, each rank's state after every step is checked, not only what it gathers.
-            "state_checked": tier != COURSE,
+            "global_batch": rules.fsdp_batch,
+            "state_checked": rules.state_checked,
         },
     )
 
@@ -420,3 +482,8 @@ FAMILIES = ("attention", "ddp", "sharded", "fsdp")
 
 def of_family(family: str) -> list[Case]:
     return [c for c in CASES.values() if c.family == family]
+
+
+def hook_groups(tier: str) -> list[str]:
+    """The hook groups (a case's first hook) with cases in ``tier``, in the table's order."""
+    return list(dict.fromkeys(c.hooks[0] for c in CASES.values() if c.tier == tier))

@@ -14,7 +14,8 @@ The protocol between the two processes, through files in the job's folder: the w
 ``out/ready.<round>`` when it is warm and waits for ``inputs/go.<round>.json`` (``{"seed", "iterations"}``,
 written by the parent at the moment its clock starts); it then runs the iterations and writes
 ``out/clock.<round>.rank0.pt`` (the fingerprints and the run's token) by an atomic rename; the parent's
-clock stops when that file appears. This module imports only torch and the standard library.
+clock stops when that file appears. This module imports only torch, the standard library and
+``shared/``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+from .cases import LEADERBOARD_CASE
+from .dtypes import DTYPES
+
 POLL_S = 0.0002  # the parent's and the worker's poll of each other's files: far below one iteration
 FIELDS = ("dq", "dk", "dv", "o")
 
@@ -41,7 +44,7 @@ def iterations(
     count: int,
     shape: tuple[int, int, int],
     device: torch.device,
-    dtype: str = "bf16",
+    dtype: str = LEADERBOARD_CASE.dtype,
     scales: bool = False,
     observed: bool = False,
 ) -> torch.Tensor:

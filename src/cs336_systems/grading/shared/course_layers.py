@@ -14,6 +14,8 @@ import math
 import torch
 import torch.nn as nn
 
+from .dtypes import DTYPES
+
 
 class Linear(nn.Module):
     def __init__(self, d_in: int, d_out: int):
@@ -80,7 +82,7 @@ def probe_layers(layers: tuple[type, type, type], probe: dict) -> dict[str, torc
     norm = norm_cls(probe["norm_w"].shape[0])
     load_parameters(norm, [probe["norm_w"]])
     for dtype in ("fp32", "fp16"):
-        x = probe["norm_x"].to(torch.float16 if dtype == "fp16" else torch.float32).clone().requires_grad_()
+        x = probe["norm_x"].to(DTYPES[dtype]).clone().requires_grad_()
         y = norm(x)
         y.backward(probe["norm_dy"].to(y.dtype))
         out |= {f"norm_{dtype}_y": y, f"norm_{dtype}_dx": x.grad}

@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .dtypes import DTYPES
+
 IN, HIDDEN, OUT, VOCAB = 10, 16, 5, 20
 
 
@@ -94,7 +96,6 @@ MODELS: dict[str, type[nn.Module]] = {
     "toy": ToyModel,
     "tied": TiedToyModel,
 }
-DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
 def make_model(

@@ -14,9 +14,8 @@ from typing import Any
 import torch
 
 from ..shared.cases import Case
+from ..shared.dtypes import DTYPES
 from .provenance import Recorder
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _grads(*leaves: torch.Tensor) -> dict[str, torch.Tensor | None]:
@@ -47,10 +46,10 @@ def run_compile(
     q, k, v = qkv  # one leaf, unpacked, as the leaderboard's script makes them
     torch._dynamo.reset()
     flash = torch.compile(fn.apply)
-    flash(q, k, v, True)  # compile outside the recorded call
+    flash(q, k, v, case.knob("causal"))  # compile outside the recorded call
     qkv.grad = None
     with recorder.active():
-        out = flash(q, k, v, True)
+        out = flash(q, k, v, case.knob("causal"))
         out.sum().backward()
     dq, dk, dv = qkv.grad
     return {"O": out, "dQ": dq, "dK": dk, "dV": dv}

@@ -22,11 +22,14 @@ import torch.nn.functional as F
 from ..shared import course_layers
 from ..shared.cases import Case
 from ..shared.course_layers import load_parameters, probe_layers
+from ..shared.dtypes import DTYPES
 from ..shared.models import LayersModel
 from ..shared.training import make_optimizer, rank_slice
 from .hooks import Hooks
 
-DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The ``compute_dtype`` the hook is handed: for fp32 None (the adapter's default: no cast asked for), not
+# torch.float32, which is why this is not the shared map.
+COMPUTE_DTYPES = {"fp32": None, "fp16": DTYPES["fp16"], "bf16": DTYPES["bf16"]}
 
 
 def layer_classes() -> tuple[tuple[type, type, type], str]:
@@ -63,7 +66,7 @@ def run(hooks: Hooks, case: Case, inputs: dict, device: torch.device, rank: int)
         warnings.simplefilter(
             "ignore"
         )  # the rank processes of the course's tests do not turn them into errors
-        fsdp = hooks.get_fsdp(model, compute_dtype=DTYPES[case.dtype])
+        fsdp = hooks.get_fsdp(model, compute_dtype=COMPUTE_DTYPES[case.dtype])
         result["local_numel"] = {n: p.numel() for n, p in fsdp.module.named_parameters()}
         opt = make_optimizer(case.knob("optimizer"), fsdp.parameters())
         if case.knob("check") == "grad-sync":

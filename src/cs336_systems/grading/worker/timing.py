@@ -18,11 +18,10 @@ from typing import Any
 import torch
 
 from ..shared.cases import LEADERBOARD_CASE, TRITON_HOOK
+from ..shared.dtypes import DTYPES
 from .clock import serve_round
 from .hooks import Hooks
 from .provenance import Recorder
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -45,19 +44,20 @@ def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str], job: dict)
         "dtype", LEADERBOARD_CASE.dtype
     )  # fp32: the CPU's stand-in (Triton's interpreter mishandles bf16)
     q, k, v = torch.randn(3, *shape, device=device, dtype=DTYPES[dtype], requires_grad=True)
+    causal = LEADERBOARD_CASE.causal
     result: dict[str, Any] = {"compiled": True, "compile_error": None}
     torch._dynamo.reset()
     flash = torch.compile(fn.apply) if args.get("compile", True) else fn.apply
     started = time.monotonic()
     try:
-        flash(q, k, v, True).sum().backward()
+        flash(q, k, v, causal).sum().backward()
     except Exception as exc:
         result.update(compiled=False, compile_error=_failure(exc))
         flash = fn.apply
     if not args.get("compile", True):
         result.update(compiled=False, compile_error="not compiled: asked for eager")
     result["compile_s"] = round(time.monotonic() - started, 1)
-    call = lambda q, k, v: flash(q, k, v, True)
+    call = lambda q, k, v: flash(q, k, v, causal)
     call(q, k, v).sum().backward()  # the eager fallback's first call compiles its kernels too
     for round_ in range(args["rounds"]):  # the rounds and their waits: the parent's plan (its time limits)
         serve_round(
@@ -69,7 +69,7 @@ def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str], job: dict)
     started = time.monotonic()
     try:
         with recorder.active():
-            flash(q, k, v, True).sum().backward()
+            flash(q, k, v, causal).sum().backward()
             _synchronize(device)
     except Exception as exc:
         return {**result, "error": _failure(exc), "provenance": recorder.report(roots)}
@@ -82,7 +82,7 @@ def leaderboard(hooks: Hooks, args: dict[str, Any], roots: list[str], job: dict)
         from triton.testing import do_bench
 
         times = do_bench(
-            lambda: flash(q, k, v, True).sum().backward(),
+            lambda: flash(q, k, v, causal).sum().backward(),
             rep=args["rep"],
             warmup=args["warmup"],
             return_mode="all",

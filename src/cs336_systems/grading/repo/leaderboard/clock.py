@@ -28,6 +28,7 @@ import torch
 
 from ...exchange import Untrusted, tensor
 from ...limits import Limits
+from ...shared.cases import LEADERBOARD_CASE
 from ...shared.clock import FIELDS, go_file, iterations, ready_file, result_name, wait_for
 
 # |got - ref| <= TOLERANCE x the reference's projected norm, per fingerprint. bf16 rounding of a correct
@@ -104,14 +105,19 @@ def _publish(path: Path, order: dict) -> None:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The reference: torch's SDPA (its fastest backend here) on the course's (batch, seq, d) tensors."""
+    """The reference: torch's SDPA (its fastest backend here) on the course's (batch, seq, d) tensors,
+    masked as the leaderboard's case is."""
     import torch.nn.functional as F
 
-    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=LEADERBOARD_CASE.causal)[0]
 
 
 def verify(
-    fingerprints: Any, round_: Round, shape: tuple[int, int, int], device: torch.device, dtype: str = "bf16"
+    fingerprints: Any,
+    round_: Round,
+    shape: tuple[int, int, int],
+    device: torch.device,
+    dtype: str = LEADERBOARD_CASE.dtype,
 ) -> str | None:
     """Why a round's fingerprints are not its iterations' (None when every one matches the reference)."""
     try:

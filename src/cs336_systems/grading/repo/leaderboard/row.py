@@ -19,7 +19,7 @@ from typing import Any
 from ...exchange import text
 from ...roots import SUITE_ROOT, StudentRoots, discover
 from ...sandbox import jobs_parent
-from ...shared.cases import LEADERBOARD_CASE, TRITON_HOOK
+from ...shared.cases import LEADERBOARD_CASE, RANK_GATES, TRITON_HOOK
 from . import clock, observer_turn, standing
 from .observer import Observed, command, ncu_path, parse, phases
 
@@ -32,11 +32,12 @@ REFERENCES = {
 
 
 def course_failures(report: dict | None) -> list[str] | None:
-    """The Triton hook's failing course cases (None when its course tier was not graded)."""
+    """The Triton hook's failing cases in the tiers that gate a rank, the course's (None when those were
+    not graded)."""
     cases = [
         c
         for c in (report or {}).get("cases", [])
-        if c.get("tier") == "course" and TRITON_HOOK in (c.get("hooks") or [])
+        if c.get("tier") in RANK_GATES and TRITON_HOOK in (c.get("hooks") or [])
     ]
     graded = [c for c in cases if c.get("status") != "skipped"]
     if not graded:
@@ -168,7 +169,7 @@ def _observed(
     log = folder / "ncu.csv"
     try:
         _, talk, why = _clock_run(
-            roots, plan, {"observe": True}, shape, device, "bf16", command(ncu, log), folder
+            roots, plan, {"observe": True}, shape, device, LEADERBOARD_CASE.dtype, command(ncu, log), folder
         )
         if why or talk is None:
             return None, 0, f"the observed run: {why}"
