@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The GPU runs behind docs/perf-notes.md and docs/results/, one stage per argument, each sized for a
-# 10-minute command: `OUT=runs/gpu bash scripts/gpu_runs.sh STAGE...` (the stages are the cases below;
-# allreduce/ddp/sharding/leaderboard-2026*/fsdp*/tests-fsdp/tests-nccl need 2-4 GPUs, the rest one).
+# The GPU runs behind docs/perf-notes.md and docs/results/, one stage (a case below) per argument, each a 10-minute
+# command: `OUT=runs/gpu bash scripts/gpu_runs.sh STAGE...` (allreduce/ddp/sharding/leaderboard-2026*/fsdp*/tests-fsdp/tests-nccl need 2-4 GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -41,9 +40,7 @@ for stage in "$@"; do
       tail -3 "$OUT/attention.log"
       python3 -m cs336_systems.report "$OUT/attention.jsonl" --out "$OUT/attention-report" > /dev/null
       head -40 "$OUT"/attention-report/tables/d6*.md ;;
-    flash)  # D11 at d 64 and 128, bf16 and fp32, and the D12 leaderboard group
-      # bf16 over every seq (with the leaderboard group), then fp32 up to 16384; the .jsonl keeps every
-      # finished row should a command be cut off.
+    flash)  # D11 at d 64 and 128: bf16 every seq (and the D12 leaderboard group), fp32 to 16384; .jsonl: rows so far
       CS336_BENCH_JSONL=$OUT/flash.jsonl "${BENCH[@]}" bench/bench_flash.py --only d=64,128 --only dtype=bf16 \
         --benchmark-json="$OUT/flash-bf16.json" > "$OUT/flash-bf16.log" 2>&1
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/flash-bf16.log" | tail -8
@@ -138,23 +135,19 @@ for stage in "$@"; do
     tests-nccl) CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_ddp.py tests/test_sharded_optimizer.py 2>&1 | tail -5 ;;
     leaderboard-course)  # D12 the course's way: compiled apply, do_bench(rep=10000, warmup=1000) mean, ours vs cuDNN (~1 min)
       python3 -m cs336_systems.cli.leaderboard --json "$OUT/leaderboard-course.json" 2>&1 | tail -3 ;;
-    grade)  # each repository in $GRADE_REPOS (or folders of them) graded side by side, one GPU each, course +
-      # leaderboard tiers and the leaderboard row the course's way (anchors: the suite's kernel and cuDNN per GPU model);
-      # with COURSE_TESTS (a course release's tests/, or a folder of releases by version) the course's tests too;
-      # with GRADE_EXECUTOR=local through submitit's local executor (run both on one host to compare them); GRADE_K: -k
+    grade)  # $GRADE_REPOS (repositories or folders of them) graded side by side, one GPU each, course + leaderboard
+      # tiers and rows (anchors: the suite's kernel and cuDNN per GPU model); COURSE_TESTS: a course release's tests/
+      # too; GRADE_EXECUTOR=local: through submitit's local executor; GRADE_K: -k
       timeout "${GRADE_TIMEOUT:-540}" python3 -m cs336_systems.cli.grade ${GRADE_REPOS:-} --out "$OUT/class" \
         --tiers "${GRADE_TIERS:-course,leaderboard}" --bench --timeout 420 \
         ${GRADE_EXECUTOR:+--executor "$GRADE_EXECUTOR" --gpus-per-job 1} \
         ${COURSE_TESTS:+--course-tests "$COURSE_TESTS"} ${GRADE_K:+-- -k "$GRADE_K"} > "$OUT/class.log" 2>&1
       echo "grade rc=$?"; grep -v "cases done\|loading its code\| now: " "$OUT/class.log" | tail -30
-      for f in "$OUT"/class/*/leaderboard.json; do  # one line per row: the device returns only 8 files a call
-        [ -f "$f" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], json.dumps({k: d.get(k) for k in ('parent_ms', 'course_ms', 'forward', 'backward', 'ranked', 'unranked_because')}))" "$f" "$(basename "$(dirname "$f")")"
-      done
-      tar czf "$OUT/class.tgz" -C "$OUT" class && rm -rf "$OUT/class" ;;
+      grep -H -E '"(parent_ms|forward|backward|ranked|unranked_because)"' "$OUT"/class/*/leaderboard.json
+      tar czf "$OUT/class.tgz" -C "$OUT" class && rm -rf "$OUT/class" ;;  # one file: the device returns 8 a call
     walls)  # the walls on a GPU machine: every way out in a class; workers walled on CUDA; ncu observing inside them
       python3 -m pytest -p no:cacheprovider -q tests/contract/test_walls.py tests/contract/test_adversaries.py 2>&1 | tail -3 ;;
-    leaderboard-fixtures)  # every leaderboard fixture's row on the parent's clock, observed by ncu, and its rank or reason
-      # FIXTURES_K: -k over the leaderboard fixtures (13 rows, about 60 s each on an H200: more than one command holds)
+    leaderboard-fixtures)  # each leaderboard fixture's row and rank or reason; FIXTURES_K: -k (13 rows, ~60 s each on an H200)
       python3 -m pytest -p no:cacheprovider -q -s tests/contract/test_leaderboard_gpu.py ${FIXTURES_K:+-k "$FIXTURES_K"} 2>&1 \
         | grep -E "^adapters|passed|failed|Error" ;;
     sweep-d11)  # D11 (d 64, bf16, seq 1024, 16384) in one pytest process on GPU 0, then as sweep jobs, one per GPU; compared
