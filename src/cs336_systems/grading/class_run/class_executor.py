@@ -47,7 +47,6 @@ from cs336_systems.jobs.run import Outcome, Watch, run_jobs
 from .. import walls
 from ..limits import Limits
 from ..progress import progress_line
-from ..repo.leaderboard import observer_turn
 from ..sandbox import become_subreaper, kill_descendants
 from .classroom import (
     ANCHORS_WORK,
@@ -58,6 +57,7 @@ from .classroom import (
     graded,
     job_outcome,
     neighbours,
+    past_limit,
     prepare_repo,
     record_failure,
     repo_command,
@@ -133,11 +133,10 @@ class ProcessJob:
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, out: Path) -> int | str:
-    """The job's exit status, or ``"timeout"`` once it ran ``timeout_s`` beyond its waits for this host's
-    observer (``observer_turn``): a repository is not stopped for time spent behind another's."""
+    """The job's exit status, or ``"timeout"`` once it ran past its limit (``classroom.past_limit``)."""
     started = time.monotonic()
     while (code := proc.poll()) is None:
-        if time.monotonic() - started > timeout_s + observer_turn.waited_s(out):
+        if past_limit(started, timeout_s, out):
             stop(proc)
             return "timeout"
         time.sleep(0.5)

@@ -278,7 +278,7 @@ class ClassRun:
     def _finished(self, job: Running, outcomes: dict[str, str]) -> bool:
         elapsed = time.monotonic() - job.started
         code = job.proc.poll()
-        if code is None and elapsed > self.options.limits.repository_s + observer_turn.waited_s(job.out):
+        if code is None and past_limit(job.started, self.options.limits.repository_s, job.out):
             stop(job.proc)
             code = "timeout"
         anchors = job.name.startswith("anchors")  # grades no case: neither progress lines nor an outcome
@@ -381,6 +381,13 @@ def repo_env(threads: int, gpu: int | None, hidden: list[Path]) -> dict[str, str
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices([gpu])  # GPU ``gpu`` of those this process sees
     return env
+
+
+def past_limit(started: float, limit_s: float, out: Path) -> bool:
+    """Whether a job started at ``started`` (monotonic) ran ``limit_s`` beyond its waits for this host's
+    observer (``observer_turn``): a repository is not stopped for time spent behind another's. Both
+    schedulers stop a job by this rule."""
+    return time.monotonic() - started > limit_s + observer_turn.waited_s(out)
 
 
 def job_outcome(out: Path, code: int | str, elapsed: float, timeout: float, points: Path | None) -> str:
