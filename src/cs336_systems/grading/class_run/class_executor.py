@@ -7,9 +7,10 @@ and turns each job's end, as it ends, into the repository's outcome with ``class
 job that failed, was cancelled or ran out of time is a ``results.json`` with a visible "grader failed",
 written here, never a lost class, and graded again by the next run. While a job runs, its repository's
 progress lines are read from its ``progress.jsonl`` (on Slurm, through the shared filesystem) as on one
-machine. SIGINT or SIGTERM cancels the jobs still running and ends the run (``Interrupted``). With ``bench``, the suite's kernel and cuDNN are timed once per GPU model among
-the nodes that ran students (the model each job saw is its ``leaderboard.json``'s ``gpu``): one anchors
-job per model, on a node that ran it.
+machine. SIGINT or SIGTERM cancels the jobs still running and ends the run (``Interrupted``). With
+``bench``, the suite's kernel and cuDNN are timed once per GPU model among the nodes that ran students
+(the model each job saw is its ``leaderboard.json``'s ``gpu``): one anchors job per model, on a node that
+ran it.
 
 On one machine submitit's ``LocalExecutor`` gives every job the same first GPUs, so a local job claims
 its GPUs itself (``executor.claim_gpus``).
@@ -159,7 +160,8 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
 
     On one machine the anchors job joins the queue last, so it starts on the first GPU a repository
     frees, beside the last repositories (as the one-machine scheduler does); timed after the class it
-    added its whole time to the class's. A GPU model it did not time, and every model on Slurm, is timed after the class (:func:`_time_anchors`)."""
+    added its whole time to the class's. A GPU model it did not time, and every model on Slurm, is timed
+    after the class (:func:`_time_anchors`)."""
     todo, outcomes = to_grade(jobs.repos, jobs.out, jobs.options, jobs.force, say)
     if not todo:
         return outcomes
@@ -171,11 +173,12 @@ def run_class(jobs: ClassJobs, say: Callable[[str], None] = print) -> dict[str, 
     # A job's own limit on Slurm (the executor's work limit) caps the repository's: its inner shares follow.
     limits = Limits(min(jobs.options.limits.repository_s, config.work_limit_s()))
     timeout_s = limits.repository_s
+    watched = tuple(walls.watched(list(jobs.repos.values())))  # one list for the class: every job's tripwire
     calls = {}
     for name, target in todo.items():
         out, options = prepare_repo(jobs.out, name, dataclasses.replace(jobs.options, limits=limits))
         cmd = repo_command(target, out, options)
-        hidden, watched = tuple(neighbours(jobs.repos, name)), tuple(walls.watched(list(jobs.repos.values())))
+        hidden = tuple(neighbours(jobs.repos, name))
         calls[name] = ProcessJob(
             name, cmd, jobs.out, out, out / "job.log", timeout_s, threads, local, hidden, watched
         )
