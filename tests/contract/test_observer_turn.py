@@ -1,6 +1,7 @@
 """Observed runs of one host take turns (two Nsight Compute sessions side by side starve each other), and
 a repository's time limit does not count its wait for that turn: a class run stops a job only once it
-has run its limit beyond what it spent behind another repository's observation."""
+has run its limit beyond what it spent behind another repository's observation. An observer starved by a
+session the lock does not cover (it reached the worker, saw no kernel) looks once more."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 from cs336_systems.grading.class_run.class_executor import _wait
 from cs336_systems.grading.repo.leaderboard import observer_turn
+from cs336_systems.grading.repo.leaderboard.observer import Observed
+from cs336_systems.grading.repo.leaderboard.row import observe
 
 
 def test_a_second_observer_waits_and_its_wait_is_recorded(tmp_path: Path) -> None:
@@ -95,3 +98,31 @@ def test_the_one_machine_class_run_adds_the_wait_to_a_repositorys_limit(
         repos, tmp_path, RepoOptions(limits=Limits(1.0)), jobs=1, log=io.StringIO()
     ).run()
     assert outcomes["a"].startswith(outcome), outcomes
+
+
+def _seen(ms: float, connected: bool = True) -> Observed:
+    seen = Observed.of_phases({"fwd_kernel": ms}, {"bwd_kernel": ms}) if ms else Observed()
+    seen.connected = connected
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("readings", "seconds"),
+    [
+        ([_seen(0.0), _seen(2.0)], 300.0),  # starved once by another session: observed again
+        ([_seen(0.0), _seen(0.0)], 300.0),  # the recording stopped by the code: empty twice
+        ([_seen(2.0)], 300.0),  # an honest reading is taken as it is
+        ([_seen(0.0, connected=False)], 300.0),  # never reached: the row says so, no second run
+        ([_seen(0.0)], 10.0),  # too little of the row's time left for a second run
+    ],
+)
+def test_an_observer_that_saw_nothing_looks_once_more(readings: list[Observed], seconds: float) -> None:
+    asked: list[float | None] = []
+
+    def once(left: float | None) -> tuple[Observed, int, None]:
+        asked.append(left)
+        return readings[len(asked) - 1], 1, None
+
+    seen, _, _ = observe(once, seconds)
+    assert len(asked) == len(readings) and seen is readings[-1]
+    assert all(a is not None and a <= seconds for a in asked)  # the second run fits what is left

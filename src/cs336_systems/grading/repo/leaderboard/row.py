@@ -13,6 +13,7 @@ import dataclasses
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,8 @@ def row(
         # class run extends its limit by the wait).
         left = deadline - time.monotonic() if deadline is not None else None
         with observer_turn.turn(lock, wait_record):
-            seen, evidence.observed_iterations, why = _observed(
-                roots, ncu, shape, device, observed_wait_s, left
+            seen, evidence.observed_iterations, why = observe(
+                lambda seconds: _observed(roots, ncu, shape, device, observed_wait_s, seconds), left
             )
         if why:
             evidence.clock_problem = "; ".join(filter(None, [evidence.clock_problem, why]))
@@ -152,6 +153,24 @@ def within(plan: clock.ClockPlan, seconds: float | None) -> clock.ClockPlan:
     return dataclasses.replace(plan, wait_s=max(1.0, min(plan.wait_s, seconds / 2)))
 
 
+Observation = tuple[Observed | None, int, str | None]  # what ncu saw, the calls it saw, why it does not count
+RETRY_MIN_S = 30.0  # the least time left for a second observed run (less: the first one's reading stands)
+
+
+def observe(once: Callable[[float | None], Observation], seconds: float | None) -> Observation:
+    """``once`` (an observed run, given the seconds it may take), run a second time when ncu reached the
+    worker and saw no kernel at all: another profiler session on the host (a second class, a user's own
+    ncu or nsys) starves it that way, a fault of the machine, not of the code. Code that stops the
+    recording itself leaves the same empty report twice and gets no rank either way."""
+    start = time.monotonic()
+    got = once(seconds)
+    seen, _, why = got
+    if why or seen is None or not seen.connected or seen.total_ms() > 0:
+        return got
+    left = None if seconds is None else seconds - (time.monotonic() - start)
+    return got if left is not None and left < RETRY_MIN_S else once(left)
+
+
 def _observed(
     roots: StudentRoots,
     ncu: str,
@@ -159,7 +178,7 @@ def _observed(
     device: str,
     wait_s: float,
     seconds: float | None = None,
-) -> tuple[Observed | None, int, str | None]:
+) -> Observation:
     """One round under ncu, verified like a timed one: the kernels it ran and their GPU time; its
     waits ``wait_s``, cut to fit ``seconds``."""
     plan = within(clock.ClockPlan(rounds=1, wait_s=wait_s), seconds)
