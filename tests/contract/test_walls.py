@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,13 +182,16 @@ def test_a_class_does_not_start_where_a_neighbour_stays_writable(
 
 
 SABOTEUR = """
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 for sibling in ROOT.parent.iterdir():
-    if sibling != ROOT and (sibling / "tests" / "adapters.py").is_file():
-        with (sibling / "tests" / "adapters.py").open("a") as f:
-            f.write("\\n# changed by a neighbour\\n")
+    target = sibling / "tests" / "adapters.py"
+    if sibling != ROOT and target.is_file():  # rewritten in place, its size and modification time kept
+        st = target.stat()
+        target.write_bytes(target.read_bytes()[:-1] + b" ")
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def get_flashattention_autograd_function_pytorch():
@@ -210,6 +214,20 @@ def test_the_tripwire_stops_a_class_whose_code_wrote_a_neighbour(tmp_path: Path)
     failure = (tmp_path / "out" / "a_saboteur" / "failure.txt").read_text()
     assert failure.startswith("could not be trusted: wrote") and "b_honest" in failure, failure
     assert not (tmp_path / "out" / "b_honest" / "grade.json").exists(), "graded on a changed tree"
+
+
+def test_the_tripwire_sees_a_rewrite_that_kept_the_size_and_put_the_time_back(tmp_path: Path) -> None:
+    """A write that keeps a file's size and restores its modification time (``os.utime``) still changes
+    its change time, which no unprivileged process can set back."""
+    neighbour = tmp_path / "adapters.py"
+    neighbour.write_text("def f():\n    return 1\n")
+    wire = walls.Tripwire([tmp_path])
+    time.sleep(0.05)  # past the filesystem's timestamp granularity (a jiffy)
+    st = neighbour.stat()
+    neighbour.write_text("def f():\n    return 2\n")
+    os.utime(neighbour, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert neighbour.stat().st_mtime_ns == st.st_mtime_ns and neighbour.stat().st_size == st.st_size
+    assert wire.changed() == [str(neighbour)]
 
 
 COURSE_TEST = """

@@ -8,7 +8,7 @@ filesystem (a file the probe wrote inside its private ``/tmp`` is not a hole). `
 answer, and a class does not start where a neighbour or the grading environment stays writable unless
 the TA accepts that risk by name.
 
-``Tripwire`` is the layer behind the walls: a listing with sizes and modification times of the grading
+``Tripwire`` is the layer behind the walls: a listing with sizes and change times of the grading
 environment, the suite's code and every repository's tree, taken before the class and again as each
 repository ends. A change means some graded code wrote outside its scratch; the class stops there,
 before another repository is graded on a changed environment. The grading processes write no bytecode
@@ -146,7 +146,10 @@ def describe(found: dict[str, str]) -> str:
 
 @dataclass
 class Tripwire:
-    """Listings of ``roots`` (path -> size and modification time) taken now and compared later."""
+    """Listings of ``roots`` (path -> size and change time) taken now and compared later. The change
+    time (``st_ctime``), not the modification time: a write, a ``chmod`` or an ``os.utime`` sets it to
+    now, and no unprivileged process can set it back (code that rewrote a file and restored its
+    modification time would pass a listing of ``st_mtime``)."""
 
     roots: list[Path]
     skip: frozenset[str] = frozenset({".git"})
@@ -209,7 +212,7 @@ def _walk(root: Path, skip: frozenset[str], found: dict[str, tuple[int, int]]) -
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            found[entry.path] = (st.st_size, st.st_mtime_ns)
+            found[entry.path] = (st.st_size, st.st_ctime_ns)
 
 
 def trees(target: Path) -> list[Path]:
