@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -228,6 +229,29 @@ def test_the_tripwire_sees_a_rewrite_that_kept_the_size_and_put_the_time_back(tm
     os.utime(neighbour, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert neighbour.stat().st_mtime_ns == st.st_mtime_ns and neighbour.stat().st_size == st.st_size
     assert wire.changed() == [str(neighbour)]
+
+
+def test_the_tripwire_sees_what_runs_and_passes_over_what_comes_and_goes(tmp_path: Path) -> None:
+    """Planted code the tripwire must list: a ``.pth`` named like the probe's markers (``site`` runs a
+    hidden one), a neighbour's git hook and git config (git runs them when the TA next pulls). What it
+    passes over: a probe's marker in flight, and the git objects and index any git command rewrites."""
+    site, repo = tmp_path / "site-packages", tmp_path / "neighbour"
+    (repo / ".git" / "hooks").mkdir(parents=True)
+    site.mkdir()
+    (repo / ".git" / "config").write_text("[core]\n")
+    wire = walls.Tripwire([site, repo])
+    planted = [
+        site / f"{walls.MARKER}0123456789abcdef.pth",
+        repo / ".git" / "hooks" / "post-merge",
+        repo / ".git" / "config",
+    ]
+    time.sleep(0.05)  # past the filesystem's timestamp granularity (a jiffy)
+    for path in planted:
+        path.write_text("import os; os.system('echo planted')\n")
+    (site / f"{walls.MARKER}{secrets.token_hex(8)}").touch()
+    (repo / ".git" / "index").write_bytes(b"DIRC")
+    (repo / ".git" / "objects" / "ab").mkdir(parents=True)
+    assert wire.changed() == sorted(str(p) for p in planted)
 
 
 COURSE_TEST = """

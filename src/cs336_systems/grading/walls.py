@@ -21,6 +21,7 @@ import importlib.util
 import json
 import marshal
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -152,7 +153,6 @@ class Tripwire:
     modification time would pass a listing of ``st_mtime``)."""
 
     roots: list[Path]
-    skip: frozenset[str] = frozenset({".git"})
     before: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -161,7 +161,7 @@ class Tripwire:
     def listing(self) -> dict[str, tuple[int, int]]:
         found: dict[str, tuple[int, int]] = {}
         for root in self.roots:
-            _walk(root, self.skip, found)
+            _walk(root, found)
         return found
 
     def changed(self) -> list[str]:
@@ -193,7 +193,15 @@ def compiled_from_source(pyc: Path) -> bool:
         return False
 
 
-def _walk(root: Path, skip: frozenset[str], found: dict[str, tuple[int, int]]) -> None:
+# The probe's own markers come and go while a class runs (where it accepted writable walls): exactly
+# these names, never a ``.pth`` or a folder named like them.
+IN_FLIGHT = re.compile(re.escape(MARKER) + r"[0-9a-f]{16}")
+# Of a git folder, what git runs code from when the TA next pulls (hooks, and config's ``core.hooksPath``
+# or ``core.fsmonitor``); its objects and index change under any git command.
+GIT_RUNS = ("config", "hooks")
+
+
+def _walk(root: Path, found: dict[str, tuple[int, int]]) -> None:
     stack = [str(root)]
     while stack:
         folder = stack.pop()
@@ -202,17 +210,25 @@ def _walk(root: Path, skip: frozenset[str], found: dict[str, tuple[int, int]]) -
         except OSError:
             continue
         for entry in entries:
-            # The probe's own markers come and go (where a class accepted writable walls).
-            if entry.name in skip or entry.name.startswith(MARKER):
-                continue
-            if entry.is_dir(follow_symlinks=False):
+            if entry.name == ".git" and entry.is_dir(follow_symlinks=False):
+                for name in GIT_RUNS:
+                    path = os.path.join(entry.path, name)
+                    if os.path.isdir(path):
+                        stack.append(path)
+                    else:
+                        _record(path, found)
+            elif entry.is_dir(follow_symlinks=False):
                 stack.append(entry.path)  # its files say what changed; its own time only that something did
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            found[entry.path] = (st.st_size, st.st_ctime_ns)
+            elif not (IN_FLIGHT.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)):
+                _record(entry.path, found)
+
+
+def _record(path: str, found: dict[str, tuple[int, int]]) -> None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    found[path] = (st.st_size, st.st_ctime_ns)
 
 
 def trees(target: Path) -> list[Path]:
