@@ -254,6 +254,20 @@ def test_the_tripwire_sees_what_runs_and_passes_over_what_comes_and_goes(tmp_pat
     assert wire.changed() == sorted(str(p) for p in planted)
 
 
+def test_the_tripwire_watches_the_user_site_even_before_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interpreter outside a virtual environment runs ``~/.local/lib/pythonX.Y/site-packages`` (its
+    ``.pth`` files, a ``usercustomize``) in every grading process: planting one there shows."""
+    user_site = tmp_path / "home" / ".local" / "lib" / "site-packages"
+    monkeypatch.setattr(walls.site, "ENABLE_USER_SITE", True)
+    monkeypatch.setattr(walls.site, "getusersitepackages", lambda: str(user_site))
+    wire = walls.Tripwire(walls.watched([]))
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text("import os\n")
+    assert wire.changed() == [str(user_site / "usercustomize.py")]
+
+
 COURSE_TEST = """
 from pathlib import Path
 

@@ -23,6 +23,7 @@ import marshal
 import os
 import re
 import secrets
+import site
 import subprocess
 import sys
 import sysconfig
@@ -69,12 +70,16 @@ class Place:
         return f"{self.kind}: {self.path}"
 
 
-def grading_environment() -> list[Path]:
-    """The grading interpreter's packages and standard library (a ``.pth`` or a patched module there runs
-    in every later grading process)."""
+def grading_environment(existing: bool = True) -> list[Path]:
+    """The grading interpreter's packages and standard library, and the user's site-packages where it
+    reads them (outside a virtual environment): a ``.pth`` or a patched module there runs in every later
+    grading process. ``existing``: only the folders there now (what a probe can write into; the
+    tripwire also lists one created later)."""
     paths = sysconfig.get_paths()
     found = [Path(paths[k]) for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
-    return [p for p in dict.fromkeys(p.resolve() for p in found) if p.is_dir()]
+    if site.ENABLE_USER_SITE:
+        found.append(Path(site.getusersitepackages()))
+    return [p for p in dict.fromkeys(p.resolve() for p in found) if p.is_dir() or not existing]
 
 
 def suite_code() -> list[Path]:
@@ -245,6 +250,11 @@ def watched(repos: list[Path]) -> list[Path]:
     """What the class's tripwire lists: the grading environment, the suite's code, the compile caches'
     seed, each repository's folders (nested ones once)."""
     seeded = [seed] if (seed := caches.seed()) is not None else []
-    found = [*grading_environment(), *suite_code(), *seeded, *(p for target in repos for p in trees(target))]
+    found = [
+        *grading_environment(existing=False),
+        *suite_code(),
+        *seeded,
+        *(p for target in repos for p in trees(target)),
+    ]
     folders = sorted({p.resolve() for p in found}, key=lambda p: len(p.parts))
     return [p for i, p in enumerate(folders) if not any(p.is_relative_to(q) for q in folders[:i])]
