@@ -248,7 +248,7 @@ def test_the_tripwire_sees_what_runs_and_passes_over_what_comes_and_goes(tmp_pat
     time.sleep(0.05)  # past the filesystem's timestamp granularity (a jiffy)
     for path in planted:
         path.write_text("import os; os.system('echo planted')\n")
-    (site / f"{walls.MARKER}{secrets.token_hex(8)}").touch()
+    (site / f"{walls.MARKER}{secrets.token_hex(walls.TOKEN_BYTES)}").touch()
     (repo / ".git" / "index").write_bytes(b"DIRC")
     (repo / ".git" / "objects" / "ab").mkdir(parents=True)
     assert wire.changed() == sorted(str(p) for p in planted)

@@ -40,6 +40,7 @@ HELD, WRITABLE = "held", "writable"
 # grade, or every later grade); the others are recorded and shown.
 CLASS_RISKS = ("neighbour", "grading environment", "suite")
 MARKER = ".cs336-wall-"
+TOKEN_BYTES = 8  # of a probe's marker name: MARKER and 2 * TOKEN_BYTES hex digits
 
 PROBE = """
 import json, os, sys
@@ -103,7 +104,7 @@ def places(neighbours: list[Path], results: list[Path]) -> list[Place]:
 def probe(sandbox: Sandbox, where: list[Place]) -> dict[str, str]:
     """Each place's name -> "held" or "writable", as a worker of ``sandbox`` finds it (a neighbour it can
     see but not write is "held, visible")."""
-    token = secrets.token_hex(8)
+    token = secrets.token_hex(TOKEN_BYTES)
     job = JobFolder.make(jobs_parent(), prefix="walls-")
     try:
         sandbox.prepare(job)
@@ -200,7 +201,7 @@ def compiled_from_source(pyc: Path) -> bool:
 
 # The probe's own markers come and go while a class runs (where it accepted writable walls): exactly
 # these names, never a ``.pth`` or a folder named like them.
-IN_FLIGHT = re.compile(re.escape(MARKER) + r"[0-9a-f]{16}")
+IN_FLIGHT = re.compile(re.escape(MARKER) + f"[0-9a-f]{{{2 * TOKEN_BYTES}}}")
 # Of a git folder, what git runs code from when the TA next pulls (hooks, and config's ``core.hooksPath``
 # or ``core.fsmonitor``); its objects and index change under any git command.
 GIT_RUNS = ("config", "hooks")

@@ -25,6 +25,8 @@ from . import clock, observer_turn, standing
 from .observer import Observed, command, ncu_path, parse, phases
 
 TIMED_SHARE = 0.6  # of a row's time budget, for the timed run (compile, the course's do_bench, two rounds)
+RETRY_MIN_S = 30.0  # the least time left for a second observed run (less: the first one's reading stands)
+Observation = tuple[Observed | None, int, str | None]  # what ncu saw, the calls it saw, why it does not count
 PROTOCOL = "torch.compile(apply) (eager where compiling fails); parent's clock over verified iterations"
 REFERENCES = {
     "suite kernel": SUITE_ROOT / "tests" / "adapters.py",
@@ -151,10 +153,6 @@ def within(plan: clock.ClockPlan, seconds: float | None) -> clock.ClockPlan:
     if seconds is None:
         return plan
     return dataclasses.replace(plan, wait_s=max(1.0, min(plan.wait_s, seconds / 2)))
-
-
-Observation = tuple[Observed | None, int, str | None]  # what ncu saw, the calls it saw, why it does not count
-RETRY_MIN_S = 30.0  # the least time left for a second observed run (less: the first one's reading stands)
 
 
 def observe(once: Callable[[float | None], Observation], seconds: float | None) -> Observation:
