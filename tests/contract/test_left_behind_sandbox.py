@@ -2,7 +2,8 @@
 namespaces writes only its scratch (``out/``, a private ``/tmp`` and ``/dev/shm``), sees none of the grader's processes, and
 leaves nothing behind; a class run's time limit stops what left the job's process group; a regrade
 whose job dies before writing never keeps the previous ``results.json``; a worker time limit reached on
-an overloaded machine (a stand-in load reading) is "could not grade here", one on an idle one a failure."""
+an overloaded machine (a stand-in load reading) is "could not grade here", one on an idle one a failure;
+a job's wait interrupted (Ctrl-C, a caller's time limit) kills its ranks before the exception goes on."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.grading.class_run.classroom import ClassRun, stop
+from cs336_systems.grading.judge import runner
 from cs336_systems.grading.judge.runner import Machine
 from cs336_systems.grading.judge.session import Grader
 from cs336_systems.grading.probe import probe
@@ -204,3 +206,21 @@ def test_a_failure_in_a_network_errors_words_stays_the_codes() -> None:
     busy = Grader(roots, probe(roots.adapters), 1, timeout=60, machine=Machine(lambda: 9.0, cores=2))
     verdict = busy.verdict(CASES[HANG])  # a busy machine's reset stays the machine's
     assert verdict.status == SKIPPED and verdict.kind == UNFINISHED_HERE, verdict
+
+
+def test_an_interrupted_wait_leaves_no_rank_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C or a caller's time limit (pytest-timeout raises in the waiting thread) while ranks run:
+    every rank is killed before the exception goes on."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.time, "sleep", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner._watch(procs, timeout=60)
+        assert [p.poll() for p in procs] == [-9, -9]
+    finally:
+        for p in procs:
+            p.kill()

@@ -143,20 +143,29 @@ def _tail(file: Path) -> str:
 
 def _watch(procs: list[subprocess.Popen], timeout: float) -> bool:
     """Wait for every rank; on the first that exits non-zero, or past ``timeout``, kill the rest.
-    Whether it timed out."""
+    Whether it timed out. Interrupted (Ctrl-C, the caller's own time limit: pytest-timeout raises in
+    this thread), it kills every rank before the exception goes on: no rank outlives its job."""
     deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs):
-        bad = any(p.poll() not in (None, 0) for p in procs)
-        late = time.monotonic() > deadline
-        if bad or late:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
-            return late and not bad
-        time.sleep(0.05)
+    try:
+        while any(p.poll() is None for p in procs):
+            bad = any(p.poll() not in (None, 0) for p in procs)
+            late = time.monotonic() > deadline
+            if bad or late:
+                _kill(procs)
+                return late and not bad
+            time.sleep(0.05)
+    except BaseException:
+        _kill(procs)
+        raise
     return False
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
 
 
 def run(job: Job) -> Collected:
