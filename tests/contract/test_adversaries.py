@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.grading.shared.cases import CASES, REFUSES_CPU
+from cs336_systems.grading.shared.cases import CASES, COURSE, LEADERBOARD, REFUSES_CPU
 from cs336_systems.grading.verdict import FAILED, SKIPPED
 
 from .grading_run import STUDENTS, verdicts
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("suite_self_check")]
 ADVERSARY = STUDENTS / "adversary" / "tests"
-COURSE_ATTENTION = [c.id for c in CASES.values() if c.family == "attention" and c.tier == "course"]
+COURSE_ATTENTION = [c.id for c in CASES.values() if c.family == "attention" and c.tier == COURSE]
 COURSE_TRITON = [c for c in COURSE_ATTENTION if "-triton-" in c]
 EXPECTED = {  # adapters file -> what every course attention case's failure names
     "adapters_patch_grader.py": "elements outside atol 0.01 + rtol 0.01",
@@ -44,7 +44,7 @@ def test_torch_sdpa_handed_in_as_triton_fails_on_provenance() -> None:
 
 @pytest.mark.gpu
 def test_torch_sdpa_handed_in_as_triton_fails_on_a_gpu() -> None:
-    lb = [c.id for c in CASES.values() if c.tier == "leaderboard"]
+    lb = [c.id for c in CASES.values() if c.tier == LEADERBOARD]
     for case_id, verdict in verdicts(ADVERSARY / "adapters_borrowed_sdpa.py", COURSE_TRITON + lb).items():
         assert verdict.status == FAILED and "torch's attention ran" in verdict.message, (case_id, verdict)
 

@@ -29,7 +29,14 @@ from cs336_systems.grading.limits import Limits
 from cs336_systems.grading.probe import probe
 from cs336_systems.grading.repo.repo_job import RepoOptions
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.shared.cases import ATTENTION_HOOKS, CASES, REFUSES_CPU, UNFINISHED_HERE
+from cs336_systems.grading.shared.cases import (
+    ATTENTION_HOOKS,
+    BEYOND,
+    CASES,
+    COURSE,
+    REFUSES_CPU,
+    UNFINISHED_HERE,
+)
 from cs336_systems.grading.verdict import ERROR, MISSING_DEPENDENCY
 
 from .grading_run import STUDENTS
@@ -210,9 +217,9 @@ def _entry(case_id: str, status: str, kind: str = "") -> dict:
 
 
 def test_a_case_a_busy_machine_could_not_finish_fails_the_run_and_a_gpu_skip_does_not() -> None:
-    course = next(c for c in CASES.values() if c.tier == "course" and c.hooks == (PYTORCH,)).id
-    beyond = next(c for c in CASES.values() if c.tier == "beyond" and c.hooks == (PYTORCH,)).id
-    gpu = next(c for c in CASES.values() if c.tier == "course" and c.hooks == (TRITON,)).id
+    course = next(c for c in CASES.values() if c.tier == COURSE and c.hooks == (PYTORCH,)).id
+    beyond = next(c for c in CASES.values() if c.tier == BEYOND and c.hooks == (PYTORCH,)).id
+    gpu = next(c for c in CASES.values() if c.tier == COURSE and c.hooks == (TRITON,)).id
     passed = [_entry(course, "passed")]
     status = lambda cases: exit_status({"cases": cases}, True, 0)
     assert status(passed) == 0
@@ -321,7 +328,7 @@ def test_the_suites_fixtures_import_what_they_have() -> None:
 def test_the_progress_line_says_which_job_runs_and_that_it_runs_once_more(tmp_path: Path) -> None:
     path = tmp_path / "progress.jsonl"
     assert progress.progress_line(path) == progress.STARTING
-    ids = [c.id for c in CASES.values() if c.family == "ddp" and c.tier == "course"][:2]
+    ids = [c.id for c in CASES.values() if c.family == "ddp" and c.tier == COURSE][:2]
     words = progress.job_words(ids, 2)
     progress.phase(path, progress.START, "job a", words)
     assert progress.progress_line(path).startswith(f"now: {words} for "), progress.progress_line(path)
@@ -350,7 +357,7 @@ def test_a_job_that_runs_once_more_is_said(monkeypatch) -> None:
         machine=busy,
         on_job=lambda batch, ws, note: said.append(note),
     )
-    case = next(c for c in CASES.values() if c.hooks == (PYTORCH,) and c.tier == "course")
+    case = next(c for c in CASES.values() if c.hooks == (PYTORCH,) and c.tier == COURSE)
     outcome = runs.outcome(case.id, [case.id], 1, lambda c: {})
     assert outcome.unfinished and said == [
         runner.JOB_STARTS,
@@ -363,9 +370,9 @@ def test_a_job_that_runs_once_more_is_said(monkeypatch) -> None:
 
 
 def test_a_score_says_how_many_cases_it_leaves_out() -> None:
-    triton = [c.id for c in CASES.values() if c.tier == "course" and c.hooks == (TRITON,)]
-    pytorch = [c.id for c in CASES.values() if c.tier == "course" and c.hooks == (PYTORCH,)]
-    beyond = [c.id for c in CASES.values() if c.tier == "beyond" and c.hooks == (TRITON,)][:3]
+    triton = [c.id for c in CASES.values() if c.tier == COURSE and c.hooks == (TRITON,)]
+    pytorch = [c.id for c in CASES.values() if c.tier == COURSE and c.hooks == (PYTORCH,)]
+    beyond = [c.id for c in CASES.values() if c.tier == BEYOND and c.hooks == (TRITON,)][:3]
     cases = [
         *[{**_entry(i, "skipped", REFUSES_CPU), "message": ""} for i in triton],
         *[{**_entry(i, "passed"), "message": ""} for i in pytorch],
@@ -415,7 +422,7 @@ def test_cases_that_share_one_message_are_listed_once() -> None:
 
 
 def test_the_table_names_its_groups_without_unexplained_marks() -> None:
-    cases = [_entry(c.id, "passed") for c in CASES.values() if c.family == "ddp" and c.tier == "course"]
+    cases = [_entry(c.id, "passed") for c in CASES.values() if c.family == "ddp" and c.tier == COURSE]
     cases = [{**c, "message": ""} for c in cases]
     lines = render(build(cases, 1, None))
     assert not any("(+" in line for line in lines), lines

@@ -20,7 +20,7 @@ from cs336_systems.grading.judge.session import Grader
 from cs336_systems.grading.probe import probe
 from cs336_systems.grading.repo.repo_job import RepoOptions
 from cs336_systems.grading.roots import discover
-from cs336_systems.grading.shared.cases import CASES
+from cs336_systems.grading.shared.cases import BEYOND, CASES, LEADERBOARD
 
 from .grading_run import ROOT
 
@@ -81,7 +81,7 @@ def test_attention_tiers_run_in_jobs_apart_only_side_by_side() -> None:
         for tier in ("course", "leaderboard")
     )
     ddp_beyond = next(
-        c for c in CASES.values() if c.family == "ddp" and c.tier == "beyond" and c.world_size == 2
+        c for c in CASES.values() if c.family == "ddp" and c.tier == BEYOND and c.world_size == 2
     )
     serial, side_by_side = _grader(jobs=1), _grader(jobs=4)
     assert serial.batch_key(course) == serial.batch_key(leaderboard)
@@ -155,7 +155,7 @@ def test_an_anchors_jobs_progress_says_what_it_does(tmp_path: Path) -> None:
 
 
 def test_the_plan_skips_what_cannot_run_here() -> None:
-    leaderboard = next(c for c in CASES.values() if c.tier == "leaderboard")
+    leaderboard = next(c for c in CASES.values() if c.tier == LEADERBOARD)
     grader = _grader(jobs=2)
     started = _fake_jobs(grader, None)
     grader.plan([leaderboard, CASES[PYTORCH]])
